@@ -1,0 +1,280 @@
+"""The command line: parse, call one core function, print. Nothing else lives here.
+
+One error boundary (`main`) turns AblateError into the contract's exit code and a one-line message
+on stderr (and `{"error": ...}` on stdout under --json); click usage errors become one line, exit 2;
+Ctrl-C is exit 130.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ablate import __version__
+from ablate.errors import AblateError
+
+
+class App:
+    """Built once by the root group and handed to every command through ctx.obj."""
+
+    def __init__(self, directory: str, verbosity: int) -> None:
+        self.directory = Path(directory)
+        self.verbosity = verbosity
+
+    def project(self) -> Any:
+        from ablate.config import load_project
+
+        return load_project(self.directory)
+
+    def log(self, message: str) -> None:
+        """Progress for humans: stderr, so stdout stays data."""
+        if self.verbosity >= 0:
+            click.echo(message, err=True)
+
+    def emit(self, result: Any, as_json: bool) -> None:
+        if as_json:
+            click.echo(json.dumps(result.to_json(), sort_keys=False))
+        else:
+            for line in result.lines():
+                click.echo(line)
+
+
+pass_app = click.make_pass_decorator(App)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+
+
+def _hosts(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [h.strip() for h in value.split(",")]
+    if not all(names):
+        raise AblateError(f"--hosts {value!r}: expected comma-separated host names like a,b")
+    return names
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="ablate")
+@click.option("-C", "directory", default=".", metavar="DIR", help="Run as if started in DIR.")
+@click.option("-v", "--verbose", count=True, help="More output.")
+@click.option("-q", "--quiet", count=True, help="Less output.")
+@click.pass_context
+def cli(ctx: click.Context, directory: str, verbose: int, quiet: int) -> None:
+    """Run ML ablation sweeps across rented GPU instances that share a filesystem.
+
+    \b
+    Typical flow:
+      ablate plan && ablate deploy && ablate launch --all
+      ablate status --watch
+      ablate pull && ablate reconcile && ablate release HOST
+    """
+    ctx.obj = App(directory, verbose - quiet)
+
+
+@cli.command()
+@click.option("--profile", default="local", show_default=True, help="Profile the template starts from.")
+@pass_app
+def init(app: App, profile: str) -> None:
+    """Scaffold ablate.yaml and queues/ here.  Example: ablate init --profile autodl"""
+    from ablate.scaffold import init as do_init
+
+    for path in do_init(app.directory, profile):
+        click.echo(f"created {path}")
+
+
+@cli.command()
+@click.option("--hosts", help="Comma-separated hosts to plan on (default: all).")
+@click.option("--dry-run", is_flag=True, help="Print the plan without writing queue files.")
+@json_option
+@pass_app
+def plan(app: App, hosts: str | None, dry_run: bool, as_json: bool) -> None:
+    """Balance the cells by cost into one queue file per host/slot.  Example: ablate plan --hosts a,b"""
+    from ablate.plan import plan as do_plan
+
+    app.emit(do_plan(app.project(), _hosts(hosts), write=not dry_run, log=app.log), as_json)
+
+
+@cli.command()
+@json_option
+@pass_app
+def deploy(app: App, as_json: bool) -> None:
+    """Place the wrappers and run specs on the shared FS, content-addressed.  Example: ablate deploy"""
+    from ablate.deploy import deploy as do_deploy
+
+    app.emit(do_deploy(app.project(), log=app.log), as_json)
+
+
+@cli.command()
+@click.argument("queue", required=False)
+@click.option("--host", help="The host that runs the queue.")
+@click.option("--start-index", type=click.IntRange(min=0), help="Line index (from 0) to start at.")
+@click.option("--slot", type=click.IntRange(min=0), help="GPU slot of a multi-GPU host.")
+@click.option("--all", "all_", is_flag=True, help="Start every planned queue on its host.")
+@json_option
+@pass_app
+def launch(app: App, queue: str | None, host: str | None, start_index: int | None,
+           slot: int | None, all_: bool, as_json: bool) -> None:
+    """Start one detached tmux queue.  Example: ablate launch h1 --host h1"""
+    from ablate import launch as core
+
+    if all_:
+        if queue or host or start_index is not None or slot is not None:
+            raise AblateError("launch --all takes no QUEUE, --host, --start-index or --slot")
+        app.emit(_Many(core.launch_all(app.project(), log=app.log), "launched"), as_json)
+        return
+    if not queue or not host:
+        raise AblateError("launch needs QUEUE and --host H (or --all); e.g. `ablate launch h1 --host h1`")
+    app.emit(core.launch(app.project(), queue, host, start_index=start_index, slot=slot, log=app.log),
+             as_json)
+
+
+@cli.command()
+@click.argument("queue")
+@click.argument("cfg")
+@click.argument("task")
+@click.argument("epochs", required=False, type=click.IntRange(min=1))
+@json_option
+@pass_app
+def append(app: App, queue: str, cfg: str, task: str, epochs: int | None, as_json: bool) -> None:
+    """Append a cell to a queue (restarts it if drained).  Example: ablate append h1 configs/x.yaml recon 20"""
+    from ablate.launch import append as do_append
+
+    app.emit(do_append(app.project(), queue, cfg, task, epochs), as_json)
+
+
+@cli.command()
+@click.option("--watch", is_flag=True, help="Live dashboard; q or Ctrl-C to leave.")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
+              help="Refresh interval for --watch, seconds.")
+@json_option
+@pass_app
+def status(app: App, watch: bool, interval: float, as_json: bool) -> None:
+    """Per queue: index k/n, current cell, elapsed, heartbeat age, done vs synced.  Example: ablate status"""
+    from ablate import status as core
+
+    project = app.project()
+    if watch:
+        if as_json:
+            raise AblateError("--watch and --json do not go together; use `ablate status --json` in a loop")
+        core.watch(project, interval)
+        return
+    app.emit(core.status(project), as_json)
+
+
+@cli.command()
+@click.argument("queue")
+@click.option("--host", required=True, help="The host that runs the queue.")
+@json_option
+@pass_app
+def stop(app: App, queue: str, host: str, as_json: bool) -> None:
+    """Stop a queue and its process group.  Example: ablate stop h1 --host h1"""
+    from ablate.launch import stop as do_stop
+
+    app.emit(do_stop(app.project(), queue, host), as_json)
+
+
+@cli.command()
+@click.option("--to", "to", type=click.Path(file_okay=False), help="Local directory (default ./results/<sweep>).")
+@json_option
+@pass_app
+def pull(app: App, to: str | None, as_json: bool) -> None:
+    """Copy final_ckpts/ here, resumable and checksummed.  Example: ablate pull --to /data/results"""
+    from ablate.pull import pull as do_pull
+
+    app.emit(do_pull(app.project(), Path(to) if to else None, log=app.log), as_json)
+
+
+@cli.command()
+@click.option("--fs", is_flag=True, help="Verify the durable copies on the shared FS instead of pulled ones.")
+@click.option("--host", help="With --fs over SSH: the live host that reads the FS.")
+@click.option("--no-load", is_flag=True, help="Check existence, sizes and hashes only; do not load.")
+@json_option
+@pass_app
+def reconcile(app: App, fs: bool, host: str | None, no_load: bool, as_json: bool) -> None:
+    """Roster vs results, every artifact loaded; exit 0 only at 100 %.  Example: ablate reconcile"""
+    from ablate.reconcile import reconcile as do_reconcile
+
+    if host and not fs:
+        raise AblateError("--host goes with --fs (the host that reads the shared FS)")
+    report = do_reconcile(app.project(), fs=fs, host=host, load=not no_load, log=app.log)
+    app.emit(report, as_json)
+    if not report.complete:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("host")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@pass_app
+def release(app: App, host: str, yes: bool, as_json: bool) -> None:
+    """The teardown gate: release HOST only when every result is reconciled.  Example: ablate release h1"""
+    from ablate.gate import release as do_release
+
+    def confirm(question: str) -> bool:
+        if not sys.stdin.isatty():
+            raise AblateError("release needs confirmation: run it in a terminal or pass --yes")
+        return click.confirm(question, default=False, err=True)
+
+    app.emit(do_release(app.project(), host, yes=yes, confirm=confirm), as_json)
+
+
+@cli.command()
+@click.option("--dir", "directory", type=click.Path(file_okay=False),
+              help="Where to build the demo project (default: a new temp dir).")
+@click.option("--cells", type=click.IntRange(min=3, max=200), default=12, show_default=True)
+@pass_app
+def demo(app: App, directory: str | None, cells: int) -> None:
+    """The whole flow on this machine with a tiny real trainer.  Example: ablate demo"""
+    from ablate.demo.run import run_demo
+
+    run_demo(Path(directory) if directory else None, n_cells=cells, echo=click.echo)
+
+
+class _Many:
+    """Several results of one kind printed as one object."""
+
+    def __init__(self, results: list[Any], key: str) -> None:
+        self.results = results
+        self.key = key
+
+    def to_json(self) -> dict[str, Any]:
+        return {self.key: [r.to_json() for r in self.results]}
+
+    def lines(self) -> list[str]:
+        return [line for r in self.results for line in r.lines()]
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+def main(argv: list[str] | None = None, prog: Callable[..., Any] = cli) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in args
+    try:
+        rv = prog.main(args=args, prog_name="ablate", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:  # usage errors: one line, exit 2
+        ctx = getattr(e, "ctx", None)
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        _fail(f"{_one_line(e.format_message())}{where}", 2, as_json)
+    except click.Abort:
+        _fail("aborted", 130, as_json)
+    except AblateError as e:
+        _fail(_one_line(e.message), e.exit_code, as_json)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130, as_json)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _fail(message: str, code: int, as_json: bool) -> None:
+    click.echo(f"ablate: error: {message}", err=True)
+    if as_json:
+        click.echo(json.dumps({"error": message}))
+    sys.exit(code)

@@ -1,0 +1,157 @@
+"""`ablate status`: per queue, where it is, what it runs, how fresh its heartbeat is, and what it
+has produced — rebuilt from the shared FS (one probe) and each host's tmux (one query per host)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ablate.cells import QueueFile, parse_queue_text, read_all_queues
+from ablate.config import Project
+from ablate.layout import session_name
+from ablate.transport import host_transport, shared_fs
+
+
+@dataclass
+class QueueRow:
+    queue: str
+    host: str | None
+    slot: int | None
+    state: str  # not_launched | running | stale | drained | stopped
+    index: int  # cells of this queue that have an outcome
+    total: int
+    current: str | None
+    elapsed: float | None
+    heartbeat_age: float | None
+    done: int  # trained with exit 0 here
+    failed: int  # trained with a non-zero exit here
+    synced: int  # cells of this queue with a durable copy on the FS (not yet loaded)
+    live: bool | None  # tmux session present (None: host not reachable)
+    cells: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StatusReport:
+    sweep: str
+    roster: int
+    synced: int
+    verified: int | None  # from the last reconcile, when it still matches the roster
+    rows: list[QueueRow]
+    unreachable: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sweep": self.sweep, "roster": self.roster, "synced": self.synced,
+            "verified": self.verified, "unreachable": self.unreachable,
+            "queues": [asdict(r) for r in self.rows],
+        }
+
+    def lines(self) -> list[str]:
+        head = f"{'QUEUE':<16} {'HOST':<12} {'STATE':<12} {'K/N':>7} {'CURRENT':<22} {'ELAPSED':>8} {'HB AGE':>7} {'DONE':>5} {'FAIL':>5} {'SYNCED':>6}"
+        out = [head]
+        for r in self.rows:
+            out.append(
+                f"{r.queue:<16} {(r.host or '-'):<12} {r.state:<12} {f'{r.index}/{r.total}':>7} "
+                f"{(r.current or '-'):<22} {_dur(r.elapsed):>8} {_dur(r.heartbeat_age):>7} "
+                f"{r.done:>5} {r.failed:>5} {r.synced:>6}"
+            )
+        verified = "not reconciled" if self.verified is None else f"{self.verified} verified by load"
+        out.append(f"sweep {self.sweep}: {self.synced}/{self.roster} cells synced to the shared FS, {verified}")
+        for host, why in self.unreachable.items():
+            out.append(f"host {host} unreachable: {why}")
+        return out
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def status(project: Project) -> StatusReport:
+    layout = project.layout()
+    fs = shared_fs(project)
+    snap: Mapping[str, Any] = fs.probe("snapshot", {"root": layout.root})
+    now = float(snap["now"])
+    local = {q.name: q for q in read_all_queues(project)}
+    fs_queues = {name: parse_queue_text(name, text, project.tasks, project.queues_dir / f"{name}.txt")
+                 for name, text in snap.get("queues", {}).items() if name not in local}
+    queues: dict[str, QueueFile] = {**fs_queues, **local}
+    final = set(snap["final"])
+
+    sessions: dict[str, set[str] | None] = {}
+    unreachable: dict[str, str] = {}
+    for name, host in project.hosts.items():
+        try:
+            sessions[name] = host_transport(project, host).tmux_sessions()
+        except Exception as e:  # one host failing never hides the others
+            sessions[name] = None
+            unreachable[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+
+    stale_after = max(3 * project.heartbeat_secs, 30)
+    rows = []
+    roster: set[str] = set()
+    for qname in sorted(queues):
+        q = queues[qname]
+        names = [ln.cell.name for ln in q.cells if ln.cell is not None]
+        roster.update(names)
+        ledger = snap["ledgers"].get(qname) or []
+        host = ledger[-1].get("host") if ledger else q.host
+        slot = ledger[-1].get("slot") if ledger else q.slot
+        events = snap["events"].get(f"{host}.{qname}", []) if host else []
+        hb = snap["heartbeats"].get(f"{host}.{qname}") if host else None
+        hb_data = (hb or {}).get("data") or {}
+        outcome = {e.get("cell"): e for e in events if e.get("ev") in ("end", "skip")}
+        done = sum(1 for e in outcome.values() if e.get("ev") == "end" and e.get("rc") == 0)
+        failed = sum(1 for e in outcome.values() if e.get("ev") == "end" and e.get("rc") != 0)
+        host_sessions = sessions.get(host) if host else set()
+        live = None if host_sessions is None else session_name(project.sweep, host or "", qname) in host_sessions
+        age = now - float(hb["mtime"]) if hb else None
+        if not ledger:
+            state = "not_launched"
+        elif live or (live is None and age is not None and age < stale_after):
+            state = "stale" if age is not None and age > stale_after else "running"
+        elif hb_data.get("state") == "drained":
+            state = "drained"
+        else:
+            state = "stopped"
+        current = hb_data.get("cell") if state in ("running", "stale") else None
+        started = hb_data.get("cell_started")
+        rows.append(QueueRow(
+            queue=qname, host=host, slot=slot, state=state,
+            index=min(len(names), sum(1 for n in names if n in outcome)), total=len(names),
+            current=current,
+            elapsed=(now - float(started)) if current and started else None,
+            heartbeat_age=age, done=done, failed=failed,
+            synced=sum(1 for n in names if n in final), live=live, cells=names,
+        ))
+    return StatusReport(
+        sweep=project.sweep, roster=len(roster), synced=len(roster & final),
+        verified=_last_verified(fs.read_bytes(layout.reconcile_record), roster),
+        rows=rows, unreachable=unreachable,
+    )
+
+
+def _last_verified(raw: bytes | None, roster: set[str]) -> int | None:
+    if not raw:
+        return None
+    try:
+        rec = json.loads(raw)
+    except ValueError:
+        return None
+    cells = rec.get("cells") or {}
+    return sum(1 for n in cells if n in roster)
+
+
+def watch(project: Project, interval: float) -> None:
+    """A live table until q or Ctrl-C; the terminal is left clean."""
+    from ablate.watch import run_watch
+
+    run_watch(lambda: status(project), interval)

@@ -1,0 +1,86 @@
+"""The transport interface: how the controller reaches a host and the shared FS.
+
+`local` (this machine, libtmux, a local directory as the shared FS) and `ssh` (Fabric/Paramiko)
+implement the same two protocols, so commands never know which one they drive.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ablate.errors import RemoteError
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    host: str
+    argv: tuple[str, ...]
+    rc: int
+    stdout: str
+    stderr: str
+
+    def check(self) -> CommandResult:
+        if self.rc != 0:
+            raise RemoteError(
+                f"{self.host}: `{shlex.join(self.argv)}` exited {self.rc}; "
+                f"stdout: {self.stdout.strip()[-300:]!r}; stderr: {self.stderr.strip()[-300:]!r}"
+            )
+        return self
+
+
+class HostTransport(Protocol):
+    """One instance: runs commands and drives its tmux server."""
+
+    name: str
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60.0,
+            stdin: bytes | None = None) -> CommandResult:
+        """Run argv (each element one literal argument, never shell-interpreted)."""
+        ...
+
+    def tmux_start(self, session: str, argv: Sequence[str], env: Mapping[str, str],
+                   cwd: str | None = None) -> None:
+        """Start argv detached in a new tmux session; the queue survives the controller."""
+        ...
+
+    def tmux_sessions(self) -> set[str]:
+        """Names of the live tmux sessions on this host (empty when no server runs)."""
+        ...
+
+    def tmux_kill(self, session: str) -> None:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class SharedFS(Protocol):
+    """The sweep's shared filesystem, reached through one host that mounts it."""
+
+    root: str
+
+    def read_bytes(self, path: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist."""
+        ...
+
+    def write_atomic(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Write to a temp file beside `path`, then rename over it."""
+        ...
+
+    def create_immutable(self, path: str, data: bytes) -> bool:
+        """Create `path` with mode 0444 unless it exists. True if created; an existing file with
+        other content is never written over (raises)."""
+        ...
+
+    def append_line(self, path: str, line: str) -> None:
+        ...
+
+    def exists(self, path: str) -> bool:
+        ...
+
+    def probe(self, op: str, args: Mapping[str, Any]) -> Any:
+        """Run one stdlib-only operation of `ablate.probe` next to the files; one round trip."""
+        ...

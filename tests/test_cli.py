@@ -1,0 +1,89 @@
+"""The command contract: exit codes, one-line errors on stderr, `--json` on stdout, nothing changed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ablate.cli import main
+from tests.conftest import LocalProject
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    code = exc.value.code
+    return (code if isinstance(code, int) else 1), out, err
+
+
+def assert_one_line_error(err: str, *needles: str) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ablate: error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, err)
+
+
+BAD_ARGS = [
+    (["frobnicate"], "No such command"),
+    (["launch", "h1"], "--host"),
+    (["launch", "--all", "--host", "h1"], "--all"),
+    (["launch", "h1", "--host", "h1", "--start-index", "-1"], "start-index"),
+    (["launch", "h1", "--host", "h1", "--start-index", "x"], "start-index"),
+    (["launch", "h1", "--host", "nope"], "nope"),
+    (["launch", "../etc", "--host", "h1"], "queue name"),
+    (["plan", "--hosts", "h1,,h2"], "--hosts"),
+    (["plan", "--hosts", "h1,zz"], "zz"),
+    (["append", "h1", "configs/a;rm -rf x.yaml", "recon"], "shell"),
+    (["append", "h1", "configs/a.yaml", "recon", "0"], "EPOCHS"),
+    (["append", "h1", "configs/a.yaml", "nosuchtask"], "nosuchtask"),
+    (["reconcile", "--host", "h1"], "--fs"),
+    (["release", "nope", "--yes"], "nope"),
+    (["status", "--watch", "--json"], "--json"),
+    (["status", "--interval", "0"], "interval"),
+]
+
+
+@pytest.mark.parametrize(("args", "needle"), BAD_ARGS, ids=[" ".join(a) for a, _ in BAD_ARGS])
+def test_bad_cli_input_is_one_line_exit_2_and_changes_nothing(
+    local_project: LocalProject, capsys: pytest.CaptureFixture[str], args: list[str], needle: str
+) -> None:
+    local_project.cfg("configs/recon/a.yaml")
+    local_project.queue("h1", ["# ablate: host=h1", "configs/recon/a.yaml recon"])
+    before = local_project.snapshot()
+    code, out, err = run(capsys, "-C", str(local_project.root), *args)
+    assert code == 2, (code, out, err)
+    assert_one_line_error(err, needle)
+    assert local_project.snapshot() == before
+
+
+def test_json_error_goes_to_stdout_as_one_object(local_project: LocalProject,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "-C", str(local_project.root), "launch", "h1", "--host", "zz", "--json")
+    assert code == 2
+    assert "zz" in json.loads(out)["error"]
+    assert_one_line_error(err, "zz")
+
+
+def test_missing_config_names_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "-C", str(tmp_path), "status")
+    assert code == 2
+    assert_one_line_error(err, "ablate.yaml", "ablate init")
+
+
+def test_invalid_config_names_file_and_key(local_project: LocalProject,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    local_project.write_config(hostz={"h1": {}})
+    code, _, err = run(capsys, "-C", str(local_project.root), "plan")
+    assert code == 2
+    assert_one_line_error(err, "ablate.yaml", "hostz", "did you mean 'hosts'")
+
+
+def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and "ablate" in out
+    code, out, _ = run(capsys, "launch", "--help")
+    assert code == 0 and "Example:" in out
