@@ -8,6 +8,7 @@ file in `queues/`; two *different* lines mapping to one name are a collision, re
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import posixpath
 import re
@@ -89,6 +90,10 @@ def parse_line(text: str, tasks: Mapping[str, Task], where: str) -> Cell | None:
     if not stripped or stripped.startswith("#"):
         return None
     parts = stripped.split()
+    spaced = next((k for k in range(2, len(parts)) if parts[1] not in tasks and parts[k] in tasks), None)
+    if spaced is not None:
+        raise QueueError(f"{where}: cfg path {' '.join(parts[:spaced])!r} has a space (characters a "
+                         "shell would interpret); rename the file to letters, digits and . _ / + @ , = -")
     if len(parts) not in (2, 3):
         raise QueueError(f"{where}: expected `<cfg_path> <task> [epochs]`, got {stripped!r}")
     cfg, task = parts[0], parts[1]
@@ -103,7 +108,9 @@ def parse_line(text: str, tasks: Mapping[str, Task], where: str) -> Cell | None:
                          "rename the config to start with a letter or digit")
     if task not in tasks:
         known = ", ".join(sorted(tasks))
-        raise QueueError(f"{where}: task {task!r} is not in ablate.yaml tasks ({known})")
+        close = difflib.get_close_matches(task, list(tasks), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise QueueError(f"{where}: task {task!r} is not in ablate.yaml tasks ({known}){hint}")
     if len(parts) == 3:
         if not re.fullmatch(r"[1-9][0-9]{0,6}", parts[2]):
             raise QueueError(f"{where}: epochs must be a positive whole number, got {parts[2]!r}")
@@ -120,7 +127,8 @@ def parse_queue_text(queue: str, text: str, tasks: Mapping[str, Task], path: Pat
     host: str | None = None
     slot: int | None = None
     lines = []
-    # CRLF from Windows editors is normalised here: `\r` never reaches a command.
+    # CRLF and a leading BOM from Windows editors are normalised here: `\r` never reaches a command.
+    text = text.removeprefix("\ufeff")
     rows = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     if rows and rows[-1] == "":
         rows.pop()  # the newline that ends the last line

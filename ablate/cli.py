@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +139,7 @@ def launch(app: App, queue: str | None, host: str | None, start_index: int | Non
 @json_option
 @pass_app
 def append(app: App, queue: str, cfg: str, task: str, epochs: int | None, as_json: bool) -> None:
-    """Append a cell to a queue (restarts it if drained).  Example: ablate append h1 configs/x.yaml recon 20"""
+    """Append a cell to a queue; restarts it if drained.  Example: ablate append h1 cfgs/x.yaml recon 20"""
     from ablate.launch import append as do_append
 
     app.emit(do_append(app.project(), queue, cfg, task, epochs), as_json)
@@ -153,7 +152,7 @@ def append(app: App, queue: str, cfg: str, task: str, epochs: int | None, as_jso
 @json_option
 @pass_app
 def status(app: App, watch: bool, interval: float, as_json: bool) -> None:
-    """Per queue: index k/n, current cell, elapsed, heartbeat age, done vs synced.  Example: ablate status"""
+    """Per queue: k/n, current cell, elapsed, heartbeat age, done vs synced.  Example: ablate status"""
     from ablate import status as core
 
     project = app.project()
@@ -178,7 +177,8 @@ def stop(app: App, queue: str, host: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--to", "to", type=click.Path(file_okay=False), help="Local directory (default ./results/<sweep>).")
+@click.option("--to", "to", type=click.Path(file_okay=False),
+              help="Local directory (default ./results/<sweep>).")
 @json_option
 @pass_app
 def pull(app: App, to: str | None, as_json: bool) -> None:
@@ -253,7 +253,7 @@ def _one_line(message: str) -> str:
     return " ".join(message.split())
 
 
-def main(argv: list[str] | None = None, prog: Callable[..., Any] = cli) -> None:
+def main(argv: list[str] | None = None, prog: click.Group = cli) -> None:
     args = sys.argv[1:] if argv is None else argv
     as_json = "--json" in args
     try:

@@ -180,7 +180,7 @@ class _Reader:
     def has(self, key: str) -> bool:
         return self.data.get(key) is not None
 
-    def str(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
+    def text(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
         v = self.data.get(key)
         if v is None:
             if required:
@@ -201,7 +201,7 @@ class _Reader:
             raise self.err(key, f"must be > 0, got {v!r}")
         return float(v)
 
-    def int(self, key: str, default: int | None = None, *, required: bool = False) -> int | None:
+    def whole(self, key: str, default: int | None = None, *, required: bool = False) -> int | None:
         v = self.data.get(key, default)
         if v is None:
             if required:
@@ -218,7 +218,8 @@ class _Reader:
 def _tname(v: Any) -> str:
     if v is None:
         return "nothing (empty)"
-    return {dict: "a mapping", list: "a list", str: "a string"}.get(type(v), type(v).__name__)
+    names: dict[type, str] = {dict: "a mapping", list: "a list", str: "a string"}
+    return names.get(type(v), type(v).__name__)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -227,7 +228,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=deep)
             try:
                 dup = key in seen
             except TypeError:  # an unhashable key; the base class reports it
@@ -247,7 +248,7 @@ def _load_yaml(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read: {e}") from e
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: safe
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -290,11 +291,11 @@ def load_profile(name: str, project_dir: Path, where: str) -> Profile:
             f"{', '.join(sorted(shipped))} (or add profiles/{name}.yaml to your repo)"
         )
     r = _Reader(data, source, "", PROFILE_KEYS)
-    transport = r.str("transport", "ssh") or "ssh"
+    transport = r.text("transport", "ssh") or "ssh"
     if transport not in TRANSPORTS:
         raise r.err("transport", f"must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
-    shared = r.str("shared_fs", required=True) or ""
-    ckpt = r.str("ckpt_root", required=True) or ""
+    shared = r.text("shared_fs", required=True) or ""
+    ckpt = r.text("ckpt_root", required=True) or ""
     if transport == "local":
         shared = _local_path(shared, project_dir)
         ckpt = _local_path(ckpt, project_dir)
@@ -305,17 +306,17 @@ def load_profile(name: str, project_dir: Path, where: str) -> Profile:
     for key, val in (("shared_fs", shared), ("ckpt_root", ckpt)):
         if not _SAFE_PATH.match(val.replace("{host}", "h")):
             raise r.err(key, f"{val!r} has characters a shell would interpret; use plain paths")
-    release = r.str("release")
+    release = r.text("release")
     if release:
         _check_template(release, {"instance_id", "host", "ssh"}, r, "release")
     return Profile(
         name=name,
         shared_fs=shared.rstrip("/") or "/",
         ckpt_root=ckpt.rstrip("/") or "/",
-        env=r.str("env"),
+        env=r.text("env"),
         release=release,
         transport=transport,
-        python=r.str("python", "python3") or "python3",
+        python=r.text("python", "python3") or "python3",
         source=source,
     )
 
@@ -361,21 +362,22 @@ def load_project(directory: Path | str = ".") -> Project:
     file = str(path)
     r = _Reader(data, file, "", TOP_KEYS)
 
-    sweep = r.str("sweep", required=True) or ""
+    sweep = r.text("sweep", required=True) or ""
     if not SAFE_NAME.match(sweep):
         raise r.err("sweep", f"{sweep!r} must be a plain name (letters, digits, . _ + -)")
-    default_profile = load_profile(r.str("profile", "local") or "local", project_dir, f"{file}: profile")
+    default_profile = load_profile(r.text("profile", "local") or "local", project_dir, f"{file}: profile")
 
-    train = (r.str("train", required=True) or "").strip()
+    train = (r.text("train", required=True) or "").strip()
     if "\n" in train:
-        raise r.err("train", "spans several lines; write one command (YAML `>-` folds a long one onto one line)")
+        raise r.err("train", "spans several lines; write one command "
+                             "(YAML `>-` folds a long one onto one line)")
     _check_template(train, TRAIN_FIELDS, r, "train")
     if "{cfg}" not in train:
         raise r.err("train", "must use {cfg} so each cell trains its own config")
 
     a = r.sub("artifacts", {"checkpoint", "metrics", "metrics_keys"})
-    checkpoint = a.str("checkpoint", required=True) or ""
-    metrics = a.str("metrics")
+    checkpoint = a.text("checkpoint", required=True) or ""
+    metrics = a.text("metrics")
     for key, val in (("checkpoint", checkpoint), ("metrics", metrics)):
         if val is not None and (not _SAFE_PATH.match(val) or val.startswith("/") or ".." in val.split("/")):
             raise a.err(key, f"{val!r} must be a plain relative file name inside {{ckpt_dir}}")
@@ -392,7 +394,7 @@ def load_project(directory: Path | str = ".") -> Project:
     budget = Budget(
         ckpt_size=parse_size(b.data.get("ckpt_size", 0), f"{file}: budget.ckpt_size"),
         scratch=parse_size(b.data.get("scratch", 0), f"{file}: budget.scratch"),
-        inodes_per_cell=b.int("inodes_per_cell", 16) or 16,
+        inodes_per_cell=b.whole("inodes_per_cell", 16) or 16,
     )
     resources_ = r.data.get("resources") or {}
     if not isinstance(resources_, dict):
@@ -404,11 +406,12 @@ def load_project(directory: Path | str = ".") -> Project:
         load_profile(c, project_dir, f"{file}: candidates")
 
     hosts = _hosts(r, default_profile, project_dir)
-    workdir = r.str("workdir")
+    workdir = r.text("workdir")
     if workdir is None:
         remote = [h.name for h in hosts.values() if h.transport != "local"]
         if remote:
-            raise r.err("workdir", f"is required for ssh hosts ({', '.join(remote)}): the repo path on the instances")
+            raise r.err("workdir", f"is required for ssh hosts ({', '.join(remote)}): "
+                                   "the repo path on the instances")
         workdir = str(project_dir)
     elif not workdir.startswith("/"):
         remote = [h.name for h in hosts.values() if h.transport != "local"]
@@ -431,10 +434,10 @@ def load_project(directory: Path | str = ".") -> Project:
         cells=cells,
         budget=budget,
         hosts=hosts,
-        ssh_config=r.str("ssh_config"),
+        ssh_config=r.text("ssh_config"),
         resources=resources_,
         candidates=tuple(candidates),
-        heartbeat_secs=r.int("heartbeat_secs", 10) or 10,
+        heartbeat_secs=r.whole("heartbeat_secs", 10) or 10,
     )
 
 
@@ -447,7 +450,7 @@ def _tasks(r: _Reader) -> dict[str, Task]:
         if not isinstance(name, str) or not SAFE_NAME.match(name):
             raise r.err(f"tasks.{name}", "task names must be plain names (letters, digits, . _ + -)")
         t = _Reader(spec or {}, r.file, f"tasks.{name}", {"epochs", "cost_per_epoch"})
-        out[name] = Task(name, t.int("epochs", required=True) or 0, t.num("cost_per_epoch", 1.0))
+        out[name] = Task(name, t.whole("epochs", required=True) or 0, t.num("cost_per_epoch", 1.0))
     return out
 
 
@@ -458,23 +461,24 @@ def _cells(r: _Reader, tasks: Mapping[str, Task]) -> tuple[CellSource, ...]:
     out = []
     for i, item in enumerate(raw):
         c = _Reader(item, r.file, f"cells[{i}]", {"glob", "task", "epochs"})
-        task = c.str("task", required=True) or ""
+        task = c.text("task", required=True) or ""
         if task not in tasks:
             raise c.err("task", f"{task!r} is not in tasks{_suggest(task, tasks)}")
-        glob = c.str("glob", required=True) or ""
+        glob = c.text("glob", required=True) or ""
         if glob.startswith("/") or ".." in glob.split("/"):
             raise c.err("glob", f"{glob!r} must be relative to the repo root and stay inside it")
         if not _SAFE_GLOB.match(glob):
             raise c.err("glob", f"{glob!r} has characters a shell would interpret; use letters, digits, "
                                 ". _ / + @ , = - and the wildcards * ? [ ]")
-        out.append(CellSource(glob, task, c.int("epochs")))
+        out.append(CellSource(glob, task, c.whole("epochs")))
     return tuple(out)
 
 
 def _hosts(r: _Reader, default: Profile, project_dir: Path) -> dict[str, Host]:
     raw = r.data.get("hosts")
     if not isinstance(raw, dict) or not raw:
-        raise r.err("hosts", "must map at least one host name to its settings, e.g. `hosts: {h1: {speed: 1.0}}`")
+        raise r.err("hosts", "must map at least one host name to its settings, "
+                             "e.g. `hosts: {h1: {speed: 1.0}}`")
     out: dict[str, Host] = {}
     for name, spec in raw.items():
         if not isinstance(name, str) or not SAFE_NAME.match(name):
@@ -482,16 +486,17 @@ def _hosts(r: _Reader, default: Profile, project_dir: Path) -> dict[str, Host]:
         h = _Reader(spec or {}, r.file, f"hosts.{name}", HOST_KEYS)
         profile = default
         if h.has("profile"):
-            profile = load_profile(h.str("profile") or "", project_dir, f"{r.file}: hosts.{name}.profile")
-        transport = h.str("transport", profile.transport) or profile.transport
+            profile = load_profile(h.text("profile") or "", project_dir, f"{r.file}: hosts.{name}.profile")
+        transport = h.text("transport", profile.transport) or profile.transport
         if transport not in TRANSPORTS:
             raise h.err("transport", f"must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
-        ssh = h.str("ssh", name) or name
+        ssh = h.text("ssh", name) or name
         if not SAFE_NAME.match(ssh) and not re.match(r"^[A-Za-z0-9_.-]+@[A-Za-z0-9_.-]+$", ssh):
             raise h.err("ssh", f"{ssh!r} must be an ssh alias or user@host")
         gpus = _gpus(h)
         iid = h.data.get("instance_id")
-        if iid is not None and (isinstance(iid, bool) or not (isinstance(iid, (str, int)) and re.match(r"^[A-Za-z0-9_.-]+$", str(iid)))):
+        bad_iid = isinstance(iid, bool) or not isinstance(iid, (str, int))
+        if iid is not None and (bad_iid or not re.match(r"^[A-Za-z0-9_.-]+$", str(iid))):
             raise h.err("instance_id", f"{iid!r} must be letters, digits, . _ -")
         out[name] = Host(name, profile, ssh, h.num("speed", 1.0), gpus,
                          None if iid is None else str(iid), transport)
@@ -502,11 +507,12 @@ def _gpus(h: _Reader) -> tuple[int, ...] | None:
     if h.has("gpus") and h.has("slots"):
         raise h.err("slots", "give either gpus: [0, 1] or slots: N, not both")
     if h.has("slots"):
-        return tuple(range(h.int("slots") or 1))
+        return tuple(range(h.whole("slots") or 1))
     g = h.data.get("gpus")
     if g is None:
         return None
-    if not isinstance(g, list) or not g or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in g):
+    if not isinstance(g, list) or not g or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in g):
         raise h.err("gpus", f"must be a list of GPU indices like [0, 1], got {g!r}")
     if len(set(g)) != len(g):
         raise h.err("gpus", f"lists a GPU twice: {g!r}")

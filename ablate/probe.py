@@ -79,8 +79,9 @@ def snapshot(args: dict[str, Any]) -> dict[str, Any]:
                 claims[name] = f.read().strip()
         except OSError:
             claims[name] = ""
-    final = [n for n in _listdir(os.path.join(root, "final_ckpts"))
-             if not n.startswith(".") and os.path.exists(os.path.join(root, "final_ckpts", n, "MANIFEST.json"))]
+    final_dir = os.path.join(root, "final_ckpts")
+    final = [n for n in _listdir(final_dir)
+             if not n.startswith(".") and os.path.exists(os.path.join(final_dir, n, "MANIFEST.json"))]
     ledgers = {}
     queues = {}
     for fn in _listdir(os.path.join(root, "queues")):
@@ -103,7 +104,11 @@ def verify(args: dict[str, Any]) -> dict[str, Any]:
     return v.verify_tree(args)
 
 
-OPS = {"snapshot": snapshot, "verify": verify, "now": lambda a: {"now": fs_now(a["root"])}}
+def now(args: dict[str, Any]) -> dict[str, Any]:
+    return {"now": fs_now(args["root"])}
+
+
+OPS = {"snapshot": snapshot, "verify": verify, "now": now}
 
 
 def run(op: str, args: dict[str, Any]) -> Any:

@@ -49,8 +49,8 @@ class StatusReport:
         }
 
     def lines(self) -> list[str]:
-        head = f"{'QUEUE':<16} {'HOST':<12} {'STATE':<12} {'K/N':>7} {'CURRENT':<22} {'ELAPSED':>8} {'HB AGE':>7} {'DONE':>5} {'FAIL':>5} {'SYNCED':>6}"
-        out = [head]
+        out = [f"{'QUEUE':<16} {'HOST':<12} {'STATE':<12} {'K/N':>7} {'CURRENT':<22} "
+               f"{'ELAPSED':>8} {'HB AGE':>7} {'DONE':>5} {'FAIL':>5} {'SYNCED':>6}"]
         for r in self.rows:
             out.append(
                 f"{r.queue:<16} {(r.host or '-'):<12} {r.state:<12} {f'{r.index}/{r.total}':>7} "
@@ -58,7 +58,8 @@ class StatusReport:
                 f"{r.done:>5} {r.failed:>5} {r.synced:>6}"
             )
         verified = "not reconciled" if self.verified is None else f"{self.verified} verified by load"
-        out.append(f"sweep {self.sweep}: {self.synced}/{self.roster} cells synced to the shared FS, {verified}")
+        out.append(f"sweep {self.sweep}: {self.synced}/{self.roster} cells synced to the shared FS, "
+                   f"{verified}")
         for host, why in self.unreachable.items():
             out.append(f"host {host} unreachable: {why}")
         return out
@@ -88,9 +89,9 @@ def status(project: Project) -> StatusReport:
 
     sessions: dict[str, set[str] | None] = {}
     unreachable: dict[str, str] = {}
-    for name, host in project.hosts.items():
+    for name, spec in project.hosts.items():
         try:
-            sessions[name] = host_transport(project, host).tmux_sessions()
+            sessions[name] = host_transport(project, spec).tmux_sessions()
         except Exception as e:  # one host failing never hides the others
             sessions[name] = None
             unreachable[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -103,7 +104,7 @@ def status(project: Project) -> StatusReport:
         names = [ln.cell.name for ln in q.cells if ln.cell is not None]
         roster.update(names)
         ledger = snap["ledgers"].get(qname) or []
-        host = ledger[-1].get("host") if ledger else q.host
+        host: str | None = ledger[-1].get("host") if ledger else q.host
         slot = ledger[-1].get("slot") if ledger else q.slot
         events = snap["events"].get(f"{host}.{qname}", []) if host else []
         hb = snap["heartbeats"].get(f"{host}.{qname}") if host else None
@@ -112,7 +113,8 @@ def status(project: Project) -> StatusReport:
         done = sum(1 for e in outcome.values() if e.get("ev") == "end" and e.get("rc") == 0)
         failed = sum(1 for e in outcome.values() if e.get("ev") == "end" and e.get("rc") != 0)
         host_sessions = sessions.get(host) if host else set()
-        live = None if host_sessions is None else session_name(project.sweep, host or "", qname) in host_sessions
+        session = session_name(project.sweep, host or "", qname)
+        live = None if host_sessions is None else session in host_sessions
         age = now - float(hb["mtime"]) if hb else None
         if not ledger:
             state = "not_launched"

@@ -21,14 +21,15 @@ STATE_STYLE = {"running": "green", "stale": "bold red", "stopped": "red", "drain
 
 def render(report: Any) -> Table:
     table = Table(title=f"ablate · sweep {report.sweep}", expand=False)
-    for col in ("queue", "host", "state", "k/n", "current", "elapsed", "hb age", "done", "fail", "synced"):
-        table.add_column(col, justify="right" if col in ("k/n", "elapsed", "hb age", "done", "fail", "synced") else "left")
+    numeric = ("k/n", "elapsed", "hb age", "done", "fail", "synced")
+    for col in ("queue", "host", "state", "current", *numeric):
+        table.add_column(col, justify="right" if col in numeric else "left")
     from ablate.status import _dur
 
     for r in report.rows:
         bar = _bar(r.index, r.total)
         table.add_row(r.queue, r.host or "-", f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/]",
-                      f"{bar} {r.index}/{r.total}", r.current or "-", _dur(r.elapsed),
+                      r.current or "-", f"{bar} {r.index}/{r.total}", _dur(r.elapsed),
                       _dur(r.heartbeat_age), str(r.done), str(r.failed), str(r.synced))
     verified = "not reconciled" if report.verified is None else f"{report.verified} verified"
     table.caption = f"{report.synced}/{report.roster} synced · {verified} · q or Ctrl-C to leave"

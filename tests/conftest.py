@@ -117,3 +117,34 @@ def tmux_socket() -> str:
 def require_tmux() -> None:
     if shutil.which("tmux") is None:
         pytest.fail("tmux is not installed; the README's test command installs it")
+
+
+# --------------------------------------------------------------------------- SSH test bed
+from tests.testbed import Testbed, missing_requirement  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[Testbed]:
+    """Three real sshd+tmux instances sharing one FS (tests/testbed.py); skips when not root or
+    a tool is missing. Faults a test injects are undone after it by `_testbed_heal`."""
+    reason = missing_requirement()
+    if reason:
+        pytest.skip(reason)
+    tb = Testbed(3)
+    try:
+        tb.start()
+        _TESTBEDS.append(tb)
+        yield tb
+    finally:
+        _TESTBEDS.clear()
+        tb.close()
+
+
+_TESTBEDS: list[Testbed] = []
+
+
+@pytest.fixture(autouse=True)
+def _testbed_heal() -> Iterator[None]:
+    yield
+    for tb in _TESTBEDS:
+        tb.heal()

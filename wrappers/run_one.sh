@@ -1,1 +1,145 @@
 #!/usr/bin/env bash
+# ablate run_one: train one cell, then publish its durable copy on the shared FS.
+#
+#   bash run_one.<sha12>.sh SPEC NAME CFG TASK EPOCHS CAT RESUME
+#
+# Exit code: the train command's; 3 when training succeeded but the sync failed (the
+# instance-local checkpoint is left intact); 125 when this wrapper could not set up the run.
+# Formats (MANIFEST.json, events): docs/ARCHITECTURE.md. Plain bash 5 + coreutils.
+set -u
+shopt -u patsub_replacement 2>/dev/null || true  # bash 5.2: `&` in a ${x//p/r} replacement is literal
+
+if (( $# != 7 )); then
+  echo "usage: run_one.sh SPEC NAME CFG TASK EPOCHS CAT RESUME" >&2
+  exit 125
+fi
+SPEC=$1 NAME=$2 CFG=$3 TASK=$4 EPOCHS=$5 CAT=$6 RESUME=$7
+# shellcheck source=/dev/null
+source "$SPEC" || { echo "run_one: cannot read the run spec $SPEC" >&2; exit 125; }
+
+QUEUE=${ABLATE_QUEUE:--}
+EVENTS=${ABLATE_EVENTS:-$ABLATE_ROOT/events/$ABLATE_HOST.$QUEUE.jsonl}
+GPU=${ABLATE_GPU-}
+CKPT_DIR=$ABLATE_CKPT_ROOT/$NAME
+LOG=$ABLATE_CKPT_ROOT/$NAME.log
+SELF=${BASH_SOURCE[0]##*/}
+
+now() { T=${EPOCHREALTIME/,/.}; }  # some locales print a decimal comma
+ev() {  # ev KIND ', "key": value, ...' -- one JSON line, one O_APPEND write
+  now
+  printf '{"t": %s, "ev": "%s", "host": "%s", "queue": "%s"%s}\n' \
+    "$T" "$1" "$ABLATE_HOST" "$QUEUE" "${2-}" >>"$EVENTS"
+}
+jstr() {  # a JSON string literal in REPLY (reasons can quote a path)
+  local s=${1//\\/\\\\}
+  s=${s//\"/\\\"}
+  REPLY="\"${s//[[:cntrl:]]/ }\""
+}
+
+mkdir -p "$CKPT_DIR" || { echo "run_one: cannot create $CKPT_DIR" >&2; exit 125; }
+
+# Render the train template. Field values were validated to [A-Za-z0-9._/+@,=-] before launch.
+cmd=$ABLATE_TRAIN
+cmd=${cmd//"{cfg}"/"$CFG"}
+cmd=${cmd//"{task}"/"$TASK"}
+cmd=${cmd//"{epochs}"/"$EPOCHS"}
+cmd=${cmd//"{name}"/"$NAME"}
+cmd=${cmd//"{ckpt_dir}"/"$CKPT_DIR"}
+cmd=${cmd//"{cat}"/"$CAT"}
+cmd=${cmd//"{resume}"/"$RESUME"}
+cmd=${cmd//"{gpu}"/"$GPU"}
+
+now
+STARTED=$T
+printf '# ablate %s host=%s queue=%s cell=%s resume=%s gpu=%s\n# ablate cmd: %s\n' \
+  "$STARTED" "$ABLATE_HOST" "$QUEUE" "$NAME" "$RESUME" "${GPU:-none}" "$cmd" >>"$LOG" \
+  || { echo "run_one: cannot write $LOG" >&2; exit 125; }
+(
+  cd -- "$ABLATE_WORKDIR" || exit 125
+  set +u  # activation scripts (conda) reference unset variables
+  if [[ -n ${ABLATE_ENV-} ]]; then
+    eval "$ABLATE_ENV" || { echo "ablate: env activation failed: $ABLATE_ENV"; exit 125; }
+  fi
+  eval "$cmd"
+) </dev/null >>"$LOG" 2>&1
+rc=$?
+now
+ENDED=$T
+printf '# ablate end %s rc=%s\n' "$ENDED" "$rc" >>"$LOG"
+(( rc == 0 )) || exit "$rc"
+
+# ---- sync: copy, check size + sha256 of each copy against its source, then publish by rename.
+FINAL_PARENT=$ABLATE_ROOT/final_ckpts
+FINAL=$FINAL_PARENT/$NAME
+STAGING=
+fail() {
+  jstr "$1"
+  ev sync_failed ", \"cell\": \"$NAME\", \"reason\": $REPLY"
+  printf '# ablate sync failed: %s\n' "$1" >>"$LOG"
+  [[ -n $STAGING ]] && rm -rf -- "$STAGING"
+  exit 3
+}
+
+CK=$CKPT_DIR/$ABLATE_CHECKPOINT
+[[ -f $CK && -s $CK ]] || fail "checkpoint $ABLATE_CHECKPOINT missing or empty in $CKPT_DIR"
+if [[ -n ${ABLATE_METRICS-} ]]; then
+  [[ -f $CKPT_DIR/$ABLATE_METRICS && -s $CKPT_DIR/$ABLATE_METRICS ]] \
+    || fail "metrics $ABLATE_METRICS missing or empty in $CKPT_DIR"
+fi
+[[ -e $FINAL ]] && fail "final_ckpts/$NAME already exists; a durable result is never overwritten"
+mkdir -p "$FINAL_PARENT" || fail "cannot create $FINAL_PARENT"
+STAGING=$FINAL_PARENT/.staging.$NAME.$ABLATE_HOST.$$
+rm -rf -- "$STAGING"
+mkdir "$STAGING" || fail "cannot create $STAGING"
+
+ARTIFACTS=
+copy_checked() {  # copy_checked SRC REL KEY
+  local src=$1 rel=$2 dst=$STAGING/$2 size dsize sum dsum
+  if [[ $rel == */* ]]; then mkdir -p -- "${dst%/*}" || fail "cannot create ${dst%/*}"; fi
+  cp -- "$src" "$dst" || fail "copy of $rel to the shared FS failed"
+  size=$(stat -c %s -- "$src") && dsize=$(stat -c %s -- "$dst") || fail "cannot stat $rel"
+  [[ $size == "$dsize" ]] || fail "copy of $rel is short: $dsize of $size bytes"
+  sum=$(sha256sum -- "$src") && dsum=$(sha256sum -- "$dst") || fail "cannot hash $rel"
+  sum=${sum%% *} dsum=${dsum%% *}
+  [[ $sum == "$dsum" ]] || fail "copy of $rel differs from its source (sha256 $dsum, expected $sum)"
+  ARTIFACTS+="${ARTIFACTS:+, }\"$3\": {\"file\": \"$rel\", \"size\": $size, \"sha256\": \"$sum\"}"
+}
+copy_checked "$CK" "$ABLATE_CHECKPOINT" checkpoint
+[[ -n ${ABLATE_METRICS-} ]] && copy_checked "$CKPT_DIR/$ABLATE_METRICS" "$ABLATE_METRICS" metrics
+copy_checked "$LOG" "$NAME.log" log
+
+cfg_path=$CFG
+[[ $CFG == /* ]] || cfg_path=$ABLATE_WORKDIR/$CFG
+cfg_sha=null
+if [[ -f $cfg_path && -r $cfg_path ]] && s=$(sha256sum -- "$cfg_path" 2>/dev/null); then
+  cfg_sha="\"${s%% *}\""
+fi
+commit=null
+if command -v git >/dev/null 2>&1 && c=$(git -C "$ABLATE_WORKDIR" rev-parse HEAD 2>/dev/null) \
+    && [[ $c =~ ^[0-9a-f]{40}$ ]]; then
+  commit="\"$c\""
+fi
+sha12_of() {  # the version in a content-addressed file name (run_one.<sha12>.sh, <sha12>.env)
+  if [[ $1 =~ ^(run_one\.|run_queue\.)?([0-9a-f]{12})\.(sh|env)$ ]]; then
+    REPLY="\"${BASH_REMATCH[2]}\""
+  else
+    REPLY=null
+  fi
+}
+sha12_of "$SELF"; v_one=$REPLY
+sha12_of "${ABLATE_RUN_QUEUE_VERSION-}"; v_queue=$REPLY
+sha12_of "${ABLATE_SPEC_VERSION-}"; v_spec=$REPLY
+
+printf '{"name": "%s", "cfg": "%s", "task": "%s", "epochs": %s, "cat": "%s", "cfg_sha256": %s, "wrapper_version": %s, "run_queue_version": %s, "spec_version": %s, "host": "%s", "queue": "%s", "commit": %s, "started": %s, "ended": %s, "resume": %s, "artifacts": {%s}}\n' \
+  "$NAME" "$CFG" "$TASK" "$EPOCHS" "$CAT" "$cfg_sha" "$v_one" "$v_queue" "$v_spec" "$ABLATE_HOST" \
+  "$QUEUE" "$commit" "$STARTED" "$ENDED" "$RESUME" "$ARTIFACTS" >"$STAGING/MANIFEST.json" \
+  || fail "cannot write MANIFEST.json in $STAGING"
+
+# -T: never move *into* an existing dir; -n: never replace one (renameat2 NOREPLACE where the FS has
+# it). The staging dir still being there afterwards means the rename did not happen.
+[[ -e $FINAL ]] && fail "final_ckpts/$NAME appeared while syncing; a durable result is never overwritten"
+mv -T -n -- "$STAGING" "$FINAL" 2>/dev/null
+[[ -e $STAGING ]] && fail "could not rename $STAGING to final_ckpts/$NAME (it exists now?)"
+STAGING=
+ev synced ", \"cell\": \"$NAME\""
+exit 0

@@ -1,29 +1,73 @@
-"""Pick the transport for a host and for the shared FS."""
+"""Pick the transport for a host and for the shared FS.
+
+ssh: one `SSHHost` per (ssh config, alias, accept_new) for the life of the process, so a command
+opens one connection per host and reuses it; `close_all()` closes them (also at exit). The shared
+FS is reached through the first host in ablate.yaml whose profile is the default profile, and
+through the next such host when that one cannot be reached.
+"""
 
 from __future__ import annotations
+
+import atexit
+import os
+import threading
 
 from ablate.config import Host, Project
 from ablate.errors import AblateError
 from ablate.transport.base import CommandResult, HostTransport, SharedFS
 from ablate.transport.local import LocalFS, LocalHost
+from ablate.transport.ssh import SSHFS, SSHHost, fan_out
 
-__all__ = ["CommandResult", "HostTransport", "SharedFS", "host_transport", "shared_fs"]
+__all__ = ["CommandResult", "HostTransport", "SharedFS", "close_all", "fan_out", "host_transport",
+           "shared_fs"]
+
+_SSH_HOSTS: dict[tuple[str | None, str, str, bool], SSHHost] = {}
+_SSH_LOCK = threading.Lock()
 
 
-def host_transport(project: Project, host: Host) -> HostTransport:
+def _ssh_config_path(project: Project) -> str | None:
+    if not project.ssh_config:
+        return None
+    path = os.path.expanduser(project.ssh_config)
+    return path if os.path.isabs(path) else str(project.dir / path)
+
+
+def _ssh_host(project: Project, host: Host, accept_new: bool) -> SSHHost:
+    key = (_ssh_config_path(project), host.name, host.ssh, accept_new)
+    with _SSH_LOCK:
+        if key not in _SSH_HOSTS:
+            _SSH_HOSTS[key] = SSHHost(host.name, host.ssh, ssh_config=key[0], accept_new=accept_new)
+        return _SSH_HOSTS[key]
+
+
+def close_all() -> None:
+    """Close every SSH connection this process opened (the end of a command)."""
+    with _SSH_LOCK:
+        hosts = list(_SSH_HOSTS.values())
+        _SSH_HOSTS.clear()
+    for h in hosts:
+        h.close()
+
+
+atexit.register(close_all)
+
+
+def host_transport(project: Project, host: Host, *, accept_new: bool = False) -> HostTransport:
     if host.transport == "local":
         return LocalHost(host.name)
-    raise AblateError(
-        f"host {host.name}: the ssh transport is not available in this version; "
-        "use `transport: local` (profile local) or upgrade ablate"
-    )
+    return _ssh_host(project, host, accept_new)
 
 
-def shared_fs(project: Project) -> SharedFS:
-    """The shared FS as the controller reaches it (local: the directory itself)."""
-    if project.profile.transport == "local":
+def shared_fs(project: Project, *, accept_new: bool = False) -> SharedFS:
+    """The shared FS as the controller reaches it (local: the directory itself; ssh: through the
+    hosts of the default profile, in ablate.yaml order)."""
+    profile = project.profile
+    if profile.transport == "local":
         return LocalFS(project.sweep_root())
-    raise AblateError(
-        f"profile {project.profile.name}: the ssh transport is not available in this version; "
-        "use profile local or upgrade ablate"
-    )
+    via = [h for h in project.hosts.values() if h.profile.name == profile.name and h.transport == "ssh"]
+    if not via:
+        raise AblateError(
+            f"profile {profile.name}: no ssh host in ablate.yaml uses it, so nothing reaches its "
+            f"shared FS {profile.shared_fs}; give at least one host that profile")
+    return SSHFS([_ssh_host(project, h, accept_new) for h in via], project.sweep_root(),
+                 python=profile.python, env=profile.env)

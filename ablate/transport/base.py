@@ -84,3 +84,9 @@ class SharedFS(Protocol):
     def probe(self, op: str, args: Mapping[str, Any]) -> Any:
         """Run one stdlib-only operation of `ablate.probe` next to the files; one round trip."""
         ...
+
+    def fetch(self, path: str, local_path: str) -> int:
+        """Stream the FS file `path` to `local_path` on the controller (created or truncated);
+        returns the bytes written. Raises OSError when `path` cannot be read. The caller checks
+        size and sha256 and renames into place: a short copy must never look like a good one."""
+        ...

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -100,3 +101,10 @@ class LocalFS:
 
     def probe(self, op: str, args: Mapping[str, Any]) -> Any:
         return probe.run(op, dict(args))
+
+    def fetch(self, path: str, local_path: str) -> int:
+        with open(path, "rb") as src, open(local_path, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            dst.flush()
+            os.fsync(dst.fileno())
+            return dst.tell()

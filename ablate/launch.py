@@ -1,0 +1,318 @@
+"""`ablate launch`, `launch --all` and `stop`: one detached tmux session per queue per host.
+
+A launch validates everything first (roster, host, slot, start index, the launched prefix of the
+queue file, no live copy) and changes nothing when it refuses. Then it deploys (idempotent), writes
+the FS copy of the queue, appends a ledger entry and starts `run_queue` in tmux. `append` lives in
+`ablate.append`; `append` here forwards to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ablate.cells import QueueFile, check_queue_name, load_roster, read_queue
+from ablate.config import Host, Project
+from ablate.deploy import DeployResult, deploy
+from ablate.errors import AblateError, QueueError
+from ablate.layout import SweepLayout, session_name
+from ablate.transport import HostTransport, SharedFS, host_transport, shared_fs
+
+if TYPE_CHECKING:
+    from ablate.append import AppendResult
+
+Log = Callable[[str], None] | None
+STOP_GRACE = 10.0  # seconds between TERM and KILL of a stopped queue's process group
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    queue: str
+    host: str
+    status: str  # launched | running (already live; launch --all) | failed (launch --all)
+    session: str
+    slot: int | None = None
+    start_index: int | None = None
+    total_lines: int = 0
+    cells: int = 0  # cell lines from start_index on
+    resumed: bool = False  # a relaunch whose start index was chosen as the first unfinished cell
+    version: str | None = None
+    spec: str | None = None
+    run_queue: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"queue": self.queue, "host": self.host, "status": self.status, "session": self.session,
+                "slot": self.slot, "start_index": self.start_index, "lines": self.total_lines,
+                "cells": self.cells, "resumed": self.resumed, "version": self.version, "spec": self.spec,
+                "run_queue": self.run_queue, "error": self.error}
+
+    def lines(self) -> list[str]:
+        if self.status == "running":
+            return [f"{self.queue}: already running on {self.host} (tmux {self.session}); not relaunched"]
+        if self.status == "failed":
+            return [f"{self.queue}: not launched on {self.host}: {self.error}"]
+        slot = f" slot {self.slot}" if self.slot is not None else ""
+        how = "resumed" if self.resumed else "launched"
+        return [f"{how} {self.queue} on {self.host}{slot} at line {self.start_index}: {self.cells} cell(s) "
+                f"to go, tmux {self.session}, wrappers {self.version}"]
+
+
+@dataclass(frozen=True)
+class StopResult:
+    queue: str
+    host: str
+    session: str
+    was_live: bool
+    pgid: int | None
+    signal: str | None  # TERM, KILL, or None when no process group was signalled
+
+    def to_json(self) -> dict[str, Any]:
+        return {"queue": self.queue, "host": self.host, "session": self.session, "was_live": self.was_live,
+                "pgid": self.pgid, "signal": self.signal}
+
+    def lines(self) -> list[str]:
+        if not self.was_live:
+            return [f"{self.queue} is not running on {self.host} (no tmux {self.session}); nothing to stop"]
+        group = f"process group {self.pgid} ({self.signal})" if self.pgid else "no recorded process group"
+        return [f"stopped {self.queue} on {self.host}: {group}, tmux {self.session} killed"]
+
+
+# --------------------------------------------------------------------------- ledger
+
+
+def prefix_sha256(lines: Sequence[str]) -> str:
+    return hashlib.sha256("".join(line + "\n" for line in lines).encode()).hexdigest()
+
+
+def read_jsonl(raw: bytes | None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for line in (raw or b"").decode(errors="replace").splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def read_ledger(fs: SharedFS, layout: SweepLayout, queue: str) -> list[dict[str, Any]]:
+    return [e for e in read_jsonl(fs.read_bytes(layout.ledger(queue)))
+            if isinstance(e.get("lines"), int) and isinstance(e.get("prefix_sha256"), str)]
+
+
+def check_prefix(qf: QueueFile, ledger: Sequence[Mapping[str, Any]], launched_text: bytes | None) -> None:
+    """Refuse when a line already launched was edited, deleted or moved (queue files are append-only)."""
+    local = [ln.text for ln in qf.lines]
+    launched = launched_text.decode(errors="replace").split("\n")[:-1] if launched_text else None
+    rel = f"queues/{qf.name}.txt"
+    fix = "queue files are append-only: restore it, and add new cells at the end (`ablate append`)"
+    for entry in ledger:
+        n = int(entry["lines"])
+        if len(local) >= n and prefix_sha256(local[:n]) == entry["prefix_sha256"]:
+            continue
+        if launched is not None:
+            for i in range(min(n, len(launched))):
+                if i >= len(local):
+                    raise QueueError(f"{rel}:{i + 1} was launched as {launched[i]!r} and is gone now "
+                                     f"(the file has {len(local)} lines); {fix}")
+                if local[i] != launched[i]:
+                    raise QueueError(f"{rel}:{i + 1} changed since it was launched: was {launched[i]!r}, "
+                                     f"now {local[i]!r}; {fix}")
+        raise QueueError(f"{rel}: its first {n} lines changed since they were launched; {fix}")
+
+
+def ledger_entry(qf: QueueFile, host: str, slot: int | None, start: int | None, spec: str | None,
+                 run_queue: str | None, op: str) -> str:
+    lines = [ln.text for ln in qf.lines]
+    return json.dumps({"t": time.time(), "host": host, "slot": slot, "start_index": start,
+                       "lines": len(lines), "prefix_sha256": prefix_sha256(lines), "spec": spec,
+                       "run_queue": run_queue, "op": op})
+
+
+def read_json(raw: bytes | None) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw or b"")
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def is_live(project: Project, host: Host, queue: str, transport: HostTransport | None = None) -> bool:
+    ht = transport or host_transport(project, host)
+    return session_name(project.sweep, host.name, queue) in ht.tmux_sessions()
+
+
+def _slot(h: Host, qf: QueueFile, slot: int | None) -> int | None:
+    if slot is None and qf.host == h.name:
+        slot = qf.slot
+    if slot is not None and (not h.gpus or slot not in h.gpus):
+        have = ", ".join(map(str, h.gpus)) if h.gpus else "none (no `gpus:` for it in ablate.yaml)"
+        raise AblateError(f"slot {slot} is not a GPU slot of host {h.name} (slots: {have}); "
+                          "pass --slot with one of them, or fix `gpus:` in ablate.yaml")
+    return slot
+
+
+def _resume_index(fs: SharedFS, layout: SweepLayout, qf: QueueFile) -> int:
+    """The first cell line without a durable result (an interrupted cell re-enters via its claim)."""
+    snap = fs.probe("snapshot", {"root": layout.root, "touch": False})
+    final = set(snap.get("final") or [])
+    for ln in qf.cells:
+        if ln.cell is not None and ln.cell.name not in final:
+            return ln.index
+    return len(qf.lines)
+
+
+def _launch(project: Project, queue: str, host: str, start_index: int | None, slot: int | None,
+            log: Log, *, dep: DeployResult | None, report_live: bool) -> LaunchResult:
+    h = project.host(host)
+    qf = read_queue(project, check_queue_name(queue))
+    session = session_name(project.sweep, host, queue)
+    rel = f"queues/{queue}.txt"
+    if qf.host and qf.host != host:
+        raise AblateError(f"{rel} is planned for host {qf.host} (its `# ablate: host=` header); "
+                          f"launch it with --host {qf.host}, or change the header")
+    slot = _slot(h, qf, slot)
+    n = len(qf.lines)
+    if start_index is not None and not 0 <= start_index < n:
+        raise AblateError(f"--start-index {start_index} is out of range: {rel} has {n} lines "
+                          f"(indices 0..{n - 1})")
+
+    ht = host_transport(project, h)
+    fs = shared_fs(project)
+    layout = SweepLayout(fs.root)
+    ledger = read_ledger(fs, layout, queue)
+    live_on = [host] if is_live(project, h, queue, ht) else []
+    last_host = ledger[-1].get("host") if ledger else None
+    if not live_on and isinstance(last_host, str) and last_host != host and last_host in project.hosts:
+        try:
+            if is_live(project, project.hosts[last_host], queue):
+                live_on = [last_host]
+        except AblateError as e:  # the previous host is gone: moving the queue is the point
+            if log:
+                log(f"{queue}: cannot ask {last_host} whether it still runs it ({e.message}); going on")
+    if live_on:
+        if report_live:
+            return LaunchResult(queue, live_on[0], "running", session_name(project.sweep, live_on[0], queue))
+        raise AblateError(f"{queue} is already running on {live_on[0]}; "
+                          f"`ablate stop {queue} --host {live_on[0]}` first")
+    check_prefix(qf, ledger, fs.read_bytes(layout.queue_file(queue)))
+    resumed = False
+    if start_index is None:
+        start_index = _resume_index(fs, layout, qf) if ledger else 0
+        resumed = bool(ledger)
+
+    # Everything is checked: from here on, things change.
+    dep = dep or deploy(project, log)
+    hl = project.layout(h)
+    fs.write_atomic(layout.queue_file(queue), qf.normalized_text().encode())
+    fs.append_line(layout.ledger(queue),
+                   ledger_entry(qf, host, slot, start_index, dep.specs[host], dep.run_queue, "launch"))
+    argv = ["bash", dep.run_queue_path(hl), dep.spec_path(hl, host), queue, str(start_index)]
+    if slot is not None:
+        argv.append(str(slot))
+    ht.tmux_start(session, argv, {})
+    cells = sum(1 for ln in qf.cells if ln.index >= start_index)
+    if log:
+        log(f"{host}: tmux {session} runs {queue} from line {start_index} ({cells} cell(s))")
+    return LaunchResult(queue, host, "launched", session, slot, start_index, n, cells, resumed,
+                        dep.version, dep.specs[host], dep.run_queue)
+
+
+def launch(project: Project, queue: str, host: str, start_index: int | None = None,
+           slot: int | None = None, log: Log = None) -> LaunchResult:
+    load_roster(project)  # a name collision anywhere refuses before anything runs
+    return _launch(project, queue, host, start_index, slot, log, dep=None, report_live=False)
+
+
+def launch_all(project: Project, log: Log = None) -> list[LaunchResult]:
+    """Every queue whose `# ablate: host=H` header names a host. Live queues are reported, not
+    relaunched; a queue that cannot launch is reported with its error and the others still go."""
+    roster = load_roster(project)
+    planned = [q for q in roster.queues if q.host]
+    if not planned:
+        raise AblateError("no queue file has a `# ablate: host=H` header; run `ablate plan`, "
+                          "or launch one with `ablate launch QUEUE --host H`")
+    for q in roster.queues:
+        if not q.host and log:
+            log(f"{q.name}: no `# ablate: host=` header; skipped (launch it with --host)")
+    dep = deploy(project, log)
+    results = []
+    for q in planned:
+        assert q.host is not None
+        try:
+            results.append(_launch(project, q.name, q.host, None, None, log, dep=dep, report_live=True))
+        except AblateError as e:
+            results.append(LaunchResult(q.name, q.host, "failed",
+                                        session_name(project.sweep, q.host, q.name), error=e.message))
+    return results
+
+
+# --------------------------------------------------------------------------- stop
+
+
+def _group_alive(ht: HostTransport, pgid: int) -> bool:
+    return ht.run(["kill", "-0", "--", f"-{pgid}"]).rc == 0
+
+
+def _recorded_group(ht: HostTransport, hb: Mapping[str, Any]) -> int | None:
+    """The heartbeat's process group, if its pid is still a run_queue leading that group: a pgid
+    recycled since must never be signalled."""
+    pid, pgid = hb.get("pid"), hb.get("pgid")
+    if not (isinstance(pid, int) and isinstance(pgid, int) and pgid > 1):
+        return None
+    r = ht.run(["ps", "-ww", "-o", "pgid=", "-o", "args=", "-p", str(pid)])  # -ww: never truncate
+    parts = r.stdout.split(None, 1)
+    if r.rc != 0 or len(parts) < 2 or parts[0] != str(pgid) or "run_queue" not in parts[1]:
+        return None
+    return pgid
+
+
+def stop(project: Project, queue: str, host: str) -> StopResult:
+    h = project.host(host)
+    check_queue_name(queue)
+    ht = host_transport(project, h)
+    fs = shared_fs(project)
+    layout = SweepLayout(fs.root)
+    session = session_name(project.sweep, host, queue)
+    live = session in ht.tmux_sessions()
+    if not live:
+        return StopResult(queue, host, session, False, None, None)
+    hb = read_json(fs.read_bytes(layout.heartbeat(host, queue)))
+    pgid = _recorded_group(ht, hb)
+    signal: str | None = None
+    if pgid is not None:
+        # Never `pkill -f`: the pattern could match this very SSH session. The group is exact.
+        for sig, grace in (("TERM", STOP_GRACE), ("KILL", 5.0)):
+            ht.run(["kill", f"-{sig}", "--", f"-{pgid}"])
+            signal = sig
+            deadline = time.monotonic() + grace
+            while _group_alive(ht, pgid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not _group_alive(ht, pgid):
+                break
+    ht.tmux_kill(session)
+    # run_queue, the events file's writer, is gone now: this line cannot interleave with it.
+    fs.append_line(layout.events_file(host, queue), json.dumps(
+        {"t": time.time(), "ev": "stopped", "host": host, "queue": queue, "pgid": pgid, "signal": signal,
+         "by": "ablate stop"}))
+    return StopResult(queue, host, session, True, pgid, signal)
+
+
+# --------------------------------------------------------------------------- append
+
+
+def append(project: Project, queue: str, cfg: str, task: str, epochs: int | None = None,
+           log: Log = None) -> AppendResult:
+    """See `ablate.append.append` (a module of its own: it builds on this one)."""
+    from ablate.append import append as do_append
+
+    return do_append(project, queue, cfg, task, epochs, log=log)

@@ -1,4 +1,0 @@
-from ablate.cli import main
-
-if __name__ == "__main__":
-    main()

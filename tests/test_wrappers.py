@@ -1,0 +1,253 @@
+"""The bash wrappers, driven the way users drive them: `launch` into real tmux, the real tiny
+trainer, real files on a local "shared FS". Assertions read what the wrappers wrote: events,
+heartbeats, claims, final_ckpts and MANIFEST.json."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ablate.config import load_project
+from ablate.launch import launch
+from ablate.layout import session_name
+from ablate.transport.local import LocalHost
+from tests.conftest import TRAIN, LocalProject, require_tmux, wait_for
+
+
+@pytest.fixture(autouse=True)
+def _tmux() -> None:
+    require_tmux()
+
+
+def events(lp: LocalProject, host: str, queue: str) -> list[dict[str, Any]]:
+    path = lp.shared / "events" / f"{host}.{queue}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]  # every line valid JSON
+
+
+def drained(lp: LocalProject, host: str, queue: str, since: int = 0) -> list[dict[str, Any]]:
+    """Wait until the queue has written queue_end (after `since` events) and its tmux session is gone."""
+    def done() -> list[dict[str, Any]] | None:
+        evs = events(lp, host, queue)
+        live = session_name("t1", host, queue) in LocalHost(host).tmux_sessions()
+        return evs if not live and any(e["ev"] == "queue_end" for e in evs[since:]) else None
+
+    result = wait_for(done, timeout=30)
+    assert isinstance(result, list)
+    return result
+
+
+def finals(lp: LocalProject) -> set[str]:
+    root = lp.shared / "final_ckpts"
+    return {p.name for p in root.iterdir() if (p / "MANIFEST.json").exists()} if root.exists() else set()
+
+
+def started(evs: list[dict[str, Any]]) -> list[str]:
+    return [e["cell"] for e in evs if e["ev"] == "start"]
+
+
+def test_start_index_runs_exactly_the_cells_from_k(local_project: LocalProject) -> None:
+    lp = local_project
+    names = [f"k{i}" for i in range(4)]
+    lp.queue("q1", ["# ablate: host=h1", *(lp.cfg(f"cfgs/a/{n}.yaml") + " recon 1" for n in names)])
+    launch(load_project(lp.root), "q1", "h1", start_index=3)  # line 3 is k2
+    evs = drained(lp, "h1", "q1")
+    assert started(evs) == ["k2", "k3"]
+    assert [e["rc"] for e in evs if e["ev"] == "end"] == [0, 0]
+    assert finals(lp) == {"k2", "k3"}
+    assert evs[0]["ev"] == "queue_start" and evs[0]["start_index"] == 3
+    assert evs[-1] == {**evs[-1], "ev": "queue_end", "idx": 5}
+    hb = json.loads((lp.shared / "heartbeats" / "h1.q1").read_text())
+    assert hb["state"] == "drained" and hb["cell"] == "k3" and hb["pgid"] == evs[0]["pgid"]
+    assert not (lp.shared / "claims" / "k0").exists()
+    owner = (lp.shared / "claims" / "k2" / "owner").read_text().split()
+    assert owner[:3] == ["h1", "q1", "3"] and float(owner[3]) > 0
+
+
+def test_same_line_in_two_queues_runs_once(local_project: LocalProject) -> None:
+    lp = local_project
+    shared = lp.cfg("cfgs/a/both.yaml") + " recon 2"
+    lp.queue("q1", [shared, lp.cfg("cfgs/a/only1.yaml") + " recon 1"])
+    lp.queue("q2", [shared, lp.cfg("cfgs/a/only2.yaml") + " recon 1"])
+    project = load_project(lp.root)
+    launch(project, "q1", "h1")
+    launch(project, "q2", "h2")
+    ev1, ev2 = drained(lp, "h1", "q1"), drained(lp, "h2", "q2")
+    assert (started(ev1) + started(ev2)).count("both") == 1
+    loser = ev2 if "both" in started(ev1) else ev1
+    assert [(e["cell"], e["reason"]) for e in loser if e["ev"] == "skip"] in (
+        [("both", "claimed")], [("both", "done")])
+    assert finals(lp) == {"both", "only1", "only2"}
+
+
+def test_crlf_queue_runs_and_no_carriage_return_reaches_the_command(local_project: LocalProject) -> None:
+    lp = local_project
+    cfg = lp.cfg("cfgs/win/crlf.yaml")
+    path = lp.root / "queues" / "q1.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(f"# from windows\r\n{cfg} det\r\n".encode())
+    launch(load_project(lp.root), "q1", "h1")
+    evs = drained(lp, "h1", "q1")
+    assert [e["rc"] for e in evs if e["ev"] == "end"] == [0]
+    assert b"\r" not in (lp.shared / "queues" / "q1.txt").read_bytes()
+    log = (lp.root / ".ablate/local/h1/ckpt/crlf.log").read_bytes()
+    assert b"\r" not in log
+    assert b"--epochs 2 --out" in log  # the task default, not "2\r"
+    manifest = json.loads((lp.shared / "final_ckpts/crlf/MANIFEST.json").read_text())
+    assert (manifest["epochs"], manifest["cat"], manifest["task"]) == (2, "win", "det")
+    # run_queue itself strips CR too, should a CRLF copy reach the FS some other way
+    cfg2 = lp.cfg("cfgs/win/crlf2.yaml")
+    fs_copy = lp.shared / "queues" / "q1.txt"
+    fs_copy.write_bytes(f"# from windows\r\n{cfg} det\r\n{cfg2} det\r\n".encode())
+    deployed = json.loads((lp.shared / "DEPLOYED.json").read_text())
+    p = subprocess.run(["bash", str(lp.shared / "wrappers" / deployed["run_queue"]),
+                        str(lp.shared / "specs" / deployed["specs"]["h1"]), "q1", "2"],
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    log2 = (lp.root / ".ablate/local/h1/ckpt/crlf2.log").read_bytes()
+    assert b"\r" not in log2 and b"--config cfgs/win/crlf2.yaml --epochs 2 --out" in log2
+    assert json.loads((lp.shared / "final_ckpts/crlf2/MANIFEST.json").read_text())["epochs"] == 2
+
+
+def test_failing_train_command_ends_nonzero_without_a_final_dir(local_project: LocalProject) -> None:
+    lp = local_project
+    lp.queue("q1", [lp.cfg("cfgs/a/bad.yaml", exit_code=7) + " recon",
+                    lp.cfg("cfgs/a/good.yaml") + " recon 1"])
+    launch(load_project(lp.root), "q1", "h1")
+    evs = drained(lp, "h1", "q1")
+    ends = {e["cell"]: e["rc"] for e in evs if e["ev"] == "end"}
+    assert ends == {"bad": 7, "good": 0}  # a failed cell does not stop the queue
+    assert not (lp.shared / "final_ckpts" / "bad").exists()
+    assert not [e for e in evs if e["ev"] in ("synced", "sync_failed") and e["cell"] == "bad"]
+    assert "simulated failure exit 7" in (lp.root / ".ablate/local/h1/ckpt/bad.log").read_text()
+
+
+def test_missing_artifact_after_rc0_is_sync_failed_exit_3(local_project: LocalProject) -> None:
+    lp = local_project
+    lp.write_config(artifacts={"checkpoint": "best.pth", "metrics": "metrics.json"})
+    lp.queue("q1", [lp.cfg("cfgs/a/noart.yaml") + " recon 1"])
+    launch(load_project(lp.root), "q1", "h1")
+    evs = drained(lp, "h1", "q1")
+    failed = [e for e in evs if e["ev"] == "sync_failed"]
+    assert len(failed) == 1 and "best.pth" in failed[0]["reason"]
+    assert [e["rc"] for e in evs if e["ev"] == "end"] == [3]
+    assert not list((lp.shared / "final_ckpts").iterdir())  # no final dir, no staging left behind
+    assert (lp.root / ".ablate/local/h1/ckpt/noart/model.safetensors").stat().st_size > 0
+
+
+def test_run_one_exit_code_3_keeps_the_local_checkpoint(local_project: LocalProject) -> None:
+    """run_one on its own: a sync refused (the durable dir already exists) exits 3, local data intact."""
+    lp = local_project
+    lp.queue("q1", [lp.cfg("cfgs/a/dup.yaml") + " recon 1"])
+    launch(load_project(lp.root), "q1", "h1")
+    drained(lp, "h1", "q1")
+    deployed = json.loads((lp.shared / "DEPLOYED.json").read_text())
+    run_one = lp.shared / "wrappers" / deployed["run_one"]
+    spec = lp.shared / "specs" / deployed["specs"]["h1"]
+    before = (lp.shared / "final_ckpts/dup/MANIFEST.json").read_bytes()
+    env = {**os.environ, "ABLATE_QUEUE": "manual"}
+    p = subprocess.run(["bash", str(run_one), str(spec), "dup", "cfgs/a/dup.yaml", "recon", "1", "a", "0"],
+                       capture_output=True, env=env, timeout=60)
+    assert p.returncode == 3
+    assert (lp.shared / "final_ckpts/dup/MANIFEST.json").read_bytes() == before
+    assert (lp.root / ".ablate/local/h1/ckpt/dup/model.safetensors").exists()
+    evs = events(lp, "h1", "manual")
+    assert evs[-1]["ev"] == "sync_failed" and "already exists" in evs[-1]["reason"]
+
+
+def test_manifest_fields_and_hashes(local_project: LocalProject) -> None:
+    lp = local_project
+    cfg = lp.cfg("cfgs/sub/m1.yaml", seed=3)
+    lp.queue("q1", [f"{cfg} recon 2"])
+    launch(load_project(lp.root), "q1", "h1")
+    evs = drained(lp, "h1", "q1")
+    final = lp.shared / "final_ckpts" / "m1"
+    m = json.loads((final / "MANIFEST.json").read_text())
+    deployed = json.loads((lp.shared / "DEPLOYED.json").read_text())
+    sha = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
+    keys = ("name", "cfg", "task", "epochs", "cat", "host", "queue", "resume", "commit")
+    assert {k: m[k] for k in keys} == {
+        "name": "m1", "cfg": cfg, "task": "recon", "epochs": 2, "cat": "sub", "host": "h1", "queue": "q1",
+        "resume": 0, "commit": None}
+    assert m["cfg_sha256"] == sha(lp.root / cfg)
+    assert f"run_one.{m['wrapper_version']}.sh" == deployed["run_one"]
+    assert f"run_queue.{m['run_queue_version']}.sh" == deployed["run_queue"]
+    assert f"{m['spec_version']}.env" == deployed["specs"]["h1"]
+    assert m["started"] < m["ended"]
+    assert set(m["artifacts"]) == {"checkpoint", "metrics", "log"}
+    for art in m["artifacts"].values():
+        f = final / art["file"]
+        assert f.stat().st_size == art["size"] > 0 and sha(f) == art["sha256"]
+    local = lp.root / ".ablate/local/h1/ckpt"
+    assert sha(local / "m1/model.safetensors") == m["artifacts"]["checkpoint"]["sha256"]
+    assert m["artifacts"]["log"]["file"] == "m1.log"
+    assert [e["ev"] for e in evs] == ["queue_start", "start", "synced", "end", "queue_end"]
+    assert not [p for p in (lp.shared / "final_ckpts").iterdir() if p.name.startswith(".staging")]
+
+
+def test_slot_pins_cuda_visible_devices_and_gpu_field(local_project: LocalProject) -> None:
+    lp = local_project
+    lp.write_config(train=TRAIN + " && echo gpu={gpu} cvd=$CUDA_VISIBLE_DEVICES",
+                    hosts={"h1": {"gpus": [0, 3]}})
+    lp.queue("q1", ["# ablate: host=h1 slot=3", lp.cfg("cfgs/a/g.yaml") + " recon 1"])
+    res = launch(load_project(lp.root), "q1", "h1")
+    assert res.slot == 3
+    evs = drained(lp, "h1", "q1")
+    assert evs[0]["slot"] == 3
+    assert "gpu=3 cvd=3" in (lp.root / ".ablate/local/h1/ckpt/g.log").read_text()
+
+
+def test_invalid_line_in_the_fs_copy_is_skipped_never_run(local_project: LocalProject) -> None:
+    """Defence in depth: launch validates, but a line with shell characters that reaches the FS copy
+    anyway is skipped as invalid by run_queue and never executed."""
+    lp = local_project
+    lp.queue("q1", [lp.cfg("cfgs/a/v1.yaml") + " recon 1"])
+    project = load_project(lp.root)
+    launch(project, "q1", "h1")
+    drained(lp, "h1", "q1")
+    marker = lp.root / "pwned"
+    fs_copy = lp.shared / "queues" / "q1.txt"
+    fs_copy.write_text(fs_copy.read_text() + f"x;touch$IFS{marker} recon 1\nnope.yaml notatask\n")
+    deployed = json.loads((lp.shared / "DEPLOYED.json").read_text())
+    p = subprocess.run(["bash", str(lp.shared / "wrappers" / deployed["run_queue"]),
+                        str(lp.shared / "specs" / deployed["specs"]["h1"]), "q1", "1"],
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    evs = events(lp, "h1", "q1")
+    assert [(e["idx"], e["reason"]) for e in evs if e["ev"] == "skip"] == [(1, "invalid"), (2, "invalid")]
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(("fake_cp", "reason"), [
+    ('head -c 10 "$2" > "$3"', "is short"),  # a network FS "succeeding" short
+    ('{ cat "$2"; } | tr "\\000-\\377" "\\001-\\377\\000" > "$3"', "differs from its source"),  # same size
+])
+def test_a_bad_copy_is_caught_before_the_rename(local_project: LocalProject, tmp_path: Path,
+                                                fake_cp: str, reason: str) -> None:
+    lp = local_project
+    lp.queue("q1", [lp.cfg("cfgs/a/cp.yaml") + " recon 1"])
+    launch(load_project(lp.root), "q1", "h1")
+    drained(lp, "h1", "q1")
+    shutil.rmtree(lp.shared / "final_ckpts" / "cp")  # as if it had never synced
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "cp").write_text(f"#!/bin/bash\n{fake_cp}\n")
+    (bin_dir / "cp").chmod(0o755)
+    deployed = json.loads((lp.shared / "DEPLOYED.json").read_text())
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ABLATE_QUEUE": "manual"}
+    p = subprocess.run(["bash", str(lp.shared / "wrappers" / deployed["run_one"]),
+                        str(lp.shared / "specs" / deployed["specs"]["h1"]), "cp", "cfgs/a/cp.yaml", "recon",
+                        "1", "a", "1"], capture_output=True, env=env, timeout=60)
+    assert p.returncode == 3, p.stderr
+    evs = events(lp, "h1", "manual")
+    assert evs[-1]["ev"] == "sync_failed" and reason in evs[-1]["reason"]
+    assert not list((lp.shared / "final_ckpts").iterdir())  # neither a final dir nor a staging dir
+    assert (lp.root / ".ablate/local/h1/ckpt/cp/model.safetensors").stat().st_size > 10

@@ -1,0 +1,423 @@
+"""A multi-instance test bed on one Linux machine (recipe: ../shared/TESTBED.md).
+
+Each instance is a network namespace with its own address on a per-run bridge, a private mount and
+UTS namespace (own hostname, own tmpfs `/tmp` so its own tmux server, its own local disk bound at
+`local_path`), one directory bound at `shared_path` on all of them, and a real `sshd -D`.
+
+    with Testbed(3) as tb:
+        SSHHost("tb-h1", ssh_config=str(tb.ssh_config)).run(["hostname"])   # -> tb-h1
+
+Everything a run creates carries a per-run id (bridge, veths, namespaces, subnet, state dir), and a
+run whose pytest process died is cleaned up by the next one, so parallel and leftover runs never
+clash. Faults: `kill`, `link_down`/`link_up`, `fill_disk`, `change_host_key`; `heal()` undoes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BASE = Path("/var/lib/ablate-testbed")  # not under /tmp: each instance mounts its own /tmp
+SSHD = "/usr/sbin/sshd"
+TOOLS = ("ip", "tmux", "ssh-keygen", "unshare", "nsenter", "mount", "rsync")
+
+
+def missing_requirement() -> str | None:
+    """Why the test bed cannot be built here, or None when it can."""
+    if os.geteuid() != 0:
+        return "the SSH test bed needs root (network namespaces, mounts); CI runs it as root"
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if not os.access(SSHD, os.X_OK):
+        missing.append(SSHD)
+    if missing:
+        return (f"the SSH test bed needs {', '.join(missing)}: apt-get install openssh-server "
+                "iproute2 tmux rsync util-linux (scripts/test.sh does)")
+    return None
+
+
+def _sh(*argv: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"testbed: `{shlex.join(argv)}` exited {p.returncode}: "
+                           f"{p.stderr.strip() or p.stdout.strip()}")
+    return p
+
+
+def _wait(cond: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"testbed: {what} not reached within {timeout}s")
+        time.sleep(0.05)
+
+
+def _port_open(addr: str, port: int = 22) -> bool:
+    try:
+        with socket.create_connection((addr, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _proc_start(pid: int) -> str | None:
+    """The start time of a pid (to tell a live owner from a recycled pid)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+class Testbed:
+    __test__ = False  # not a test class, despite the name
+
+    def __init__(self, n: int = 3, *, startup_timeout: float = 20.0) -> None:
+        self.n = n
+        self.startup_timeout = startup_timeout
+        self.rid = secrets.token_hex(3)
+        self.dir = BASE / self.rid
+        self.shared_dir = self.dir / "fs"  # backing dir of the shared FS, for assertions
+        # Per-run mountpoints: nothing is bound over a path of the real machine.
+        self.shared_path = str(self.dir / "mnt" / "shared")
+        self.local_path = str(self.dir / "mnt" / "local")
+        self.hosts = [f"tb-h{i}" for i in range(1, n + 1)]
+        self.bridge = f"abr{self.rid}"
+        self.ssh_config = self.dir / "ssh_config"
+        self.known_hosts = self.dir / "known_hosts"
+        self.client_key = self.dir / "client_key"
+        self.subnet = ""
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._down: set[str] = set()
+        self._dead: set[str] = set()
+        self._filled: set[str] = set()
+        self._rekeyed: set[str] = set()
+
+    # ------------------------------------------------------------------ names
+
+    def _i(self, host: str) -> int:
+        if host not in self.hosts:
+            raise KeyError(f"testbed: no host {host!r}; hosts are {self.hosts}")
+        return self.hosts.index(host) + 1
+
+    def netns(self, host: str) -> str:
+        return f"tb{self.rid}h{self._i(host)}"
+
+    def veth(self, host: str) -> str:
+        return f"vtb{self.rid}{self._i(host)}"  # <= 15 chars for n < 100
+
+    def address(self, host: str) -> str:
+        return f"{self.subnet}.{10 + self._i(host)}"
+
+    def hostname(self, host: str) -> str:
+        return host
+
+    def host_dir(self, host: str) -> Path:
+        return self.dir / host
+
+    def local_dir(self, host: str) -> Path:
+        """Backing dir of `host`'s instance-local disk (seen there at `local_path`)."""
+        return self.host_dir(host) / "local"
+
+    def sshd_pid(self, host: str) -> int:
+        return self._procs[host].pid
+
+    # ------------------------------------------------------------------ build / tear down
+
+    def __enter__(self) -> Testbed:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        reason = missing_requirement()
+        if reason:
+            raise RuntimeError(reason)
+        BASE.mkdir(parents=True, exist_ok=True)
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privsep dir; left in place
+        with open(BASE / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # subnet choice + bridge creation are one step
+            reap_leftovers()
+            self.dir.mkdir()
+            self.subnet = _free_subnet()
+            self._save_state()
+            _sh("ip", "link", "add", self.bridge, "type", "bridge", "forward_delay", "0")
+            _sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+            _sh("ip", "link", "set", self.bridge, "up")
+        for p in (self.shared_dir, Path(self.shared_path), Path(self.local_path)):
+            p.mkdir(parents=True)
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ablate-testbed",
+            "-f", str(self.client_key))
+        auth = self.dir / "authorized_keys"
+        shutil.copy(f"{self.client_key}.pub", auth)
+        auth.chmod(0o600)
+        for host in self.hosts:
+            self._make_instance(host)
+            self._launch(host)
+        for host in self.hosts:
+            self._wait_sshd(host)
+        self.trust_current_keys()
+        self.write_ssh_config(self.ssh_config)
+
+    def _save_state(self) -> None:
+        state = {"pid": os.getpid(), "start": _proc_start(os.getpid()), "bridge": self.bridge,
+                 "netns": [self.netns(h) for h in self.hosts]}
+        (self.dir / "state.json").write_text(json.dumps(state))
+
+    def _make_instance(self, host: str) -> None:
+        ns, veth, hdir = self.netns(host), self.veth(host), self.host_dir(host)
+        _sh("ip", "netns", "add", ns)
+        _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _sh("ip", "link", "set", veth, "master", self.bridge)
+        _sh("ip", "link", "set", veth, "up")
+        _sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
+        _sh("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
+        _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        (hdir / "local").mkdir(parents=True)
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host, "-f", str(hdir / "hostkey"))
+        (hdir / "sshd_config").write_text(
+            f"ListenAddress {self.address(host)}\n"
+            f"HostKey {hdir / 'hostkey'}\n"
+            "PermitRootLogin prohibit-password\n"
+            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+            "UsePAM no\nStrictModes no\nUseDNS no\nPrintMotd no\nMaxStartups 100\n"
+            "Subsystem sftp internal-sftp\n"
+            f"PidFile {hdir / 'sshd.pid'}\n")
+
+    def _launch(self, host: str) -> None:
+        """Start the instance: private mounts + hostname, then `sshd -D` as its first process."""
+        hdir = self.host_dir(host)
+        q = shlex.quote
+        # Order matters: bind the dirs first, then hide /tmp behind a private tmpfs.
+        script = (f"mount --make-rprivate / && hostname {q(self.hostname(host))} && "
+                  f"mount --bind {q(str(hdir / 'local'))} {q(self.local_path)} && "
+                  f"mount --bind {q(str(self.shared_dir))} {q(self.shared_path)} && "
+                  "mount -t tmpfs -o mode=1777 tmpfs /tmp && "
+                  f"exec {SSHD} -D -f {q(str(hdir / 'sshd_config'))} -E {q(str(hdir / 'sshd.log'))}")
+        # `ip netns exec`, `unshare` and `sh -c ... exec` all exec: the Popen pid is sshd's.
+        self._procs[host] = subprocess.Popen(
+            ["ip", "netns", "exec", self.netns(host), "unshare", "-m", "-u", "sh", "-c", script],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+
+    def _wait_sshd(self, host: str) -> None:
+        proc, addr = self._procs[host], self.address(host)
+        deadline = time.monotonic() + self.startup_timeout
+        while not _port_open(addr):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log = self.host_dir(host) / "sshd.log"
+                tail = log.read_text()[-500:] if log.exists() else "(no log)"
+                raise RuntimeError(f"testbed: sshd of {host} ({addr}) did not come up "
+                                   f"(exit {proc.poll()}): {tail}")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        """Tear everything down; every step runs even when an earlier one failed."""
+        errors: list[str] = []
+        for host in self.hosts:
+            try:
+                self._kill_netns(host)
+            except Exception as e:
+                errors.append(str(e))
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+        teardown_names(self.bridge, [self.netns(h) for h in self.hosts], errors)
+        _remove_dir(self.dir, errors)
+        if errors:
+            raise RuntimeError("testbed teardown: " + "; ".join(errors))
+
+    def _kill_netns(self, host: str) -> None:
+        ns = self.netns(host)
+        if not Path(f"/run/netns/{ns}").exists():
+            return
+        _kill_pids(ns)
+        proc = self._procs.get(host)
+        if proc is not None:
+            proc.wait(timeout=10)
+
+    # ------------------------------------------------------------------ client-side files
+
+    def trust_current_keys(self, path: Path | None = None, hosts: list[str] | None = None) -> Path:
+        """Write a known_hosts file holding the current host key of `hosts` (default: all)."""
+        path = path or self.known_hosts
+        lines = []
+        for host in hosts if hosts is not None else self.hosts:
+            kind, blob = (self.host_dir(host) / "hostkey.pub").read_text().split()[:2]
+            lines.append(f"{self.address(host)} {kind} {blob}\n")
+        path.write_text("".join(lines))
+        return path
+
+    def write_ssh_config(self, path: Path, *, known_hosts: Path | None = None,
+                         strict: str = "yes", extra: str = "") -> Path:
+        """An ssh_config with one alias per host (and `extra` appended verbatim)."""
+        blocks = []
+        for host in self.hosts:
+            blocks.append(
+                f"Host {host}\n  HostName {self.address(host)}\n  User root\n"
+                f"  IdentityFile {self.client_key}\n  IdentitiesOnly yes\n"
+                f"  UserKnownHostsFile {known_hosts or self.known_hosts}\n"
+                f"  StrictHostKeyChecking {strict}\n  BatchMode yes\n")
+        path.write_text("\n".join(blocks) + extra)
+        return path
+
+    def ssh_argv(self, host: str, *command: str) -> list[str]:
+        """The OpenSSH client command line for `host` (for tests that want the real `ssh`)."""
+        return ["ssh", "-F", str(self.ssh_config), host, *command]
+
+    # ------------------------------------------------------------------ faults
+
+    def kill(self, host: str) -> None:
+        """The instance dies (preemption): every process in it is killed, its /tmp is gone."""
+        self._dead.add(host)
+        self._filled.discard(host)  # its mount namespace went with it
+        _kill_pids(self.netns(host))
+        self._procs[host].wait(timeout=10)
+
+    def revive(self, host: str) -> None:
+        """Boot a killed instance again (same address, host key and disks; empty /tmp)."""
+        if self._procs[host].poll() is None:
+            self.kill(host)
+        self._launch(host)
+        self._wait_sshd(host)
+        self._dead.discard(host)
+
+    def link_down(self, host: str) -> None:
+        """The network drops; the instance and its processes live on."""
+        self._down.add(host)
+        _sh("ip", "link", "set", self.veth(host), "down")
+
+    def link_up(self, host: str) -> None:
+        _sh("ip", "link", "set", self.veth(host), "up")
+        self._down.discard(host)
+        _wait(lambda: _port_open(self.address(host)), 10, f"{host} reachable again")
+
+    def fill_disk(self, host: str, size: str = "8m", full: bool = True) -> None:
+        """Replace `host`'s local disk by a small tmpfs of `size`, filled up when `full`."""
+        self._filled.add(host)
+        fill = f"; dd if=/dev/zero of={shlex.quote(self.local_path)}/.fill bs=64k 2>/dev/null" if full else ""
+        _sh("nsenter", "-t", str(self.sshd_pid(host)), "-m", "sh", "-c",
+            f"mount -t tmpfs -o size={shlex.quote(size)} tmpfs {shlex.quote(self.local_path)}"
+            f"{fill}; true")
+
+    def unfill_disk(self, host: str) -> None:
+        _sh("nsenter", "-t", str(self.sshd_pid(host)), "-m", "umount", self.local_path)
+        self._filled.discard(host)
+
+    def change_host_key(self, host: str) -> None:
+        """The instance's host key changes (re-created instance); known_hosts still has the old."""
+        self._rekeyed.add(host)
+        hdir = self.host_dir(host)
+        for f in ("hostkey", "hostkey.pub"):
+            (hdir / f).unlink()
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host, "-f", str(hdir / "hostkey"))
+        new = (hdir / "hostkey.pub").read_text().split()[1]
+        os.kill(self.sshd_pid(host), 1)  # SIGHUP: sshd re-execs itself and reads the new key
+        _wait(lambda: _server_key(self.address(host)) == new, 10, f"{host} serving its new host key")
+
+    def heal(self) -> None:
+        """Undo every fault injected so far (links up, dead revived, disks back, keys trusted)."""
+        for host in sorted(self._down):
+            self.link_up(host)
+        for host in sorted(self._dead):
+            self.revive(host)
+        for host in sorted(self._filled):
+            self.unfill_disk(host)
+        if self._rekeyed:
+            self.trust_current_keys()
+            self._rekeyed.clear()
+
+
+def _server_key(addr: str) -> str | None:
+    """The base64 host key `addr` serves now, or None while it does not answer."""
+    import paramiko
+
+    try:
+        sock = socket.create_connection((addr, 22), timeout=1)
+    except OSError:
+        return None
+    t = paramiko.Transport(sock)
+    try:
+        t.start_client(timeout=2)
+        return t.get_remote_server_key().get_base64()
+    except (paramiko.SSHException, OSError, EOFError):
+        return None
+    finally:
+        t.close()
+
+
+def _kill_pids(ns: str) -> None:
+    def pids() -> list[int]:
+        out = _sh("ip", "netns", "pids", ns, check=False).stdout
+        return [int(p) for p in out.split()]
+
+    for pid in pids():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    _wait(lambda: not pids(), 10, f"every process of {ns} gone")
+
+
+def _free_subnet() -> str:
+    used = set(re.findall(r"10\.231\.(\d+)\.", _sh("ip", "-o", "-4", "addr", "show").stdout
+                          + _sh("ip", "-4", "route", "show", "table", "all").stdout))
+    free = [x for x in range(1, 255) if str(x) not in used]
+    if not free:
+        raise RuntimeError("testbed: no free 10.231.X.0/24 subnet")
+    return f"10.231.{secrets.choice(free)}"
+
+
+def teardown_names(bridge: str, namespaces: list[str], errors: list[str]) -> None:
+    for ns in namespaces:
+        if Path(f"/run/netns/{ns}").exists():
+            try:
+                _kill_pids(ns)
+                _sh("ip", "netns", "del", ns)  # takes the veth pair with it
+            except Exception as e:
+                errors.append(str(e))
+    if Path(f"/sys/class/net/{bridge}").exists():
+        p = _sh("ip", "link", "del", bridge, check=False)
+        if p.returncode != 0:
+            errors.append(f"ip link del {bridge}: {p.stderr.strip()}")
+
+
+def _remove_dir(path: Path, errors: list[str]) -> None:
+    # Nothing is mounted in this mount namespace, but never rm -rf through a mount if one is.
+    mounted = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+               if line.split()[4].startswith(str(path) + "/")]
+    if mounted:
+        errors.append(f"left {path} in place: still mounted here: {', '.join(mounted)}")
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def reap_leftovers() -> None:
+    """Tear down runs whose pytest process is gone (killed before its `finally` ran)."""
+    for state_file in BASE.glob("*/state.json"):
+        try:
+            state: dict[str, Any] = json.loads(state_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if _proc_start(int(state["pid"])) == state.get("start"):
+            continue  # its owner still runs
+        errors: list[str] = []
+        teardown_names(state["bridge"], list(state["netns"]), errors)
+        if not errors:
+            _remove_dir(state_file.parent, errors)
