@@ -15,11 +15,13 @@ from typing import Any
 import click
 
 from ablate import __version__
-from ablate.errors import AblateError
+from ablate.errors import AblateError, CheckFailed
 
 
 class App:
     """Built once by the root group and handed to every command through ctx.obj."""
+
+    json_emitted = False  # a command's JSON result is on stdout: an error must not add a second object
 
     def __init__(self, directory: str, verbosity: int) -> None:
         self.directory = Path(directory)
@@ -38,6 +40,7 @@ class App:
     def emit(self, result: Any, as_json: bool) -> None:
         if as_json:
             click.echo(json.dumps(result.to_json(), sort_keys=False))
+            App.json_emitted = True
         else:
             for line in result.lines():
                 click.echo(line)
@@ -61,8 +64,10 @@ def _hosts(value: str | None) -> list[str] | None:
 @click.option("-C", "directory", default=".", metavar="DIR", help="Run as if started in DIR.")
 @click.option("-v", "--verbose", count=True, help="More output.")
 @click.option("-q", "--quiet", count=True, help="Less output.")
+@click.option("--accept-new-host-keys", is_flag=True,
+              help="Record an unknown SSH host key (as OpenSSH accept-new); a changed key is refused.")
 @click.pass_context
-def cli(ctx: click.Context, directory: str, verbose: int, quiet: int) -> None:
+def cli(ctx: click.Context, directory: str, verbose: int, quiet: int, accept_new_host_keys: bool) -> None:
     """Run ML ablation sweeps across rented GPU instances that share a filesystem.
 
     \b
@@ -71,6 +76,9 @@ def cli(ctx: click.Context, directory: str, verbose: int, quiet: int) -> None:
       ablate status --watch
       ablate pull && ablate reconcile && ablate release HOST
     """
+    from ablate.transport import accept_new_host_keys as set_accept_new
+
+    set_accept_new(accept_new_host_keys)
     ctx.obj = App(directory, verbose - quiet)
 
 
@@ -123,7 +131,12 @@ def launch(app: App, queue: str | None, host: str | None, start_index: int | Non
     if all_:
         if queue or host or start_index is not None or slot is not None:
             raise AblateError("launch --all takes no QUEUE, --host, --start-index or --slot")
-        app.emit(_Many(core.launch_all(app.project(), log=app.log), "launched"), as_json)
+        results = core.launch_all(app.project(), log=app.log)
+        app.emit(_Many(results, "launched"), as_json)
+        failed = [r.queue for r in results if r.status == "failed"]
+        if failed:
+            raise CheckFailed(f"{len(failed)} queue(s) did not start: {', '.join(failed)}; "
+                              "see the lines above")
         return
     if not queue or not host:
         raise AblateError("launch needs QUEUE and --host H (or --all); e.g. `ablate launch h1 --host h1`")
@@ -185,7 +198,10 @@ def pull(app: App, to: str | None, as_json: bool) -> None:
     """Copy final_ckpts/ here, resumable and checksummed.  Example: ablate pull --to /data/results"""
     from ablate.pull import pull as do_pull
 
-    app.emit(do_pull(app.project(), Path(to) if to else None, log=app.log), as_json)
+    result = do_pull(app.project(), Path(to) if to else None, log=app.log)
+    app.emit(result, as_json)
+    if not result.ok:
+        raise CheckFailed(f"{len(result.failed)} file(s) could not be pulled intact; run `ablate pull` again")
 
 
 @cli.command()
@@ -256,6 +272,7 @@ def _one_line(message: str) -> str:
 def main(argv: list[str] | None = None, prog: click.Group = cli) -> None:
     args = sys.argv[1:] if argv is None else argv
     as_json = "--json" in args
+    App.json_emitted = False
     try:
         rv = prog.main(args=args, prog_name="ablate", standalone_mode=False)
     except click.exceptions.Exit as e:
@@ -270,11 +287,15 @@ def main(argv: list[str] | None = None, prog: click.Group = cli) -> None:
         _fail(_one_line(e.message), e.exit_code, as_json)
     except KeyboardInterrupt:
         _fail("interrupted", 130, as_json)
+    finally:
+        from ablate.transport import close_all
+
+        close_all()
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
 def _fail(message: str, code: int, as_json: bool) -> None:
     click.echo(f"ablate: error: {message}", err=True)
-    if as_json:
+    if as_json and not App.json_emitted:
         click.echo(json.dumps({"error": message}))
     sys.exit(code)

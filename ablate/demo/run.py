@@ -113,14 +113,17 @@ def run_demo(directory: Path | None, n_cells: int = 12, echo: Callable[[str], No
     except CheckFailed as refused:
         echo(f"  refused (exit 1): {refused.message}")
 
-    bad = root / "configs" / "ablation" / "recon" / f"{BROKEN}.yaml"
-    cfg = yaml.safe_load(bad.read_text())
-    echo(f"\n# {BROKEN} crashed: its log ends with the error; lr was {cfg['lr']!r}. Fix the config:")
-    cfg["lr"] = 0.3
-    bad.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    echo(f"#   {bad.relative_to(root)}: lr: 0.3")
     queue = _queue_of(project, BROKEN)
     qhost = queue[1]
+    log = Path(project.hosts[qhost].ckpt_root) / f"{BROKEN}.log"
+    said = [ln for ln in log.read_text(errors="replace").splitlines() if ln and not ln.startswith("# ablate")]
+    echo(f"\n# {BROKEN} crashed on {qhost}; the last line of its log ({log.name}):")
+    echo(f"#   {said[-1] if said else '(empty)'}")
+    bad = root / "configs" / "ablation" / "recon" / f"{BROKEN}.yaml"
+    cfg = yaml.safe_load(bad.read_text())
+    echo(f"# lr was {cfg['lr']!r}; fix the config as you would: {bad.relative_to(root)}: lr: 0.3")
+    cfg["lr"] = 0.3
+    bad.write_text(yaml.safe_dump(cfg, sort_keys=False))
     step(f"launch {queue[0]} --host {qhost}   (re-runs the failed cell with the fixed config)")
     show(launch.launch(project, queue[0], qhost).lines())
     _wait_drained(project, echo)

@@ -18,11 +18,19 @@ from ablate.transport.base import CommandResult, HostTransport, SharedFS
 from ablate.transport.local import LocalFS, LocalHost
 from ablate.transport.ssh import SSHFS, SSHHost, fan_out
 
-__all__ = ["CommandResult", "HostTransport", "SharedFS", "close_all", "fan_out", "host_transport",
-           "shared_fs"]
+__all__ = ["CommandResult", "HostTransport", "SharedFS", "accept_new_host_keys", "close_all", "fan_out",
+           "host_transport", "shared_fs"]
 
 _SSH_HOSTS: dict[tuple[str | None, str, str, bool], SSHHost] = {}
 _SSH_LOCK = threading.Lock()
+_ACCEPT_NEW = False
+
+
+def accept_new_host_keys(on: bool) -> None:
+    """Process-wide policy set once by the CLI (`--accept-new-host-keys`): an unknown host key is
+    recorded like OpenSSH's accept-new; a changed key is refused whatever this says."""
+    global _ACCEPT_NEW
+    _ACCEPT_NEW = on
 
 
 def _ssh_config_path(project: Project) -> str | None:
@@ -52,13 +60,13 @@ def close_all() -> None:
 atexit.register(close_all)
 
 
-def host_transport(project: Project, host: Host, *, accept_new: bool = False) -> HostTransport:
+def host_transport(project: Project, host: Host, *, accept_new: bool | None = None) -> HostTransport:
     if host.transport == "local":
         return LocalHost(host.name)
-    return _ssh_host(project, host, accept_new)
+    return _ssh_host(project, host, _ACCEPT_NEW if accept_new is None else accept_new)
 
 
-def shared_fs(project: Project, *, accept_new: bool = False) -> SharedFS:
+def shared_fs(project: Project, *, accept_new: bool | None = None) -> SharedFS:
     """The shared FS as the controller reaches it (local: the directory itself; ssh: through the
     hosts of the default profile, in ablate.yaml order)."""
     profile = project.profile
@@ -69,5 +77,6 @@ def shared_fs(project: Project, *, accept_new: bool = False) -> SharedFS:
         raise AblateError(
             f"profile {profile.name}: no ssh host in ablate.yaml uses it, so nothing reaches its "
             f"shared FS {profile.shared_fs}; give at least one host that profile")
-    return SSHFS([_ssh_host(project, h, accept_new) for h in via], project.sweep_root(),
+    accept = _ACCEPT_NEW if accept_new is None else accept_new
+    return SSHFS([_ssh_host(project, h, accept) for h in via], project.sweep_root(),
                  python=profile.python, env=profile.env)
