@@ -87,3 +87,56 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "ablate" in out
     code, out, _ = run(capsys, "launch", "--help")
     assert code == 0 and "Example:" in out
+
+
+def test_whole_flow_through_the_cli_with_its_exit_codes(
+    local_project: LocalProject, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.conftest import wait_for
+
+    p = local_project
+    for i in range(4):
+        p.cfg(f"configs/recon/r{i}.yaml", seed=i)
+    p.cfg("configs/det/d0.yaml")
+    p.write_config(cells=[{"glob": "configs/recon/*.yaml", "task": "recon"},
+                          {"glob": "configs/det/*.yaml", "task": "det"}])
+    d = str(p.root)
+
+    code, out, _ = run(capsys, "-C", d, "plan", "--json")
+    planned = json.loads(out)
+    assert code == 0 and set(planned) == {"queues", "makespan", "lower_bound"}
+    assert sorted(n for q in planned["queues"] for n in q["cells"]) == ["d0", "r0", "r1", "r2", "r3"]
+    assert planned["makespan"] >= planned["lower_bound"] > 0
+
+    code, _, err = run(capsys, "-C", d, "release", "h1", "--yes")
+    assert code == 1 and "reconcile" in err  # the gate is shut before any reconcile
+
+    code, out, _ = run(capsys, "-C", d, "launch", "--all", "--json")
+    assert code == 0 and len(json.loads(out)["launched"]) == 2
+
+    def drained() -> bool:
+        code, out, _ = run(capsys, "-C", d, "status", "--json")
+        rows = json.loads(out)["queues"]
+        return code == 0 and all(r["state"] == "drained" for r in rows)
+
+    wait_for(drained, timeout=60, interval=0.3)
+    code, out, _ = run(capsys, "-C", d, "reconcile", "--json")
+    assert code == 1 and sorted(json.loads(out)["missing"]) == ["d0", "r0", "r1", "r2", "r3"]  # not pulled
+    code, _, _ = run(capsys, "-C", d, "pull")
+    assert code == 0
+    code, out, _ = run(capsys, "-C", d, "reconcile", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["complete"] and report["verified"] == report["roster"] == 5
+
+    p.cfg("configs/recon/r9.yaml")
+    code, _, _ = run(capsys, "-C", d, "append", "h1", "configs/recon/r9.yaml", "recon")
+    assert code == 0
+    code, _, err = run(capsys, "-C", d, "release", "h1", "--yes")
+    assert code == 1 and "roster changed" in err  # a cell appended since the reconcile
+
+    wait_for(lambda: (p.shared / "final_ckpts/r9/MANIFEST.json").exists(), timeout=60)
+    wait_for(drained, timeout=60, interval=0.3)
+    assert run(capsys, "-C", d, "pull")[0] == 0
+    assert run(capsys, "-C", d, "reconcile")[0] == 0
+    code, out, _ = run(capsys, "-C", d, "release", "h1", "--yes", "--json")
+    assert code == 0 and json.loads(out)["approved"] is True
