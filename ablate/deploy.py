@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.config import Host, Project
+from ablate.fsutil import read_json_object
 from ablate.layout import SweepLayout
 from ablate.transport import shared_fs
 
@@ -121,13 +122,7 @@ def deploy(project: Project, log: Log = None) -> DeployResult:
 
 
 def _current(raw: bytes | None) -> dict[str, Any] | None:
-    if not raw:
-        return None
-    try:
-        rec = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(rec, dict):
-        return None
-    rec.pop("t", None)
+    rec = read_json_object(raw)
+    if rec is not None:
+        rec.pop("t", None)
     return rec

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from ablate.errors import AblateError
+from ablate.verify import sha256_file  # one hash helper; verify.py is stdlib-only
+
+__all__ = ["atomic_write", "create_immutable", "read_json_object", "sha256_file"]
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """temp file in the same directory, fsync, chmod, rename over `path`."""
+def _temp_copy(path: Path, data: bytes, mode: int) -> Path:
+    """`data` in a synced temp file beside `path` with `mode`: the first half of every publish."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -20,9 +24,19 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """temp file in the same directory, fsync, chmod, rename over `path`."""
+    tmp = _temp_copy(path, data, mode)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -36,14 +50,8 @@ def create_immutable(path: Path, data: bytes) -> bool:
         if existing != data:
             raise AblateError(f"{path} exists with other content; refusing to overwrite an immutable file")
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = _temp_copy(path, data, 0o444)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o444)
         # link() fails if the name exists: two deployers racing cannot overwrite each other.
         try:
             os.link(tmp, path)
@@ -53,7 +61,7 @@ def create_immutable(path: Path, data: bytes) -> bool:
             return False
         return True
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 def _read(path: Path) -> bytes | None:
@@ -63,9 +71,12 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
-def sha256_file(path: Path, bufsize: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(bufsize):
-            h.update(chunk)
-    return h.hexdigest()
+def read_json_object(raw: bytes | None) -> dict[str, Any] | None:
+    """A JSON object from a file's bytes; None when absent, torn or not an object."""
+    if not raw:
+        return None
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None

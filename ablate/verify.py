@@ -53,7 +53,7 @@ def _problem(file: str, kind: str, error: str) -> Problem:
     return {"file": file, "kind": kind, "error": error}
 
 
-def sha256_file(path: str, bufsize: int = 1 << 20) -> str:
+def sha256_file(path: str | os.PathLike[str], bufsize: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(bufsize):

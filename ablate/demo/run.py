@@ -88,6 +88,14 @@ def run_demo(directory: Path | None, n_cells: int = 12, echo: Callable[[str], No
         for line in lines:
             echo(f"  {line}")
 
+    def pull_and_reconcile() -> reconcile.ReconcileReport:
+        step("pull")
+        show(pull.pull(project).lines())
+        step("reconcile")
+        report = reconcile.reconcile(project)
+        show(report.lines())
+        return report
+
     step("plan")
     show(plan.plan(project).lines())
     project = load_project(root)
@@ -98,11 +106,7 @@ def run_demo(directory: Path | None, n_cells: int = 12, echo: Callable[[str], No
         show(res.lines())
     step("status   (polled until every queue drains)")
     _wait_drained(project, echo)
-    step("pull")
-    show(pull.pull(project).lines())
-    step("reconcile")
-    report = reconcile.reconcile(project)
-    show(report.lines())
+    report = pull_and_reconcile()
     if report.complete:
         raise AblateError(f"demo: the broken cell {BROKEN} should have failed but reconcile is complete")
     host = next(iter(HOSTS))
@@ -127,11 +131,7 @@ def run_demo(directory: Path | None, n_cells: int = 12, echo: Callable[[str], No
     step(f"launch {queue[0]} --host {qhost}   (re-runs the failed cell with the fixed config)")
     show(launch.launch(project, queue[0], qhost).lines())
     _wait_drained(project, echo)
-    step("pull")
-    show(pull.pull(project).lines())
-    step("reconcile")
-    report = reconcile.reconcile(project)
-    show(report.lines())
+    report = pull_and_reconcile()
     if not report.complete:
         raise CheckFailed("demo: reconcile is still incomplete after the fix; see the lines above")
     for h in HOSTS:
