@@ -21,7 +21,7 @@ from ablate.cells import (
 )
 from ablate.config import Project
 from ablate.errors import QueueError
-from ablate.fsutil import atomic_write
+from ablate.fsutil import atomic_write, read_json_object
 from ablate.launch import (
     LaunchResult,
     Log,
@@ -29,7 +29,6 @@ from ablate.launch import (
     is_live,
     launch,
     ledger_entry,
-    read_json,
     read_ledger,
 )
 from ablate.layout import SweepLayout
@@ -116,7 +115,7 @@ def _running(project: Project, fs: SharedFS, layout: SweepLayout, queue: str, ho
     h = project.host(host)
     deadline = time.monotonic() + DRAIN_WAIT
     while is_live(project, h, queue):
-        hb = read_json(fs.read_bytes(layout.heartbeat(host, queue)))
+        hb = read_json_object(fs.read_bytes(layout.heartbeat(host, queue))) or {}
         if hb.get("state") == "running":
             return True
         if time.monotonic() > deadline:

@@ -94,6 +94,20 @@ def init(app: App, profile: str) -> None:
 
 
 @cli.command()
+@click.option("--host", "hosts", help="Check only these hosts (comma-separated; default: all).")
+@json_option
+@pass_app
+def doctor(app: App, hosts: str | None, as_json: bool) -> None:
+    """Preflight per host: SSH, tmux, shared FS really shared, budget, GPUs, drift.  Example: ablate doctor"""
+    from ablate.doctor import doctor as do_doctor
+
+    report = do_doctor(app.project(), _hosts(hosts), log=app.log)
+    app.emit(report, as_json)
+    if not report.ok:
+        raise CheckFailed(f"doctor found {report.problems} problem(s); see the lines above")
+
+
+@cli.command()
 @click.option("--hosts", help="Comma-separated hosts to plan on (default: all).")
 @click.option("--dry-run", is_flag=True, help="Print the plan without writing queue files.")
 @json_option
@@ -198,7 +212,8 @@ def pull(app: App, to: str | None, as_json: bool) -> None:
     """Copy final_ckpts/ here, resumable and checksummed.  Example: ablate pull --to /data/results"""
     from ablate.pull import pull as do_pull
 
-    result = do_pull(app.project(), Path(to) if to else None, log=app.log)
+    result = do_pull(app.project(), Path(to) if to else None, log=app.log,
+                     bar=app.verbosity >= 0 and sys.stderr.isatty())
     app.emit(result, as_json)
     if not result.ok:
         raise CheckFailed(f"{len(result.failed)} file(s) could not be pulled intact; run `ablate pull` again")

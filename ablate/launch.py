@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 from ablate.cells import QueueFile, check_queue_name, load_roster, read_queue
 from ablate.config import Host, Project
 from ablate.deploy import DeployResult, deploy
-from ablate.errors import AblateError, QueueError
+from ablate.errors import AblateError, CheckFailed, QueueError
+from ablate.fsutil import read_json_object
 from ablate.layout import SweepLayout, session_name
-from ablate.transport import HostTransport, SharedFS, host_transport, shared_fs
+from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
 
 if TYPE_CHECKING:
     from ablate.append import AppendResult
@@ -135,14 +136,6 @@ def ledger_entry(qf: QueueFile, host: str, slot: int | None, start: int | None, 
                        "run_queue": run_queue, "op": op})
 
 
-def read_json(raw: bytes | None) -> dict[str, Any]:
-    try:
-        obj = json.loads(raw or b"")
-    except ValueError:
-        return {}
-    return obj if isinstance(obj, dict) else {}
-
-
 # --------------------------------------------------------------------------- launch
 
 
@@ -209,6 +202,10 @@ def _launch(project: Project, queue: str, host: str, start_index: int | None, sl
     if start_index is None:
         start_index = _resume_index(fs, layout, qf) if ledger else 0
         resumed = bool(ledger)
+    # Rule 5 and code drift: refused with the numbers (exit 1) before anything changes.
+    problem = _host_refusal(project, host, queue, fs, ht)
+    if problem:
+        raise CheckFailed(problem)
 
     # Everything is checked: from here on, things change.
     dep = dep or deploy(project, log)
@@ -234,8 +231,14 @@ def launch(project: Project, queue: str, host: str, start_index: int | None = No
 
 
 def launch_all(project: Project, log: Log = None) -> list[LaunchResult]:
-    """Every queue whose `# ablate: host=H` header names a host. Live queues are reported, not
-    relaunched; a queue that cannot launch is reported with its error and the others still go."""
+    """Every queue whose `# ablate: host=H` header names a host, on all hosts at once.
+
+    The shared-FS work stays serial and batched: deploy, one snapshot for every ledger, launched
+    queue copy and result, then the queue copies and ledger entries. The per-host work (is the
+    queue live there? start its tmux session) runs on every host in parallel, one connection each,
+    so a dead host costs one connect time-out, not one per queue. Live queues are reported, not
+    relaunched; a queue or host that fails is reported (`failed`, with the error) and the others
+    still go."""
     roster = load_roster(project)
     planned = [q for q in roster.queues if q.host]
     if not planned:
@@ -245,15 +248,161 @@ def launch_all(project: Project, log: Log = None) -> list[LaunchResult]:
         if not q.host and log:
             log(f"{q.name}: no `# ablate: host=` header; skipped (launch it with --host)")
     dep = deploy(project, log)
-    results = []
+    fs = shared_fs(project)
+    layout = SweepLayout(fs.root)
+    snap: Mapping[str, Any] = fs.probe("snapshot", {"root": layout.root, "touch": False})
+    ledgers = {q.name: [e for e in (snap.get("ledgers") or {}).get(q.name) or []
+                        if isinstance(e.get("lines"), int) and isinstance(e.get("prefix_sha256"), str)]
+               for q in planned}
+    asked: set[str] = {q.host for q in planned if q.host and q.host in project.hosts}
+    asked |= {str(lg[-1]["host"]) for lg in ledgers.values() if lg and lg[-1].get("host") in project.hosts}
+    sessions: Mapping[str, set[str] | Exception] = fan_out(sorted(asked),
+                       lambda name: host_transport(project, project.hosts[name]).tmux_sessions())
+
+    results: dict[str, LaunchResult] = {}
+    ready: list[_Ready] = []
     for q in planned:
         assert q.host is not None
         try:
-            results.append(_launch(project, q.name, q.host, None, None, log, dep=dep, report_live=True))
+            got = _prepare(project, q, q.host, ledgers[q.name], snap, sessions, log)
         except AblateError as e:
-            results.append(LaunchResult(q.name, q.host, "failed",
-                                        session_name(project.sweep, q.host, q.name), error=e.message))
-    return results
+            got = _failed(project, q.name, q.host, e.message)
+        if isinstance(got, LaunchResult):
+            results[q.name] = got
+        else:
+            ready.append(got)
+
+    # Rule 5 and code drift, per host in parallel, before anything is written (as `launch` does).
+    by_host_ready: dict[str, list[_Ready]] = {}
+    for r in ready:
+        by_host_ready.setdefault(r.host, []).append(r)
+    checked = fan_out(sorted(by_host_ready),
+                      lambda host: _host_refusal(project, host, by_host_ready[host][0].qf.name, fs))
+    refused = {host: (_message(v) if isinstance(v, Exception) else v) for host, v in checked.items()
+               if isinstance(v, Exception) or v}
+    for r in [r for r in ready if r.host in refused]:
+        results[r.qf.name] = _failed(project, r.qf.name, r.host, str(refused[r.host]))
+    ready = [r for r in ready if r.host not in refused]
+
+    # Everything is checked: from here on, things change. The FS first: each queue's copy, then its
+    # ledger entry (queues write disjoint files, so a few at once; sshd allows ~10 per connection).
+    def record(r: _Ready) -> None:
+        fs.write_atomic(layout.queue_file(r.qf.name), r.qf.normalized_text().encode())
+        fs.append_line(layout.ledger(r.qf.name), ledger_entry(
+            r.qf, r.host, r.slot, r.start_index, dep.specs[r.host], dep.run_queue, "launch"))
+
+    recorded = fan_out(range(len(ready)), lambda i: record(ready[i]), max_workers=4)
+    written: list[_Ready] = []
+    for i, r in enumerate(ready):
+        err = recorded.failed.get(i)
+        if err is not None:
+            results[r.qf.name] = _failed(project, r.qf.name, r.host, _message(err))
+        else:
+            written.append(r)
+
+    by_host: dict[str, list[_Ready]] = {}
+    for r in written:
+        by_host.setdefault(r.host, []).append(r)
+    started = fan_out(sorted(by_host), lambda host: _start_on_host(project, dep, by_host[host], log))
+    for host, rs in by_host.items():
+        outcome = started[host]
+        for r in rs:
+            err = outcome if isinstance(outcome, Exception) else outcome.get(r.qf.name)
+            if err is not None:
+                results[r.qf.name] = _failed(project, r.qf.name, host, _message(err))
+                continue
+            cells = sum(1 for ln in r.qf.cells if ln.index >= r.start_index)
+            results[r.qf.name] = LaunchResult(
+                r.qf.name, host, "launched", r.session, r.slot, r.start_index, len(r.qf.lines), cells,
+                r.resumed, dep.version, dep.specs[host], dep.run_queue)
+    return [results[q.name] for q in planned]
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A queue of `launch --all` that passed every check and is about to start."""
+
+    qf: QueueFile
+    host: str
+    session: str
+    slot: int | None
+    start_index: int
+    resumed: bool
+
+
+def _host_refusal(project: Project, host: str, queue: str, fs: SharedFS,
+                  ht: HostTransport | None = None) -> str | None:
+    """The disk/inode budget and the code drift, as `ablate doctor` checks them; None when fine."""
+    from ablate.doctor import budget_check, drift_check
+
+    h = project.host(host)
+    ht = ht or host_transport(project, h)
+    return budget_check(project, h, ht, queue=queue, fs=fs) or drift_check(project, h, ht)
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, AblateError):
+        return e.message
+    return f"{type(e).__name__}: {e}"
+
+
+def _failed(project: Project, queue: str, host: str, error: str) -> LaunchResult:
+    return LaunchResult(queue, host, "failed", session_name(project.sweep, host, queue), error=error)
+
+
+def _prepare(project: Project, qf: QueueFile, host: str, ledger: Sequence[Mapping[str, Any]],
+             snap: Mapping[str, Any], sessions: Mapping[str, set[str] | Exception],
+             log: Log) -> _Ready | LaunchResult:
+    """The checks of `_launch`, from one FS snapshot and the hosts' tmux sessions asked at once."""
+    h = project.host(host)
+    slot = _slot(h, qf, None)
+    session = session_name(project.sweep, host, qf.name)
+    mine = sessions.get(host)
+    if isinstance(mine, Exception):
+        raise AblateError(f"cannot reach {host}: {_message(mine)}")
+    if mine is not None and session in mine:
+        return LaunchResult(qf.name, host, "running", session)
+    last_host = ledger[-1].get("host") if ledger else None
+    if isinstance(last_host, str) and last_host != host and last_host in project.hosts:
+        theirs = sessions.get(last_host)
+        if isinstance(theirs, Exception):  # the previous host is gone: moving the queue is the point
+            if log:
+                log(f"{qf.name}: cannot ask {last_host} whether it still runs it "
+                    f"({_message(theirs)}); going on")
+        elif theirs is not None and session_name(project.sweep, last_host, qf.name) in theirs:
+            return LaunchResult(qf.name, last_host, "running",
+                                session_name(project.sweep, last_host, qf.name))
+    launched = (snap.get("queues") or {}).get(qf.name)
+    check_prefix(qf, ledger, launched.encode() if isinstance(launched, str) else None)
+    if not ledger:
+        return _Ready(qf, host, session, slot, 0, False)
+    final = set(snap.get("final") or [])
+    start = next((ln.index for ln in qf.cells if ln.cell is not None and ln.cell.name not in final),
+                 len(qf.lines))
+    return _Ready(qf, host, session, slot, start, True)
+
+
+def _start_on_host(project: Project, dep: DeployResult, ready: Sequence[_Ready],
+                   log: Log) -> dict[str, Exception | None]:
+    """Start this host's queues over its one connection; per queue, None or what went wrong."""
+    h = project.host(ready[0].host)
+    ht = host_transport(project, h)
+    hl = project.layout(h)
+    out: dict[str, Exception | None] = {}
+    for r in ready:
+        argv = ["bash", dep.run_queue_path(hl), dep.spec_path(hl, r.host), r.qf.name, str(r.start_index)]
+        if r.slot is not None:
+            argv.append(str(r.slot))
+        try:
+            ht.tmux_start(r.session, argv, {})
+        except Exception as e:  # one queue failing never hides the others
+            out[r.qf.name] = e
+            continue
+        out[r.qf.name] = None
+        if log:
+            cells = sum(1 for ln in r.qf.cells if ln.index >= r.start_index)
+            log(f"{r.host}: tmux {r.session} runs {r.qf.name} from line {r.start_index} ({cells} cell(s))")
+    return out
 
 
 # --------------------------------------------------------------------------- stop
@@ -286,7 +435,7 @@ def stop(project: Project, queue: str, host: str) -> StopResult:
     live = session in ht.tmux_sessions()
     if not live:
         return StopResult(queue, host, session, False, None, None)
-    hb = read_json(fs.read_bytes(layout.heartbeat(host, queue)))
+    hb = read_json_object(fs.read_bytes(layout.heartbeat(host, queue))) or {}
     pgid = _recorded_group(ht, hb)
     signal: str | None = None
     if pgid is not None:

@@ -9,6 +9,9 @@ belong to a queue file this laptop lacks, and copying it loses nothing). Staging
   manifest, and only then renamed over the old one: a short or damaged copy never sits where a good
   one is expected (a bad FS copy is reported in `failed`, the local file left as it was).
 MANIFEST.json itself is placed last, and only when every artifact of the dir is in place.
+
+Progress goes to stderr: a bar (bytes and files, rate, time left) on a terminal, one line per cell
+through `log` otherwise (`ablate.progress`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ablate.cells import load_roster
 from ablate.config import Project
 from ablate.fsutil import sha256_file
 from ablate.layout import SweepLayout
+from ablate.progress import TransferProgress, human, transfer_progress
 from ablate.reconcile import artifacts_arg, default_results_dir
 from ablate.transport import SharedFS, shared_fs
 
@@ -55,22 +59,15 @@ class PullResult:
         out += [f"not on the shared FS yet: {n}" for n in self.missing]
         out += [f"unexpected: {n} (not in the roster; pulled anyway)" for n in self.unexpected]
         out.append(f"pulled {self.cells} result dirs to {self.to}: {self.copied} files copied "
-                   f"({_human(self.bytes)}), {self.skipped} already up to date"
+                   f"({human(self.bytes)}), {self.skipped} already up to date"
                    + (f", {len(self.failed)} failed" if self.failed else ""))
         return out
 
 
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{n} B"
-
-
-def pull(project: Project, to: Path | str | None = None, log: Log | None = None) -> PullResult:
-    say = log or (lambda _m: None)
+def pull(project: Project, to: Path | str | None = None, log: Log | None = None,
+         bar: bool | None = None) -> PullResult:
+    """Copy every published result dir. `bar`: a progress bar on stderr (default: when stderr is a
+    terminal and `log` is given); otherwise one line per cell through `log`."""
     roster = load_roster(project)
     dest = Path(to).resolve() if to else default_results_dir(project)
     sfs = shared_fs(project)
@@ -82,16 +79,40 @@ def pull(project: Project, to: Path | str | None = None, log: Log | None = None)
     published = [d for d in tree["dirs"] if tree["cells"][d]["manifest_sha256"] is not None]
     result.missing = [n for n in roster.cells if n not in published]
     result.unexpected = [d for d in published if d not in roster.cells]
-    for i, name in enumerate(published, 1):
-        info = tree["cells"][name]
-        say(f"[{i}/{len(published)}] {name}")
-        if _pull_dir(sfs, f"{layout.final}/{name}", dest / name, name, info, result, say):
-            result.cells += 1
+    total_bytes, total_files = _totals(tree, published)
+    with transfer_progress(log, total_bytes, total_files, bar) as progress:
+        for i, name in enumerate(published, 1):
+            before = (result.copied, result.skipped, result.bytes, len(result.failed))
+            ok = _pull_dir(sfs, f"{layout.final}/{name}", dest / name, name, tree["cells"][name], result,
+                           progress)
+            result.cells += ok
+            copied, skipped, nbytes = (result.copied - before[0], result.skipped - before[1],
+                                       result.bytes - before[2])
+            note = (f"{copied} file(s) copied ({human(nbytes)}), {skipped} up to date" if ok else
+                    f"FAILED: {'; '.join(f['file'] + ': ' + f['error'] for f in result.failed[before[3]:])}")
+            progress.cell_done(i, len(published), name, note)
     return result
 
 
+def _totals(tree: dict[str, Any], published: list[str]) -> tuple[int, int]:
+    """Bytes and files a full pull moves, from the manifests (MANIFEST.json's own size from the listing)."""
+    nbytes = files = 0
+    for name in published:
+        info = tree["cells"][name]
+        manifest = info.get("manifest")
+        entries = manifest.get("artifacts") if isinstance(manifest, dict) else None
+        for entry in (entries or {}).values():
+            if isinstance(entry, dict) and isinstance(entry.get("size"), int):
+                nbytes += entry["size"]
+                files += 1
+        listed = (info.get("files") or {}).get(verify.MANIFEST)
+        nbytes += int(listed[0]) if isinstance(listed, list) and listed else 0
+        files += 1
+    return nbytes, files
+
+
 def _pull_dir(sfs: SharedFS, remote: str, local: Path, name: str, info: dict[str, Any],
-              result: PullResult, say: Log) -> bool:
+              result: PullResult, progress: TransferProgress) -> bool:
     manifest = info["manifest"]
     if not isinstance(manifest, dict):
         result.failed.append({"name": name, "file": verify.MANIFEST, "error": "MANIFEST.json on the "
@@ -108,10 +129,10 @@ def _pull_dir(sfs: SharedFS, remote: str, local: Path, name: str, info: dict[str
             all_ok = False
             continue
         all_ok &= _pull_file(sfs, f"{remote}/{file}", local / str(file), entry["size"], entry["sha256"],
-                             name, result, say)
+                             name, result, progress)
     if all_ok:
         all_ok = _pull_file(sfs, f"{remote}/{verify.MANIFEST}", local / verify.MANIFEST, None,
-                            info["manifest_sha256"], name, result, say)
+                            info["manifest_sha256"], name, result, progress)
     return all_ok
 
 
@@ -125,16 +146,18 @@ def _matches(path: Path, size: int | None, sha256: str) -> bool:
 
 
 def _pull_file(sfs: SharedFS, remote: str, local: Path, size: int | None, sha256: str, name: str,
-               result: PullResult, say: Log) -> bool:
+               result: PullResult, progress: TransferProgress) -> bool:
     if _matches(local, size, sha256):
         result.skipped += 1
+        progress.advance(local.stat().st_size)
+        progress.file_done()
         return True
     local.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{local.name}.", suffix=".part", dir=local.parent)
     os.close(fd)
     try:
         try:
-            got = sfs.fetch(remote, tmp)
+            got = sfs.fetch(remote, tmp, progress.advance)
         except OSError as e:
             result.failed.append({"name": name, "file": local.name,
                                   "error": f"cannot copy from the shared FS: {e}"})
@@ -152,7 +175,7 @@ def _pull_file(sfs: SharedFS, remote: str, local: Path, size: int | None, sha256
         tmp = ""
         result.copied += 1
         result.bytes += got
-        say(f"  {local.name}: {_human(got)}")
+        progress.file_done()
         return True
     finally:
         if tmp:

@@ -1,17 +1,22 @@
 """`ablate status`: per queue, where it is, what it runs, how fresh its heartbeat is, and what it
-has produced — rebuilt from the shared FS (one probe) and each host's tmux (one query per host)."""
+has produced — rebuilt from the shared FS (one probe) and each host's tmux (one query per host, all
+hosts in parallel and alongside the probe, so a dead host costs one connect time-out in all).
+
+A host that cannot be reached is not a lost instance on that one signal: its queue counts as
+`running` while its heartbeat, read from the FS through another host, is fresh."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ablate.cells import QueueFile, parse_queue_text, read_all_queues
 from ablate.config import Project
 from ablate.layout import session_name
-from ablate.transport import host_transport, shared_fs
+from ablate.transport import fan_out, host_transport, shared_fs
 
 
 @dataclass
@@ -40,11 +45,12 @@ class StatusReport:
     verified: int | None  # from the last reconcile, when it still matches the roster
     rows: list[QueueRow]
     unreachable: dict[str, str]
+    via: str | None = None  # the host the shared FS was read through (ssh), None when local
 
     def to_json(self) -> dict[str, Any]:
         return {
             "sweep": self.sweep, "roster": self.roster, "synced": self.synced,
-            "verified": self.verified, "unreachable": self.unreachable,
+            "verified": self.verified, "unreachable": self.unreachable, "via": self.via,
             "queues": [asdict(r) for r in self.rows],
         }
 
@@ -61,7 +67,10 @@ class StatusReport:
         out.append(f"sweep {self.sweep}: {self.synced}/{self.roster} cells synced to the shared FS, "
                    f"{verified}")
         for host, why in self.unreachable.items():
-            out.append(f"host {host} unreachable: {why}")
+            alive = [r.queue for r in self.rows if r.host == host and r.state == "running"]
+            note = (f"; its queue(s) {', '.join(alive)} alive (fresh heartbeat read through "
+                    f"{self.via or 'the shared FS'})" if alive else "")
+            out.append(f"host {host} unreachable: {why}{note}")
         return out
 
 
@@ -79,7 +88,15 @@ def _dur(seconds: float | None) -> str:
 def status(project: Project) -> StatusReport:
     layout = project.layout()
     fs = shared_fs(project)
-    snap: Mapping[str, Any] = fs.probe("snapshot", {"root": layout.root})
+
+    def ask_tmux(name: str) -> set[str]:
+        return host_transport(project, project.hosts[name]).tmux_sessions()
+
+    # The hosts' tmux and the FS probe at once: the slowest host, not the sum, sets the wall time.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        asked = pool.submit(fan_out, list(project.hosts), ask_tmux)
+        snap: Mapping[str, Any] = fs.probe("snapshot", {"root": layout.root})
+        answers = asked.result()
     now = float(snap["now"])
     local = {q.name: q for q in read_all_queues(project)}
     fs_queues = {name: parse_queue_text(name, text, project.tasks, project.queues_dir / f"{name}.txt")
@@ -89,12 +106,13 @@ def status(project: Project) -> StatusReport:
 
     sessions: dict[str, set[str] | None] = {}
     unreachable: dict[str, str] = {}
-    for name, spec in project.hosts.items():
-        try:
-            sessions[name] = host_transport(project, spec).tmux_sessions()
-        except Exception as e:  # one host failing never hides the others
+    for name in project.hosts:
+        got = answers[name]
+        if isinstance(got, Exception):  # one host failing never hides the others
             sessions[name] = None
-            unreachable[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+            unreachable[name] = str(got).splitlines()[0] if str(got) else type(got).__name__
+        else:
+            sessions[name] = got
 
     stale_after = max(3 * project.heartbeat_secs, 30)
     rows = []
@@ -137,7 +155,7 @@ def status(project: Project) -> StatusReport:
     return StatusReport(
         sweep=project.sweep, roster=len(roster), synced=len(roster & final),
         verified=_last_verified(fs.read_bytes(layout.reconcile_record), roster),
-        rows=rows, unreachable=unreachable,
+        rows=rows, unreachable=unreachable, via=getattr(fs, "via", None),
     )
 
 

@@ -219,3 +219,14 @@ def test_project_wiring_reuses_connections_and_fails_over(testbed: Testbed, tmp_
         assert fs.read_bytes(f"{fs.root}/x") == b"1" and fs.via == "tb-h2"
     finally:
         close_all()
+
+
+def test_probe_runs_a_bash_profile_env_first(testbed: Testbed, tmp_path: Path) -> None:
+    """Profiles say `source …/activate` (bash); the probe must not run it under dash's `sh`."""
+    act = testbed.shared_dir / "activate"
+    act.write_text("export ABLATE_TEST_ENV_ACTIVE=1\n")
+    root = f"{testbed.shared_path}/ablate/envprobe"
+    fs = SSHFS(SSHHost("tb-h1", ssh_config=str(testbed.ssh_config)), root,
+               env=f"source {testbed.shared_path}/activate && test \"$ABLATE_TEST_ENV_ACTIVE\" = 1")
+    snap = fs.probe("snapshot", {"root": root})
+    assert isinstance(snap["now"], float) and snap["final"] == []

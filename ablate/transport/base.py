@@ -7,7 +7,7 @@ implement the same two protocols, so commands never know which one they drive.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,8 +85,10 @@ class SharedFS(Protocol):
         """Run one stdlib-only operation of `ablate.probe` next to the files; one round trip."""
         ...
 
-    def fetch(self, path: str, local_path: str) -> int:
+    def fetch(self, path: str, local_path: str,
+              on_bytes: Callable[[int], None] | None = None) -> int:
         """Stream the FS file `path` to `local_path` on the controller (created or truncated);
-        returns the bytes written. Raises OSError when `path` cannot be read. The caller checks
-        size and sha256 and renames into place: a short copy must never look like a good one."""
+        returns the bytes written; `on_bytes(n)` is called as each chunk of n bytes lands. Raises
+        OSError when `path` cannot be read. The caller checks size and sha256 and renames into
+        place: a short copy must never look like a good one."""
         ...

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +101,13 @@ class LocalFS:
     def probe(self, op: str, args: Mapping[str, Any]) -> Any:
         return probe.run(op, dict(args))
 
-    def fetch(self, path: str, local_path: str) -> int:
+    def fetch(self, path: str, local_path: str,
+              on_bytes: Callable[[int], None] | None = None) -> int:
         with open(path, "rb") as src, open(local_path, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+                if on_bytes:
+                    on_bytes(len(chunk))
             dst.flush()
             os.fsync(dst.fileno())
             return dst.tell()

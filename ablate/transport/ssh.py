@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 import fabric
 import paramiko
@@ -40,6 +40,24 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+class Sink(Protocol):
+    """Where a streamed stdout goes (a binary file, or one that also counts)."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+
+class _Counted:
+    """A binary file that reports each chunk written (pull's progress bar)."""
+
+    def __init__(self, f: BinaryIO, on_bytes: Callable[[int], None]) -> None:
+        self.f, self.on_bytes = f, on_bytes
+
+    def write(self, data: bytes, /) -> int:
+        n = self.f.write(data)
+        self.on_bytes(len(data))
+        return n
 
 
 class HostUnreachable(RemoteError):
@@ -227,7 +245,7 @@ class SSHHost:
     # ------------------------------------------------------------------ commands
 
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
-             sink: BinaryIO | None = None) -> tuple[int, bytes, bytes]:
+             sink: Sink | None = None) -> tuple[int, bytes, bytes]:
         """Run one remote shell command line; (rc, stdout, stderr). rc 124 on time-out.
 
         With `sink`, stdout is streamed into it (and returned empty) and `timeout` counts from the
@@ -402,8 +420,9 @@ class SSHFS:
         self._lib = lib
 
     def _sh(self, script: str, *args: str, stdin: bytes | None = None, timeout: float | None = None,
-            sink: BinaryIO | None = None) -> tuple[int, bytes, bytes]:
-        argv = ["sh", "-c", script, "sh", *args]
+            sink: Sink | None = None) -> tuple[int, bytes, bytes]:
+        # bash, not sh: a profile's `env` (`source …/activate`) is bash; dash has no `source`.
+        argv = ["bash", "-c", script, "bash", *args]
         last: HostUnreachable | None = None
         for host in self.hosts:
             try:
@@ -455,11 +474,12 @@ class SSHFS:
         rc, _, _ = self._sh('[ -e "$1" ]', path)
         return rc == 0
 
-    def fetch(self, path: str, local_path: str) -> int:
+    def fetch(self, path: str, local_path: str,
+              on_bytes: Callable[[int], None] | None = None) -> int:
         """Stream `path` to `local_path` (created or truncated); the bytes written. The caller
         checks size and sha256 before publishing the copy."""
         with open(local_path, "wb") as f:
-            rc, _, err = self._sh(_READ, path, sink=f)
+            rc, _, err = self._sh(_READ, path, sink=_Counted(f, on_bytes) if on_bytes else f)
             f.flush()
             os.fsync(f.fileno())
             size = f.tell()

@@ -1,0 +1,192 @@
+"""The whole flow over real SSH on the 3-instance test bed (real sshd, real tmux, the real tiny
+trainer), driven through `ablate.cli.main`, and a link that drops while a queue runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ablate.cli import main
+from ablate.layout import session_name
+from ablate.transport import close_all
+from ablate.transport.ssh import SSHHost, fan_out
+from tests.conftest import TRAIN, wait_for
+from tests.testbed import Testbed
+
+CKPT = "model.safetensors"
+
+
+def cli(capsys: pytest.CaptureFixture[str], proj: Path, *args: str) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(["-C", str(proj), *args])
+    out, err = capsys.readouterr()
+    code = exc.value.code
+    return (code if isinstance(code, int) else 1), out + err
+
+
+def cli_json(capsys: pytest.CaptureFixture[str], proj: Path, *args: str) -> dict[str, Any]:
+    with pytest.raises(SystemExit) as exc:
+        main(["-C", str(proj), *args, "--json"])
+    out, err = capsys.readouterr()
+    assert exc.value.code in (0, None), (args, out, err)
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+def make_project(tb: Testbed, tmp_path: Path, sweep: str, *, cells: int, epochs: int,
+                 step_time: float) -> Path:
+    """A user's repo on the controller; its configs are also in the workdir on the shared FS, so
+    every host trains from the same files the controller plans and reconciles against."""
+    proj = tmp_path / "proj"
+    (proj / "profiles").mkdir(parents=True)
+    (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
+        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt"}))
+    work = tb.shared_dir / "work" / sweep
+    for i in range(cells):
+        rel = f"configs/{sweep}/c{i}.yaml"
+        body = yaml.safe_dump({"lr": 0.1, "hidden": 4, "seed": i, "step_time": step_time})
+        for base in (proj, work):
+            (base / rel).parent.mkdir(parents=True, exist_ok=True)
+            (base / rel).write_text(body)
+    ssh_config = tb.write_ssh_config(tmp_path / "ssh_config", extra="\nHost *\n  ConnectTimeout 2\n")
+    (proj / "ablate.yaml").write_text(yaml.safe_dump({
+        "profile": "tb", "sweep": sweep, "workdir": f"{tb.shared_path}/work/{sweep}", "train": TRAIN,
+        "artifacts": {"checkpoint": CKPT, "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
+        "tasks": {"recon": {"epochs": epochs, "cost_per_epoch": 1.0}},
+        "cells": [{"glob": f"configs/{sweep}/*.yaml", "task": "recon"}],
+        "budget": {"ckpt_size": "1MB", "scratch": "1MB"},
+        "heartbeat_secs": 1, "ssh_config": str(ssh_config),
+        "hosts": {h: {"speed": 1.0} for h in tb.hosts}}, sort_keys=False))
+    return proj
+
+
+def events(tb: Testbed, sweep: str, host: str, queue: str) -> list[dict[str, Any]]:
+    path = tb.shared_dir / "ablate" / sweep / "events" / f"{host}.{queue}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_whole_flow_on_three_hosts(testbed: Testbed, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    sweep = "e2e"
+    proj = make_project(testbed, tmp_path, sweep, cells=6, epochs=2, step_time=0.5)
+    root = testbed.shared_dir / "ablate" / sweep
+    try:
+        if importlib.util.find_spec("ablate.doctor") is not None:
+            code, out = cli(capsys, proj, "doctor")
+            assert code == 0, out
+
+        plan = cli_json(capsys, proj, "plan")
+        queue_host = {q["queue"]: q["host"] for q in plan["queues"]}
+        cell_host = {c: q["host"] for q in plan["queues"] for c in q["cells"]}
+        assert sorted(queue_host.values()) == testbed.hosts and len(cell_host) == 6
+        assert cli(capsys, proj, "deploy")[0] == 0
+
+        launched = cli_json(capsys, proj, "launch", "--all")["launched"]
+        assert {(r["queue"], r["host"], r["status"]) for r in launched} == {
+            (q, h, "launched") for q, h in queue_host.items()}
+        # Each queue's tmux session lives on its own host only (each instance has its own server).
+        hosts = [SSHHost(h, ssh_config=str(tmp_path / "ssh_config")) for h in testbed.hosts]
+        try:
+            seen = fan_out(hosts, lambda h: {s for s in h.tmux_sessions()
+                                             if s.startswith(f"ablate-{sweep}-")})
+        finally:
+            for h in hosts:
+                h.close()
+        assert {h.name: s for h, s in seen.items()} == {
+            h: {session_name(sweep, h, q) for q, qh in queue_host.items() if qh == h} for h in testbed.hosts}
+
+        running: set[str] = set()
+        indices: dict[str, set[int]] = {q: set() for q in queue_host}
+
+        def finished() -> bool:
+            st = cli_json(capsys, proj, "status")
+            assert st["unreachable"] == {}
+            for row in st["queues"]:
+                assert row["host"] == queue_host[row["queue"]]
+                indices[row["queue"]].add(row["index"])
+                if row["state"] == "running":
+                    running.add(row["queue"])
+            return all(r["state"] == "drained" and r["synced"] == r["total"] == 2 for r in st["queues"])
+
+        wait_for(finished, timeout=120, interval=0.2)
+        assert running == set(queue_host)  # each queue was seen running ...
+        assert all(len(ix) >= 2 and max(ix) == 2 for ix in indices.values())  # ... and advancing
+        for q, h in queue_host.items():
+            evs = events(testbed, sweep, h, q)
+            assert evs and {e["host"] for e in evs} == {h}
+            assert sum(e["ev"] == "end" and e["rc"] == 0 for e in evs) == 2
+            assert json.loads((root / "heartbeats" / f"{h}.{q}").read_text())["host"] == h
+
+        pulled = cli_json(capsys, proj, "pull")
+        assert pulled["cells"] == 6 and pulled["failed"] == []
+        rec = cli_json(capsys, proj, "reconcile")
+        assert rec["complete"] and rec["verified"] == rec["roster"] == 6
+
+        for name, host in cell_host.items():
+            manifest = json.loads((root / "final_ckpts" / name / "MANIFEST.json").read_text())
+            assert manifest["host"] == host
+            durable = root / "final_ckpts" / name / CKPT
+            assert durable.stat().st_size == manifest["artifacts"]["checkpoint"]["size"] > 0
+            for other in testbed.hosts:  # written on the instance-local disk of its host only
+                local = testbed.local_dir(other) / "ckpt" / name / CKPT
+                assert local.exists() == (other == host), (name, other)
+            assert (testbed.local_dir(host) / "ckpt" / name / CKPT).read_bytes() == durable.read_bytes()
+            assert (proj / "results" / sweep / name / CKPT).read_bytes() == durable.read_bytes()
+
+        for host in testbed.hosts:
+            released = cli_json(capsys, proj, "release", host, "--yes")
+            assert released["approved"] and released["host"] == host
+            assert (root / "gate" / f"release.{host}.json").exists()
+    finally:
+        close_all()
+        shutil.rmtree(testbed.shared_dir / "work" / sweep, ignore_errors=True)
+
+
+def test_a_dropped_link_does_not_stop_the_queue(testbed: Testbed, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    sweep, host, queue = "drop", "tb-h2", "q2"  # the FS is read through tb-h1
+    proj = make_project(testbed, tmp_path, sweep, cells=3, epochs=3, step_time=0.7)
+    cells = [f"c{i}" for i in range(3)]
+    (proj / "queues").mkdir()
+    (proj / "queues" / f"{queue}.txt").write_text(
+        f"# ablate: host={host}\n" + "".join(f"configs/{sweep}/{c}.yaml recon\n" for c in cells))
+    try:
+        assert cli(capsys, proj, "launch", queue, "--host", host)[0] == 0
+        wait_for(lambda: any(e["ev"] == "start" for e in events(testbed, sweep, host, queue)), timeout=30)
+
+        testbed.link_down(host)
+        ends_at_drop = sum(e["ev"] == "end" for e in events(testbed, sweep, host, queue))
+        st = cli_json(capsys, proj, "status")
+        assert set(st["unreachable"]) == {host} and st["via"] == "tb-h1"
+        [row] = st["queues"]
+        assert (row["host"], row["state"], row["live"]) == (host, "running", None)
+        assert row["heartbeat_age"] is not None and row["heartbeat_age"] < 5
+        code, text = cli(capsys, proj, "status")
+        assert code == 0 and f"host {host} unreachable" in text and "alive" in text
+        # The queue goes on while its host is cut off.
+        wait_for(lambda: sum(e["ev"] == "end" for e in events(testbed, sweep, host, queue)) > ends_at_drop,
+                 timeout=30)
+
+        testbed.link_up(host)
+
+        def drained() -> bool:
+            st = cli_json(capsys, proj, "status")
+            [row] = st["queues"]
+            return st["unreachable"] == {} and row["state"] == "drained" and row["synced"] == 3
+
+        wait_for(drained, timeout=60, interval=0.2)
+        evs = events(testbed, sweep, host, queue)
+        for kind in ("start", "end"):  # nothing re-ran
+            assert sorted(e["cell"] for e in evs if e["ev"] == kind) == cells
+        assert all(e["rc"] == 0 for e in evs if e["ev"] == "end")
+    finally:
+        close_all()
+        shutil.rmtree(testbed.shared_dir / "work" / sweep, ignore_errors=True)
