@@ -114,7 +114,7 @@ def reconcile(project: Project, fs: bool = False, host: str | None = None, load:
     if fs and results_dir is not None:
         raise AblateError("results_dir is for local copies; --fs verifies final_ckpts/ on the shared FS")
     roster = load_roster(project)
-    sfs = shared_fs(project)
+    sfs = shared_fs(project, via=host)
     layout = SweepLayout(sfs.root)
     args: dict[str, Any] = {"artifacts": artifacts_arg(project), "names": roster.names, "load": load}
     verb = "loading" if load else "hashing"

@@ -125,6 +125,9 @@ def test_whole_flow_on_three_hosts(testbed: Testbed, tmp_path: Path,
             assert sum(e["ev"] == "end" and e["rc"] == 0 for e in evs) == 2
             assert json.loads((root / "heartbeats" / f"{h}.{q}").read_text())["host"] == h
 
+        # verified where they are, by a live host that mounts the FS, before pulling anything
+        on_fs = cli_json(capsys, proj, "reconcile", "--fs", "--host", "tb-h2")
+        assert on_fs["complete"] and on_fs["verified"] == 6 and on_fs["corrupt"] == []
         pulled = cli_json(capsys, proj, "pull")
         assert pulled["cells"] == 6 and pulled["failed"] == []
         rec = cli_json(capsys, proj, "reconcile")

@@ -66,17 +66,24 @@ def host_transport(project: Project, host: Host, *, accept_new: bool | None = No
     return _ssh_host(project, host, _ACCEPT_NEW if accept_new is None else accept_new)
 
 
-def shared_fs(project: Project, *, accept_new: bool | None = None) -> SharedFS:
+def shared_fs(project: Project, *, accept_new: bool | None = None, via: str | None = None) -> SharedFS:
     """The shared FS as the controller reaches it (local: the directory itself; ssh: through the
-    hosts of the default profile, in ablate.yaml order)."""
+    hosts of the default profile, in ablate.yaml order, or only through host `via` when given:
+    `reconcile --fs --host H`)."""
     profile = project.profile
     if profile.transport == "local":
         return LocalFS(project.sweep_root())
-    via = [h for h in project.hosts.values() if h.profile.name == profile.name and h.transport == "ssh"]
-    if not via:
+    accept = _ACCEPT_NEW if accept_new is None else accept_new
+    if via is not None:
+        h = project.host(via)
+        if h.transport != "ssh":
+            raise AblateError(f"host {via} is not an ssh host; --host names a live host that mounts the FS")
+        return SSHFS([_ssh_host(project, h, accept)], project.sweep_root(h),
+                     python=h.profile.python, env=h.profile.env)
+    hosts = [h for h in project.hosts.values() if h.profile.name == profile.name and h.transport == "ssh"]
+    if not hosts:
         raise AblateError(
             f"profile {profile.name}: no ssh host in ablate.yaml uses it, so nothing reaches its "
             f"shared FS {profile.shared_fs}; give at least one host that profile")
-    accept = _ACCEPT_NEW if accept_new is None else accept_new
-    return SSHFS([_ssh_host(project, h, accept) for h in via], project.sweep_root(),
+    return SSHFS([_ssh_host(project, h, accept) for h in hosts], project.sweep_root(),
                  python=profile.python, env=profile.env)
