@@ -6,17 +6,19 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+import ablate.demo.train as demo_train
 from ablate.cli import main
 from ablate.layout import session_name
 from ablate.transport import close_all
 from ablate.transport.ssh import SSHHost, fan_out
-from tests.conftest import TRAIN, wait_for
+from tests.conftest import wait_for
 from tests.testbed import Testbed
 
 CKPT = "model.safetensors"
@@ -39,6 +41,11 @@ def cli_json(capsys: pytest.CaptureFixture[str], proj: Path, *args: str) -> dict
     return data
 
 
+# sys.executable lives outside /tmp (pyenv, /usr): the instances run the controller's Python.
+TRAIN_IN_WORKDIR = (f"{sys.executable} train.py --config {{cfg}} --epochs {{epochs}} "
+                    "--out {ckpt_dir} --resume {resume}")
+
+
 def make_project(tb: Testbed, tmp_path: Path, sweep: str, *, cells: int, epochs: int,
                  step_time: float) -> Path:
     """A user's repo on the controller; its configs are also in the workdir on the shared FS, so
@@ -48,6 +55,10 @@ def make_project(tb: Testbed, tmp_path: Path, sweep: str, *, cells: int, epochs:
     (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
         "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt"}))
     work = tb.shared_dir / "work" / sweep
+    # The trainer goes into the shared workdir: the instances cannot see the repo when it lives
+    # under /tmp (each instance has a private /tmp), as a CI clone may.
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(demo_train.__file__, work / "train.py")
     for i in range(cells):
         rel = f"configs/{sweep}/c{i}.yaml"
         body = yaml.safe_dump({"lr": 0.1, "hidden": 4, "seed": i, "step_time": step_time})
@@ -56,7 +67,8 @@ def make_project(tb: Testbed, tmp_path: Path, sweep: str, *, cells: int, epochs:
             (base / rel).write_text(body)
     ssh_config = tb.write_ssh_config(tmp_path / "ssh_config", extra="\nHost *\n  ConnectTimeout 2\n")
     (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "tb", "sweep": sweep, "workdir": f"{tb.shared_path}/work/{sweep}", "train": TRAIN,
+        "profile": "tb", "sweep": sweep, "workdir": f"{tb.shared_path}/work/{sweep}",
+        "train": TRAIN_IN_WORKDIR,
         "artifacts": {"checkpoint": CKPT, "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
         "tasks": {"recon": {"epochs": epochs, "cost_per_epoch": 1.0}},
         "cells": [{"glob": f"configs/{sweep}/*.yaml", "task": "recon"}],
