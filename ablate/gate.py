@@ -27,6 +27,7 @@ from typing import Any
 from ablate.cells import Roster, load_roster
 from ablate.config import Host, Project
 from ablate.errors import AblateError, CheckFailed, ConfigError, RemoteError
+from ablate.fsutil import read_json_object
 from ablate.layout import SweepLayout, session_name
 from ablate.transport import SharedFS, host_transport, shared_fs
 from ablate.verify import MANIFEST
@@ -136,11 +137,8 @@ def reconcile_conditions(sfs: SharedFS, layout: SweepLayout, roster: Roster) -> 
     raw = sfs.read_bytes(layout.reconcile_record)
     if raw is None:
         return ["no reconcile recorded: run `ablate pull` then `ablate reconcile`"]
-    try:
-        rec = json.loads(raw)
-        if not isinstance(rec, dict):
-            raise ValueError("not an object")
-    except ValueError:
+    rec = read_json_object(raw)
+    if rec is None:
         return [f"{layout.reconcile_record} is unreadable: run `ablate reconcile` again"]
     unmet = []
     if rec.get("roster_digest") != roster.digest():
@@ -213,11 +211,7 @@ def _manifest_if_unchanged(cell_dir: Path, want: Any) -> dict[str, Any] | None:
         return None
     if hashlib.sha256(raw).hexdigest() != want:
         return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_object(raw)
 
 
 def _sha256(path: Path) -> str | None:

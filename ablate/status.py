@@ -7,7 +7,6 @@ A host that cannot be reached is not a lost instance on that one signal: its que
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -15,6 +14,7 @@ from typing import Any
 
 from ablate.cells import QueueFile, parse_queue_text, read_all_queues
 from ablate.config import Project
+from ablate.fsutil import read_json_object
 from ablate.layout import session_name
 from ablate.transport import fan_out, host_transport, shared_fs
 
@@ -160,11 +160,8 @@ def status(project: Project) -> StatusReport:
 
 
 def _last_verified(raw: bytes | None, roster: set[str]) -> int | None:
-    if not raw:
-        return None
-    try:
-        rec = json.loads(raw)
-    except ValueError:
+    rec = read_json_object(raw)
+    if rec is None:
         return None
     cells = rec.get("cells") or {}
     return sum(1 for n in cells if n in roster)

@@ -108,3 +108,13 @@ def rewrite_manifest(cell_dir: Path) -> None:
 def truncate(path: Path, keep: float = 0.5) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
+
+
+def publish_cells(project: Any, cells: list[tuple[str, str, int]]) -> Any:
+    """Configs, their durable results on the shared FS and one queue `q1` listing them
+    (`project` is a tests.conftest.LocalProject)."""
+    for i, (cfg, task, epochs) in enumerate(cells):
+        project.cfg(cfg, seed=i)
+        make_result(project.shared / "final_ckpts", cfg, task, epochs, project_dir=project.root, seed=i)
+    project.queue("q1", [f"{cfg} {task}" for cfg, task, _ in cells])
+    return project

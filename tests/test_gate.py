@@ -17,7 +17,7 @@ from ablate.pull import pull
 from ablate.reconcile import reconcile
 from ablate.transport.local import LocalHost
 from tests.conftest import LocalProject, require_tmux
-from tests.helpers_results import make_result
+from tests.helpers_results import publish_cells
 
 CELLS = [("configs/recon/a.yaml", "recon", 3), ("configs/det/b.yaml", "det", 2)]
 
@@ -28,12 +28,8 @@ def no_prompt(question: str) -> bool:
 
 @pytest.fixture
 def proj(local_project: LocalProject) -> LocalProject:
-    for i, (cfg, task, epochs) in enumerate(CELLS):
-        local_project.cfg(cfg, seed=i)
-        make_result(local_project.shared / "final_ckpts", cfg, task, epochs,
-                    project_dir=local_project.root, seed=i)
-    local_project.queue("q1", [f"{cfg} {task}" for cfg, task, _ in CELLS])
-    return local_project
+    published: LocalProject = publish_cells(local_project, CELLS)
+    return published
 
 
 @pytest.fixture

@@ -10,19 +10,15 @@ from ablate.config import load_project
 from ablate.pull import pull
 from ablate.reconcile import reconcile
 from tests.conftest import LocalProject
-from tests.helpers_results import make_result, truncate
+from tests.helpers_results import make_result, publish_cells, truncate
 
 CELLS = [("configs/recon/a.yaml", "recon", 3), ("configs/recon/b.yaml", "recon", 3)]
 
 
 @pytest.fixture
 def proj(local_project: LocalProject) -> LocalProject:
-    for i, (cfg, task, epochs) in enumerate(CELLS):
-        local_project.cfg(cfg, seed=i)
-        make_result(local_project.shared / "final_ckpts", cfg, task, epochs,
-                    project_dir=local_project.root, seed=i)
-    local_project.queue("q1", [f"{cfg} {task}" for cfg, task, _ in CELLS])
-    return local_project
+    published: LocalProject = publish_cells(local_project, CELLS)
+    return published
 
 
 def local(p: LocalProject) -> Path:
