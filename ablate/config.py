@@ -19,6 +19,17 @@ import yaml
 
 from ablate.errors import ConfigError
 from ablate.layout import SweepLayout
+from ablate.settings import (
+    DEFAULT_MONITOR,
+    DEFAULT_REPORT,
+    CostOverride,
+    Monitor,
+    ReportSettings,
+    parse_costs,
+    parse_monitor,
+    parse_report,
+    parse_steal,
+)
 
 CONFIG_NAME = "ablate.yaml"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
@@ -108,6 +119,10 @@ class Project:
     resources: Mapping[str, Any]
     candidates: tuple[str, ...]
     heartbeat_secs: int
+    costs: tuple[CostOverride, ...] = ()
+    monitor: Monitor = DEFAULT_MONITOR
+    report: ReportSettings = DEFAULT_REPORT
+    steal: bool = True
 
     @property
     def queues_dir(self) -> Path:
@@ -341,7 +356,7 @@ def _check_template(tmpl: str, fields: set[str], r: _Reader, key: str) -> None:
 
 TOP_KEYS = {
     "profile", "sweep", "workdir", "train", "artifacts", "tasks", "cells", "budget", "resources",
-    "candidates", "ssh_config", "hosts", "heartbeat_secs",
+    "candidates", "ssh_config", "hosts", "heartbeat_secs", "costs", "monitor", "report", "steal",
 }
 HOST_KEYS = {"profile", "ssh", "speed", "gpus", "slots", "instance_id", "transport"}
 
@@ -438,6 +453,10 @@ def load_project(directory: Path | str = ".") -> Project:
         resources=resources_,
         candidates=tuple(candidates),
         heartbeat_secs=r.whole("heartbeat_secs", 10) or 10,
+        costs=parse_costs(r, tasks),
+        monitor=parse_monitor(r),
+        report=parse_report(r, artifacts.metrics_keys),
+        steal=parse_steal(r),
     )
 
 
