@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ablate.cells import (
+    Cell,
+    QueueFile,
     build_roster,
     check_queue_name,
     parse_line,
@@ -20,6 +22,7 @@ from ablate.cells import (
     read_queue,
 )
 from ablate.config import Project
+from ablate.cost import refresh_estimates
 from ablate.errors import QueueError
 from ablate.fsutil import atomic_write, read_json_object
 from ablate.launch import (
@@ -32,6 +35,7 @@ from ablate.launch import (
     read_ledger,
 )
 from ablate.layout import SweepLayout
+from ablate.lock import controller_lock
 from ablate.transport import SharedFS, shared_fs
 
 DRAIN_WAIT = 15.0  # seconds to wait for a queue that has decided it is drained to exit
@@ -65,6 +69,14 @@ class AppendResult:
 
 def append(project: Project, queue: str, cfg: str, task: str, epochs: int | None = None,
            log: Log = None) -> AppendResult:
+    _grown(project, queue, cfg, task, epochs)  # a bad line refuses before the lock is taken
+    with controller_lock(project, f"append {queue}", log=log):
+        return _append(project, queue, cfg, task, epochs, log)
+
+
+def _grown(project: Project, queue: str, cfg: str, task: str,
+           epochs: int | None) -> tuple[QueueFile, str, Cell, QueueFile]:
+    """The queue file, the new line, its cell and the grown queue, checked against the roster."""
     qf = read_queue(project, check_queue_name(queue))
     index = len(qf.lines)
     text = f"{cfg} {task}" if epochs is None else f"{cfg} {task} {epochs}"
@@ -73,6 +85,13 @@ def append(project: Project, queue: str, cfg: str, task: str, epochs: int | None
         raise QueueError(f"`{text}` is not a cell; expected `ablate append QUEUE CFG TASK [EPOCHS]`")
     grown = parse_queue_text(queue, qf.normalized_text() + text + "\n", project.tasks, qf.path)
     build_roster([grown if q.name == queue else q for q in read_all_queues(project)])  # collisions
+    return qf, text, cell, grown
+
+
+def _append(project: Project, queue: str, cfg: str, task: str, epochs: int | None,
+            log: Log) -> AppendResult:
+    qf, text, cell, grown = _grown(project, queue, cfg, task, epochs)
+    index = len(qf.lines)
 
     fs = shared_fs(project)
     layout = SweepLayout(fs.root)
@@ -101,6 +120,7 @@ def append(project: Project, queue: str, cfg: str, task: str, epochs: int | None
         last = ledger[-1]
         fs.append_line(layout.ledger(queue), ledger_entry(
             grown, h.name, last.get("slot"), None, last.get("spec"), last.get("run_queue"), "append"))
+        refresh_estimates(project, fs, None, log)  # the new cell's estimate (a relaunch writes its own)
         return AppendResult(queue, index, cell.name, text, h.name, True, None)
     slot = ledger[-1].get("slot")
     restarted = launch(project, queue, h.name, start_index=index,

@@ -24,18 +24,17 @@ class App:
     json_emitted = False  # a command's JSON result is on stdout: an error must not add a second object
 
     def __init__(self, directory: str, verbosity: int) -> None:
+        from ablate.progress import StderrLog
+
         self.directory = Path(directory)
         self.verbosity = verbosity
+        # Progress for humans: stderr, so stdout stays data; `.bar`: a progress bar may be drawn.
+        self.log = StderrLog(verbosity)
 
     def project(self) -> Any:
         from ablate.config import load_project
 
         return load_project(self.directory)
-
-    def log(self, message: str) -> None:
-        """Progress for humans: stderr, so stdout stays data."""
-        if self.verbosity >= 0:
-            click.echo(message, err=True)
 
     def emit(self, result: Any, as_json: bool) -> None:
         if as_json:
@@ -66,19 +65,31 @@ def _hosts(value: str | None) -> list[str] | None:
 @click.option("-q", "--quiet", count=True, help="Less output.")
 @click.option("--accept-new-host-keys", is_flag=True,
               help="Record an unknown SSH host key (as OpenSSH accept-new); a changed key is refused.")
+@click.option("--lock-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="How long to wait for another controller acting on the sweep "
+              "(env ABLATE_LOCK_TIMEOUT; default 120).")
 @click.pass_context
-def cli(ctx: click.Context, directory: str, verbose: int, quiet: int, accept_new_host_keys: bool) -> None:
+def cli(ctx: click.Context, directory: str, verbose: int, quiet: int, accept_new_host_keys: bool,
+        lock_timeout: float | None) -> None:
     """Run ML ablation sweeps across rented GPU instances that share a filesystem.
 
     \b
     Typical flow:
       ablate plan && ablate deploy && ablate launch --all
       ablate status --watch
+      ablate logs CELL -f
       ablate pull && ablate reconcile && ablate release HOST
+
+    \b
+    Shell completion (bash; zsh/fish: zsh_source, fish_source):
+      eval "$(_ABLATE_COMPLETE=bash_source ablate)"
+    NO_COLOR=1 turns colours off; -q silences progress, errors always go to stderr.
     """
+    from ablate.lock import set_lock_timeout
     from ablate.transport import accept_new_host_keys as set_accept_new
 
     set_accept_new(accept_new_host_keys)
+    set_lock_timeout(lock_timeout)
     ctx.obj = App(directory, verbose - quiet)
 
 
@@ -120,13 +131,17 @@ def plan(app: App, hosts: str | None, dry_run: bool, as_json: bool) -> None:
 
 
 @cli.command()
+@click.option("--gc", is_flag=True, help="Only remove old wrapper versions and specs no live queue reads.")
 @json_option
 @pass_app
-def deploy(app: App, as_json: bool) -> None:
+def deploy(app: App, gc: bool, as_json: bool) -> None:
     """Place the wrappers and run specs on the shared FS, content-addressed.  Example: ablate deploy"""
-    from ablate.deploy import deploy as do_deploy
+    from ablate import deploy as core
 
-    app.emit(do_deploy(app.project(), log=app.log), as_json)
+    if gc:
+        app.emit(core.gc(app.project(), log=app.log), as_json)
+        return
+    app.emit(core.deploy(app.project(), log=app.log), as_json)
 
 
 @cli.command()
@@ -188,19 +203,51 @@ def status(app: App, watch: bool, interval: float, as_json: bool) -> None:
             raise AblateError("--watch and --json do not go together; use `ablate status --json` in a loop")
         core.watch(project, interval)
         return
-    app.emit(core.status(project), as_json)
+    app.emit(core.status(project, live_info=True), as_json)
+
+
+def _complete_cells(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """Shell completion of CELL: the roster's names (nothing when the project does not load)."""
+    try:
+        from ablate.cells import load_roster
+        from ablate.config import load_project
+
+        directory = ctx.find_root().params.get("directory") or "."
+        return [n for n in load_roster(load_project(directory)).names if n.startswith(incomplete)]
+    except Exception:  # completion must never print a traceback into the user's shell
+        return []
+
+
+@cli.command()
+@click.argument("cell", shell_complete=_complete_cells)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing while the cell runs (until it ends).")
+@click.option("-n", "--lines", type=click.IntRange(min=0), default=50, show_default=True,
+              help="How many of the last lines to print.")
+@pass_app
+def logs(app: App, cell: str, follow: bool, lines: int) -> None:
+    """A cell's log, live from the host that runs it or its durable copy.  Example: ablate logs c3 -f"""
+    from ablate.logs import logs as do_logs
+
+    out = click.get_binary_stream("stdout")
+
+    def write(data: bytes) -> None:
+        out.write(data)
+        out.flush()
+
+    do_logs(app.project(), cell, lines=lines, follow_=follow, out=write, log=app.log)
 
 
 @cli.command()
 @click.argument("queue")
 @click.option("--host", required=True, help="The host that runs the queue.")
+@click.option("--after-current", is_flag=True, help="Let the current cell finish, then start nothing more.")
 @json_option
 @pass_app
-def stop(app: App, queue: str, host: str, as_json: bool) -> None:
+def stop(app: App, queue: str, host: str, after_current: bool, as_json: bool) -> None:
     """Stop a queue and its process group.  Example: ablate stop h1 --host h1"""
     from ablate.launch import stop as do_stop
 
-    app.emit(do_stop(app.project(), queue, host), as_json)
+    app.emit(do_stop(app.project(), queue, host, after_current=after_current), as_json)
 
 
 @cli.command()
@@ -238,6 +285,24 @@ def reconcile(app: App, fs: bool, host: str | None, no_load: bool, as_json: bool
 
 
 @cli.command()
+@click.option("--hosts", help="Comma-separated live hosts to re-run on (default: every live host).")
+@click.option("--launch", "launch_", is_flag=True, help="Start the new queues right away.")
+@json_option
+@pass_app
+def remediate(app: App, hosts: str | None, launch_: bool, as_json: bool) -> None:
+    """Re-run every failed, lost or never-run cell with its identical queue line on live hosts.
+
+    Example: ablate remediate --launch"""
+    from ablate.remediate import remediate as do_remediate
+
+    result = do_remediate(app.project(), _hosts(hosts), launch=launch_, log=app.log)
+    app.emit(result, as_json)
+    if result.failed_launches:
+        raise CheckFailed(f"{len(result.failed_launches)} queue(s) did not start: "
+                          f"{', '.join(result.failed_launches)}; see the lines above")
+
+
+@cli.command()
 @click.argument("host")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
@@ -252,6 +317,18 @@ def release(app: App, host: str, yes: bool, as_json: bool) -> None:
         return click.confirm(question, default=False, err=True)
 
     app.emit(do_release(app.project(), host, yes=yes, confirm=confirm), as_json)
+
+
+@cli.command()
+@click.option("--out", type=click.Path(file_okay=False), metavar="DIR",
+              help="Where to write report.html, timeline.png, ablation.csv (default ./reports/<sweep>).")
+@json_option
+@pass_app
+def report(app: App, out: str | None, as_json: bool) -> None:
+    """HTML report: timeline, roster, ablation table; PNG and CSV beside it.  Example: ablate report"""
+    from ablate.report import report as do_report
+
+    app.emit(do_report(app.project(), Path(out) if out else None, log=app.log), as_json)
 
 
 @cli.command()

@@ -34,3 +34,9 @@ class RemoteError(AblateError):
     """A command on a host failed: names the host, the command, rc and both streams."""
 
     exit_code = 1
+
+
+class Busy(AblateError):
+    """Another controller holds the sweep's lock past --lock-timeout: who, since when. Exit 1."""
+
+    exit_code = 1

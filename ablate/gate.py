@@ -53,7 +53,15 @@ class ReleaseResult:
 
 
 def release(project: Project, host: str, yes: bool = False, confirm: Confirm | None = None) -> ReleaseResult:
-    h = project.host(host)  # unknown host: ConfigError, exit 2
+    from ablate.lock import controller_lock
+
+    project.host(host)  # unknown host: ConfigError, exit 2, before touching the FS
+    with controller_lock(project, f"release {host}"):  # nothing may launch between check and release
+        return _release(project, host, yes, confirm)
+
+
+def _release(project: Project, host: str, yes: bool, confirm: Confirm | None) -> ReleaseResult:
+    h = project.host(host)
     argv = release_argv(h)
     roster = load_roster(project)
     sfs = shared_fs(project)
@@ -263,12 +271,12 @@ def _tmux_sessions(project: Project, h: Host) -> set[str]:
     except AblateError:
         return set()  # no transport to reach the host: the heartbeat is the evidence left
     try:
+        # Not closed here: over SSH the connection is shared for the command (and may carry the
+        # controller lock's channel); `close_all()` ends it.
         return t.tmux_sessions()
     except AblateError:
         # Unreachable is not "instance lost" on one signal; the FS heartbeat still speaks for it.
         return set()
-    finally:
-        t.close()
 
 
 def _session_of(session: str, project: Project, h: Host) -> bool:

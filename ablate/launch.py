@@ -17,10 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from ablate.cells import QueueFile, check_queue_name, load_roster, read_queue
 from ablate.config import Host, Project
+from ablate.cost import refresh_estimates
 from ablate.deploy import DeployResult, deploy
 from ablate.errors import AblateError, CheckFailed, QueueError
 from ablate.fsutil import read_json_object
 from ablate.layout import SweepLayout, session_name
+from ablate.lock import controller_lock, whoami
+from ablate.progress import steps
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
 
 if TYPE_CHECKING:
@@ -71,14 +74,22 @@ class StopResult:
     was_live: bool
     pgid: int | None
     signal: str | None  # TERM, KILL, or None when no process group was signalled
+    after_current: bool = False  # --after-current: a request was left for run_queue, nothing killed
+    cell: str | None = None  # with after_current: the cell that is let finish (None between cells)
+    request: str | None = None  # with after_current: the control file written
 
     def to_json(self) -> dict[str, Any]:
         return {"queue": self.queue, "host": self.host, "session": self.session, "was_live": self.was_live,
-                "pgid": self.pgid, "signal": self.signal}
+                "pgid": self.pgid, "signal": self.signal, "after_current": self.after_current,
+                "cell": self.cell, "request": self.request}
 
     def lines(self) -> list[str]:
         if not self.was_live:
             return [f"{self.queue} is not running on {self.host} (no tmux {self.session}); nothing to stop"]
+        if self.after_current:
+            when = f"after its current cell {self.cell}" if self.cell else "before its next cell"
+            return [f"{self.queue} on {self.host} will stop {when}; it starts nothing more "
+                    f"(`ablate launch {self.queue} --host {self.host}` clears the request)"]
         group = f"process group {self.pgid} ({self.signal})" if self.pgid else "no recorded process group"
         return [f"stopped {self.queue} on {self.host}: {group}, tmux {self.session} killed"]
 
@@ -129,11 +140,19 @@ def check_prefix(qf: QueueFile, ledger: Sequence[Mapping[str, Any]], launched_te
 
 
 def ledger_entry(qf: QueueFile, host: str, slot: int | None, start: int | None, spec: str | None,
-                 run_queue: str | None, op: str) -> str:
+                 run_queue: str | None, op: str, cleared_stop: bool = False) -> str:
     lines = [ln.text for ln in qf.lines]
-    return json.dumps({"t": time.time(), "host": host, "slot": slot, "start_index": start,
-                       "lines": len(lines), "prefix_sha256": prefix_sha256(lines), "spec": spec,
-                       "run_queue": run_queue, "op": op})
+    entry = {"t": time.time(), "host": host, "slot": slot, "start_index": start, "lines": len(lines),
+             "prefix_sha256": prefix_sha256(lines), "spec": spec, "run_queue": run_queue, "op": op}
+    if cleared_stop:  # this launch removed a pending `stop --after-current` request
+        entry["cleared_stop"] = True
+    return json.dumps(entry)
+
+
+def stop_request(root: str, host: str, queue: str) -> str:
+    """`control/<host>.<queue>.stop`: `ablate stop --after-current` asks run_queue to end after
+    its current cell; a launch of that queue removes it first."""
+    return f"{root.rstrip('/')}/control/{host}.{queue}.stop"
 
 
 # --------------------------------------------------------------------------- launch
@@ -154,9 +173,8 @@ def _slot(h: Host, qf: QueueFile, slot: int | None) -> int | None:
     return slot
 
 
-def _resume_index(fs: SharedFS, layout: SweepLayout, qf: QueueFile) -> int:
+def _resume_index(snap: Mapping[str, Any], qf: QueueFile) -> int:
     """The first cell line without a durable result (an interrupted cell re-enters via its claim)."""
-    snap = fs.probe("snapshot", {"root": layout.root, "touch": False})
     final = set(snap.get("final") or [])
     for ln in qf.cells:
         if ln.cell is not None and ln.cell.name not in final:
@@ -164,11 +182,11 @@ def _resume_index(fs: SharedFS, layout: SweepLayout, qf: QueueFile) -> int:
     return len(qf.lines)
 
 
-def _launch(project: Project, queue: str, host: str, start_index: int | None, slot: int | None,
-            log: Log, *, dep: DeployResult | None, report_live: bool) -> LaunchResult:
+def _check_args(project: Project, queue: str, host: str, start_index: int | None,
+                slot: int | None) -> tuple[Host, QueueFile, int | None]:
+    """The checks on the user's input alone (no FS, no host): made before the lock is taken too."""
     h = project.host(host)
     qf = read_queue(project, check_queue_name(queue))
-    session = session_name(project.sweep, host, queue)
     rel = f"queues/{queue}.txt"
     if qf.host and qf.host != host:
         raise AblateError(f"{rel} is planned for host {qf.host} (its `# ablate: host=` header); "
@@ -178,6 +196,14 @@ def _launch(project: Project, queue: str, host: str, start_index: int | None, sl
     if start_index is not None and not 0 <= start_index < n:
         raise AblateError(f"--start-index {start_index} is out of range: {rel} has {n} lines "
                           f"(indices 0..{n - 1})")
+    return h, qf, slot
+
+
+def _launch(project: Project, queue: str, host: str, start_index: int | None, slot: int | None,
+            log: Log, *, dep: DeployResult | None, report_live: bool) -> LaunchResult:
+    h, qf, slot = _check_args(project, queue, host, start_index, slot)
+    session = session_name(project.sweep, host, queue)
+    n = len(qf.lines)
 
     ht = host_transport(project, h)
     fs = shared_fs(project)
@@ -199,8 +225,11 @@ def _launch(project: Project, queue: str, host: str, start_index: int | None, sl
                           f"`ablate stop {queue} --host {live_on[0]}` first")
     check_prefix(qf, ledger, fs.read_bytes(layout.queue_file(queue)))
     resumed = False
+    snap: Mapping[str, Any] | None = None  # read once: the resume index, then the estimates
     if start_index is None:
-        start_index = _resume_index(fs, layout, qf) if ledger else 0
+        if ledger:
+            snap = fs.probe("snapshot", {"root": layout.root, "touch": False})
+        start_index = _resume_index(snap, qf) if snap is not None else 0
         resumed = bool(ledger)
     # Rule 5 and code drift: refused with the numbers (exit 1) before anything changes.
     problem = _host_refusal(project, host, queue, fs, ht)
@@ -211,8 +240,10 @@ def _launch(project: Project, queue: str, host: str, start_index: int | None, sl
     dep = dep or deploy(project, log)
     hl = project.layout(h)
     fs.write_atomic(layout.queue_file(queue), qf.normalized_text().encode())
-    fs.append_line(layout.ledger(queue),
-                   ledger_entry(qf, host, slot, start_index, dep.specs[host], dep.run_queue, "launch"))
+    cleared = fs.remove(stop_request(layout.root, host, queue))
+    fs.append_line(layout.ledger(queue), ledger_entry(qf, host, slot, start_index, dep.specs[host],
+                                                      dep.run_queue, "launch", cleared))
+    refresh_estimates(project, fs, snap, log)  # what drained runners steal by, before this one runs
     argv = ["bash", dep.run_queue_path(hl), dep.spec_path(hl, host), queue, str(start_index)]
     if slot is not None:
         argv.append(str(slot))
@@ -227,7 +258,9 @@ def _launch(project: Project, queue: str, host: str, start_index: int | None, sl
 def launch(project: Project, queue: str, host: str, start_index: int | None = None,
            slot: int | None = None, log: Log = None) -> LaunchResult:
     load_roster(project)  # a name collision anywhere refuses before anything runs
-    return _launch(project, queue, host, start_index, slot, log, dep=None, report_live=False)
+    _check_args(project, queue, host, start_index, slot)
+    with controller_lock(project, f"launch {queue} --host {host}", log=log):
+        return _launch(project, queue, host, start_index, slot, log, dep=None, report_live=False)
 
 
 def launch_all(project: Project, log: Log = None) -> list[LaunchResult]:
@@ -239,6 +272,12 @@ def launch_all(project: Project, log: Log = None) -> list[LaunchResult]:
     so a dead host costs one connect time-out, not one per queue. Live queues are reported, not
     relaunched; a queue or host that fails is reported (`failed`, with the error) and the others
     still go."""
+    load_roster(project)  # a name collision refuses before the lock (and its file) is taken
+    with controller_lock(project, "launch --all", log=log):
+        return _launch_all(project, log)
+
+
+def _launch_all(project: Project, log: Log) -> list[LaunchResult]:
     roster = load_roster(project)
     planned = [q for q in roster.queues if q.host]
     if not planned:
@@ -288,8 +327,9 @@ def launch_all(project: Project, log: Log = None) -> list[LaunchResult]:
     # ledger entry (queues write disjoint files, so a few at once; sshd allows ~10 per connection).
     def record(r: _Ready) -> None:
         fs.write_atomic(layout.queue_file(r.qf.name), r.qf.normalized_text().encode())
+        cleared = fs.remove(stop_request(layout.root, r.host, r.qf.name))
         fs.append_line(layout.ledger(r.qf.name), ledger_entry(
-            r.qf, r.host, r.slot, r.start_index, dep.specs[r.host], dep.run_queue, "launch"))
+            r.qf, r.host, r.slot, r.start_index, dep.specs[r.host], dep.run_queue, "launch", cleared))
 
     recorded = fan_out(range(len(ready)), lambda i: record(ready[i]), max_workers=4)
     written: list[_Ready] = []
@@ -300,10 +340,14 @@ def launch_all(project: Project, log: Log = None) -> list[LaunchResult]:
         else:
             written.append(r)
 
+    if written:  # what drained runners steal by, from the snapshot read above: one FS write
+        refresh_estimates(project, fs, snap, log)
     by_host: dict[str, list[_Ready]] = {}
     for r in written:
         by_host.setdefault(r.host, []).append(r)
-    started = fan_out(sorted(by_host), lambda host: _start_on_host(project, dep, by_host[host], log))
+    with steps(log, len(written), "launch", unit="queues") as bar:
+        started = fan_out(sorted(by_host),
+                          lambda host: _start_on_host(project, dep, by_host[host], bar.advance))
     for host, rs in by_host.items():
         outcome = started[host]
         for r in rs:
@@ -425,9 +469,33 @@ def _recorded_group(ht: HostTransport, hb: Mapping[str, Any]) -> int | None:
     return pgid
 
 
-def stop(project: Project, queue: str, host: str) -> StopResult:
-    h = project.host(host)
+def stop(project: Project, queue: str, host: str, after_current: bool = False) -> StopResult:
+    """Kill the queue's process group now, or (`after_current`) ask run_queue to end once its
+    current cell is done: `control/<host>.<queue>.stop`, which it checks before each next line."""
+    project.host(host)
     check_queue_name(queue)
+    op = f"stop {queue} --host {host}" + (" --after-current" if after_current else "")
+    with controller_lock(project, op):
+        return _stop_after_current(project, queue, host) if after_current else _stop(project, queue, host)
+
+
+def _stop_after_current(project: Project, queue: str, host: str) -> StopResult:
+    ht = host_transport(project, project.host(host))
+    fs = shared_fs(project)
+    layout = SweepLayout(fs.root)
+    session = session_name(project.sweep, host, queue)
+    if session not in ht.tmux_sessions():
+        return StopResult(queue, host, session, False, None, None, True)
+    path = stop_request(layout.root, host, queue)
+    fs.write_atomic(path, (json.dumps({"t": time.time(), "by": whoami()}) + "\n").encode())
+    hb = read_json_object(fs.read_bytes(layout.heartbeat(host, queue))) or {}
+    cell = hb.get("cell") if hb.get("state") == "running" and hb.get("cell_started") else None
+    return StopResult(queue, host, session, True, None, None, True,
+                      cell if isinstance(cell, str) else None, path)
+
+
+def _stop(project: Project, queue: str, host: str) -> StopResult:
+    h = project.host(host)
     ht = host_transport(project, h)
     fs = shared_fs(project)
     layout = SweepLayout(fs.root)

@@ -3,8 +3,13 @@
 Cells come from the `cells:` globs of ablate.yaml (relative to the repo root, `**` crosses
 directories, matches sorted; as in a shell, dot files and dot directories match only a pattern
 that names the dot). With no `cells:`, the roster of the existing queue files is
-re-balanced. A cell costs `tasks[task].cost_per_epoch * epochs`; a machine of speed s finishes
-cost C at C / s. The split is `ablate.balance` (LPT + a bounded local search).
+re-balanced. A cell costs what `ablate.cost` declares (`costs:` overrides, else
+`tasks[task].cost_per_epoch * epochs`); a machine of speed s finishes cost C at C / s. Once the
+shared FS holds history, the split is made on the learned model instead (expected seconds on a
+speed-1.0 machine, learned host speeds), and `finish`, `makespan`, `lower_bound` are seconds
+(`model.unit`); `eta_seconds` is set only then. The split is `ablate.balance` (LPT + a bounded
+local search); inside a queue the cells run longest first, so its tail holds the small cells a
+drained runner can steal.
 
 Each machine gets `queues/<host>.txt` (or `queues/<host>-g<slot>.txt` on a host with several
 slots) whose first line is the header `# ablate: host=H [slot=N]`; that header is what marks a
@@ -31,15 +36,16 @@ Overwrite rule (checked for every file before anything is written; a refusal wri
 New files are written (atomically) before anything is removed, so an interruption can leave a
 cell in two queue files (the same line in two places is one cell, run once) but never in none.
 
-`write=False` computes the plan and the file changes it would make without reading the shared
-FS or writing anything, and without the overwrite checks.
+`write=False` computes the plan and the file changes it would make without writing anything
+and without the overwrite checks (it reads only the run history on the shared FS, best effort).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +53,10 @@ from ablate import cells as cellmod
 from ablate.balance import balance, lower_bound
 from ablate.cells import Cell, QueueFile
 from ablate.config import CONFIG_NAME, Project
-from ablate.errors import AblateError, ConfigError
+from ablate.cost import CostModel, declared_cost, eta_line, fmt_eta, load_model
+from ablate.errors import AblateError, Busy, ConfigError
 from ablate.fsutil import atomic_write
+from ablate.lock import controller_lock
 from ablate.transport import shared_fs
 
 Log = Callable[[str], None]
@@ -67,7 +75,9 @@ class Machine:
 class PlannedQueue:
     machine: Machine
     cells: tuple[Cell, ...]
-    cost: float
+    cost: float  # declared cost units
+    load: float | None = None  # the balanced weight in the model's unit; None: `cost`
+    eta_seconds: float | None = None  # expected seconds to run it all (learned model only)
 
     @property
     def queue(self) -> str:
@@ -75,7 +85,9 @@ class PlannedQueue:
 
     @property
     def finish(self) -> float:
-        return self.cost / self.machine.speed
+        """When it drains, in the model's unit: declared cost / speed before any history, seconds
+        once learned (then equal to `eta_seconds`)."""
+        return (self.cost if self.load is None else self.load) / self.machine.speed
 
     def text(self) -> str:
         slot = "" if self.machine.slot is None else f" slot={self.machine.slot}"
@@ -84,7 +96,8 @@ class PlannedQueue:
 
     def to_json(self) -> dict[str, Any]:
         return {"queue": self.queue, "host": self.machine.host, "slot": self.machine.slot,
-                "cells": [c.name for c in self.cells], "cost": _r(self.cost), "finish": _r(self.finish)}
+                "cells": [c.name for c in self.cells], "cost": _r(self.cost), "finish": _r(self.finish),
+                "eta_seconds": None if self.eta_seconds is None else _r(self.eta_seconds)}
 
 
 @dataclass(frozen=True)
@@ -110,22 +123,33 @@ class PlanResult:
     changes: tuple[FileChange, ...]
     written: bool  # False for a dry run (write=False)
     base: Path  # the project dir, for relative paths in lines()
+    model: CostModel | None = None  # what the weights and the ETA came from
+
+    @property
+    def eta_seconds(self) -> float | None:
+        return self.makespan if self.model is not None and self.model.learned else None
 
     def to_json(self) -> dict[str, Any]:
+        eta = self.eta_seconds
+        model = self.model.to_json() if self.model is not None else {"source": "declared", "cells": 0}
         return {"queues": [q.to_json() for q in self.queues], "makespan": _r(self.makespan),
-                "lower_bound": _r(self.lower_bound)}
+                "lower_bound": _r(self.lower_bound), "eta_seconds": None if eta is None else _r(eta),
+                "model": model}
 
     def lines(self) -> list[str]:
         width = max([len("queue"), *(len(q.queue) for q in self.queues)])
-        out = [f"{'queue':<{width}}  {'host':<12} {'slot':>4} {'cells':>6} {'cost':>10} {'finish':>10}"]
+        out = [f"{'queue':<{width}}  {'host':<12} {'slot':>4} {'cells':>6} {'cost':>10} {'finish':>10} "
+               f"{'eta':>8}"]
         for q in self.queues:
             slot = "-" if q.machine.slot is None else str(q.machine.slot)
             out.append(f"{q.queue:<{width}}  {q.machine.host:<12} {slot:>4} {len(q.cells):>6} "
-                       f"{q.cost:>10.2f} {q.finish:>10.2f}")
+                       f"{q.cost:>10.2f} {q.finish:>10.2f} {fmt_eta(q.eta_seconds):>8}")
         ratio = self.makespan / self.lower_bound if self.lower_bound > 0 else 1.0
         n = sum(len(q.cells) for q in self.queues)
         out.append(f"{n} cells on {len(self.queues)} queues: makespan {self.makespan:.2f}, "
                    f"lower bound {self.lower_bound:.2f} (ratio {ratio:.3f})")
+        if self.model is not None:
+            out.append(eta_line(self.model, self.eta_seconds, "plan"))
         if self.written:  # each file was already reported through `log` as it was written
             counts: dict[str, int] = {}
             for c in self.changes:
@@ -223,7 +247,8 @@ def _wanted(rel: str, pattern: str) -> bool:
 
 
 def cost(project: Project, cell: Cell) -> float:
-    return project.tasks[cell.task].cost_per_epoch * cell.epochs
+    """The declared cost (`costs:` overrides, else the task's cost per epoch x epochs)."""
+    return declared_cost(project, cell)
 
 
 # --------------------------------------------------------------------------- plan
@@ -244,24 +269,34 @@ def plan(project: Project, hosts: Sequence[str] | None = None, write: bool = Tru
         todo = glob_cells(project)
 
     todo.sort(key=lambda c: (c.name, c.line))
-    costs = [cost(project, c) for c in todo]
+    # Balanced on the model: declared costs and speeds, or, once history exists, expected seconds
+    # on a speed-1.0 machine and the learned host speeds.
+    model = load_model(project, todo)
+    mach = [replace(m, speed=model.speed(m.host)) for m in mach]
+    costs = [model.cost(c) for c in todo]
+    weights = [model.weight(c) for c in todo]
     speeds = [m.speed for m in mach]
-    where = balance(costs, speeds)
+    where = balance(weights, speeds)
     per: list[list[int]] = [[] for _ in mach]
     for i, j in enumerate(where):
         per[j].append(i)
+    # Longest first inside a queue: its tail holds the small cells, what a drained runner steals.
     queues = tuple(
-        PlannedQueue(m, tuple(sorted((todo[i] for i in idx), key=lambda c: (c.cfg, c.task, c.epochs))),
-                     sum(costs[i] for i in idx))
+        PlannedQueue(m, tuple(todo[i] for i in sorted(idx, key=lambda i: (-weights[i], todo[i].cfg,
+                                                                          todo[i].task, todo[i].epochs))),
+                     sum(costs[i] for i in idx), sum(weights[i] for i in idx),
+                     sum(weights[i] for i in idx) / m.speed if model.learned else None)
         for m, idx in zip(mach, per, strict=True))
     makespan = max(q.finish for q in queues)
 
     changes, final = _changes(project, queues, existing, snap, rebalance)
     cellmod.build_roster(final)  # name collisions between the planned and the kept files
     if write:
-        _check(project, queues, existing, changes, rebalance, log)
-        _apply(project, queues, snap, changes, log)
-    return PlanResult(queues, makespan, lower_bound(costs, speeds), tuple(changes), write, project.dir)
+        with contextlib.ExitStack() as lock:  # _check takes the controller lock once it reads the FS
+            _check(project, queues, existing, changes, rebalance, log, lock)
+            _apply(project, queues, snap, changes, log)
+    return PlanResult(queues, makespan, lower_bound(weights, speeds), tuple(changes), write, project.dir,
+                      model)
 
 
 def _is_plan_written(qf: QueueFile) -> bool:
@@ -298,7 +333,8 @@ def _changes(project: Project, queues: Sequence[PlannedQueue], existing: Sequenc
 
 
 def _check(project: Project, queues: Sequence[PlannedQueue], existing: Sequence[QueueFile],
-           changes: Sequence[FileChange], rebalance: bool, log: Log | None) -> None:
+           changes: Sequence[FileChange], rebalance: bool, log: Log | None,
+           lock: contextlib.ExitStack | None = None) -> None:
     """Every refusal of the overwrite rule (module docstring), before anything is written."""
     old = {qf.path: qf for qf in existing}
     new_names = {c.name for q in queues for c in q.cells}
@@ -338,7 +374,15 @@ def _check(project: Project, queues: Sequence[PlannedQueue], existing: Sequence[
     layout = project.layout()
     try:
         fs = shared_fs(project)  # reached only when some file would change
-        launched = [q for q in touched if fs.exists(layout.ledger(q))]
+        ledgers = set(fs.listdir(layout.queues))
+        launched = [q for q in touched if f"{q}.ledger" in ledgers]
+        if not launched and lock is not None:
+            # Held until the files are written, and checked again under it: no launch slips in.
+            lock.enter_context(controller_lock(project, "plan", log=log))
+            ledgers = set(fs.listdir(layout.queues))
+            launched = [q for q in touched if f"{q}.ledger" in ledgers]
+    except Busy:
+        raise
     except (AblateError, OSError) as e:
         rewritten = sorted(q for q in touched if (project.queues_dir / f"{q}.txt").exists())
         if rewritten:

@@ -33,9 +33,11 @@ from typing import Any
 
 from ablate import verify
 from ablate.cells import Cell, Roster, load_roster
+from ablate.classify import CellState, Verification, cell_lines, collect, count_line
 from ablate.config import Project
 from ablate.errors import AblateError
 from ablate.layout import SweepLayout
+from ablate.progress import steps
 from ablate.transport import shared_fs
 
 STALE = "stale: config changed since the result was made"
@@ -58,6 +60,11 @@ class ReconcileReport:
     results_exist: bool = True
     duplicate_dirs: dict[str, list[str]] = field(default_factory=dict)
     record: str = ""
+    # ablate.classify's state of every cell that is not verified (from the FS and the hosts' tmux,
+    # read only when incomplete), a count per state, and why classification could not run.
+    cell_states: dict[str, CellState] = field(default_factory=dict)
+    states: dict[str, int] = field(default_factory=dict)
+    classify_error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The contract shape of `reconcile --json` (DESIGN.md), nothing more."""
@@ -65,6 +72,7 @@ class ReconcileReport:
             "roster": self.roster, "verified": self.verified, "complete": self.complete,
             "missing": self.missing, "zero_byte": self.zero_byte, "corrupt": self.corrupt,
             "duplicates": self.duplicates, "unexpected": self.unexpected,
+            "states": self.states, "cells": {n: c.to_json() for n, c in self.cell_states.items()},
         }
 
     def lines(self) -> list[str]:
@@ -87,6 +95,11 @@ class ReconcileReport:
         out += [f"corrupt: {c['name']}: {c['file'] or '-'}: {c['error']}" for c in self.corrupt]
         out += [f"duplicate: {n} ({', '.join(self.duplicate_dirs.get(n, []))})" for n in self.duplicates]
         out += [f"unexpected: {n} (result dir not in the roster)" for n in self.unexpected]
+        if self.states:
+            out.append(count_line(self.states))
+            out += cell_lines(list(self.cell_states.values()))
+        if self.classify_error:
+            out.append(f"cell states not classified: {self.classify_error}")
         out.append(f"{summary}: INCOMPLETE")
         return out
 
@@ -121,11 +134,14 @@ def reconcile(project: Project, fs: bool = False, host: str | None = None, load:
     if fs:
         args["dir"] = layout.final
         say(f"verifying {len(roster.cells)} cells on the shared FS ({verb} each artifact)")
-        tree = sfs.probe("verify", args)
+        with steps(log, None, "reconcile") as bar:  # one round trip: a spinner, then the count
+            tree = sfs.probe("verify", args)
+            bar.step(len(tree["dirs"]), len(tree["dirs"]), "result dirs verified on the shared FS")
     else:
         args["dir"] = str(Path(results_dir) if results_dir else default_results_dir(project))
         say(f"verifying {len(roster.cells)} cells in {args['dir']} ({verb} each artifact)")
-        tree = verify.verify_tree(args)
+        with steps(log, None, "reconcile") as bar:
+            tree = verify.verify_tree(args, progress=bar.step)
 
     report = classify(project, roster, tree, hosts=list(project.hosts))
     report.source = "fs" if fs else "local"
@@ -133,8 +149,31 @@ def reconcile(project: Project, fs: bool = False, host: str | None = None, load:
     report.load = load
     report.results_exist = bool(tree["exists"])
     report.record = layout.reconcile_record
-    _record(sfs, layout, roster, report, tree)
+    record = _record(roster, report, tree)
+    if report.complete:
+        report.states = {"verified": report.verified}
+    else:
+        _classify_cells(project, sfs, report, record)
+    # One line: with thousands of cells an indented record is mostly whitespace.
+    sfs.write_atomic(layout.reconcile_record, (json.dumps(record) + "\n").encode())
     return report
+
+
+def _classify_cells(project: Project, sfs: Any, report: ReconcileReport, record: dict[str, Any]) -> None:
+    """Why each unverified cell is not: one FS snapshot and one tmux query per host (at once)."""
+    try:
+        got = collect(project, sfs, Verification.from_record(record))
+    except (AblateError, OSError) as e:  # the reconcile itself stands; its exit code is unchanged
+        report.classify_error = getattr(e, "message", None) or str(e)
+        return
+    report.states = got.counts()
+    report.cell_states = {c.name: c for c in got.not_verified()}
+    # A pulled copy that failed often lacks its MANIFEST.json (pull refuses a damaged FS copy):
+    # key its verdict to the durable manifest it came from, so a re-made result is not `corrupt`.
+    for name, entry in record["corrupt"].items():
+        durable = (got.snap.get("manifests") or {}).get(name)
+        if entry.get("manifest_sha256") is None and isinstance(durable, dict):
+            entry["manifest_sha256"] = durable.get("sha256")
 
 
 def classify(project: Project, roster: Roster, tree: dict[str, Any], hosts: list[str]) -> ReconcileReport:
@@ -216,9 +255,18 @@ def _identity(project: Project, cell: Cell, manifest: dict[str, Any]) -> list[di
     return []
 
 
-def _record(sfs: Any, layout: SweepLayout, roster: Roster, report: ReconcileReport,
-            tree: dict[str, Any]) -> None:
+def _record(roster: Roster, report: ReconcileReport, tree: dict[str, Any]) -> dict[str, Any]:
+    """The content of gate/reconcile.json (written by `reconcile` after classification)."""
     bad = {c["name"] for c in report.corrupt} | set(report.zero_byte) | set(report.duplicates)
+    # What failed verification, keyed by the manifest it was checked against: classification calls
+    # the durable copy `corrupt` while that manifest is still the one published.
+    corrupt: dict[str, dict[str, Any]] = {}
+    for name in report.zero_byte:
+        corrupt[name] = {"error": "a zero-byte file"}
+    for c in report.corrupt:
+        corrupt.setdefault(c["name"], {"error": f"{c['file'] or '-'}: {c['error']}"})
+    for name, entry in corrupt.items():
+        entry["manifest_sha256"] = (tree["cells"].get(name) or {}).get("manifest_sha256")
     cells = {}
     for name in roster.cells:
         info = tree["cells"].get(name)
@@ -229,6 +277,6 @@ def _record(sfs: Any, layout: SweepLayout, roster: Roster, report: ReconcileRepo
         "t": time.time(), "complete": report.complete, "roster": report.roster,
         "roster_digest": roster.digest(), "verified": report.verified, "load": report.load,
         "source": report.source, "results_dir": report.results_dir, "cells": cells,
+        "corrupt": corrupt,
     }
-    # One line: with thousands of cells an indented record is mostly whitespace.
-    sfs.write_atomic(layout.reconcile_record, (json.dumps(record) + "\n").encode())
+    return record

@@ -22,12 +22,16 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNOR
 _DUR_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _SAFE_GLOB = re.compile(r"^[A-Za-z0-9._/+@,=*?\[\]-]+$")
 
-# Defaults that match the usual trainers' lines: "Epoch 3/20", "epoch: 3", "[epoch 3]",
-# "val_loss=0.123", "loss: 1.2e-3", "acc 0.91". Group 1 of `epoch` is the epoch, group 2 (optional)
-# the total; group 1 of `metric` is the metric's name, group 2 its value.
-DEFAULT_EPOCH_RE = r"(?i)\bepoch\b[\s:=#\[]*(\d+)(?:\s*(?:/|of)\s*(\d+))?"
-DEFAULT_METRIC_RE = (r"(?i)\b(val[_ ]?loss|val[_ ]?acc(?:uracy)?|loss|acc(?:uracy)?|f1|map|bleu|psnr)"
-                     r"\b\s*[:=]?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)")
+# Defaults that match the usual trainers' lines (tests/test_watch.py has them): plain prints
+# ("Epoch 3/20", "epoch: 3", "[epoch 3]", "val_loss=0.123", "loss: 1.2e-3"), PyTorch Lightning's
+# progress bars ("Epoch 2: 100%|...| v_num=0, train_loss=0.12, val_loss=0.3"), HF Trainer's dicts
+# ("{'eval_loss': 0.39, 'epoch': 1.0}"), Keras ("- val_accuracy: 0.88") and mmengine
+# ("Epoch(train) [3][100/500]"). Group 1 of `epoch` is the epoch (may be fractional), group 2
+# (optional) the total; group 1 of `metric` is the metric's name, group 2 its value.
+DEFAULT_EPOCH_RE = r"(?i)\bepoch\b(?:\(\w+\))?['\"]?[\s:=#\[]*(\d+(?:\.\d+)?)(?:\s*(?:/|of)\s*(\d+))?"
+DEFAULT_METRIC_RE = (r"(?i)\b((?:(?:eval|val|valid|validation|test|train)[_/ ]?)?"
+                     r"(?:loss|acc(?:uracy)?|f1|map|miou|bleu|psnr|ssim|auc|top1|top5|perplexity|ppl))"
+                     r"\b['\"]?\s*[:=]?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)")
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ def test_whole_flow_through_the_cli_with_its_exit_codes(
 
     code, out, _ = run(capsys, "-C", d, "plan", "--json")
     planned = json.loads(out)
-    assert code == 0 and set(planned) == {"queues", "makespan", "lower_bound"}
+    assert code == 0 and set(planned) == {"queues", "makespan", "lower_bound", "eta_seconds", "model"}
     assert sorted(n for q in planned["queues"] for n in q["cells"]) == ["d0", "r0", "r1", "r2", "r3"]
     assert planned["makespan"] >= planned["lower_bound"] > 0
 

@@ -43,11 +43,12 @@ def test_to_json_is_the_contract_shape(local_project: LocalProject) -> None:
                    hosts={"h1": {"speed": 1.0}, "h2": {"speed": 0.5, "gpus": [0, 1]}})
     out = plan(load_project(p.root)).to_json()
     assert json.loads(json.dumps(out)) == out
-    assert set(out) == {"queues", "makespan", "lower_bound"}
+    assert set(out) == {"queues", "makespan", "lower_bound", "eta_seconds", "model"}
+    assert out["eta_seconds"] is None and out["model"]["source"] == "declared"  # no history
     assert [q["queue"] for q in out["queues"]] == ["h1", "h2-g0", "h2-g1"]
     speeds = {"h1": 1.0, "h2": 0.5}
     for q in out["queues"]:
-        assert set(q) == {"queue", "host", "slot", "cells", "cost", "finish"}
+        assert set(q) == {"queue", "host", "slot", "cells", "cost", "finish", "eta_seconds"}
         assert isinstance(q["cells"], list) and all(isinstance(c, str) for c in q["cells"])
         assert q["finish"] == pytest.approx(q["cost"] / speeds[q["host"]])
     assert [q["slot"] for q in out["queues"]] == [None, 0, 1]

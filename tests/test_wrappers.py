@@ -141,6 +141,7 @@ def test_missing_artifact_after_rc0_is_sync_failed_exit_3(local_project: LocalPr
     assert [e["rc"] for e in evs if e["ev"] == "end"] == [3]
     assert not list((lp.shared / "final_ckpts").iterdir())  # no final dir, no staging left behind
     assert (lp.root / ".ablate/local/h1/ckpt/noart/model.safetensors").stat().st_size > 0
+    assert "# ablate sync failed: checkpoint best.pth" in (lp.shared / "tails" / "noart.log").read_text()
 
 
 def test_run_one_exit_code_3_keeps_the_local_checkpoint(local_project: LocalProject) -> None:
@@ -251,3 +252,65 @@ def test_a_bad_copy_is_caught_before_the_rename(local_project: LocalProject, tmp
     assert evs[-1]["ev"] == "sync_failed" and reason in evs[-1]["reason"]
     assert not list((lp.shared / "final_ckpts").iterdir())  # neither a final dir nor a staging dir
     assert (lp.root / ".ablate/local/h1/ckpt/cp/model.safetensors").stat().st_size > 10
+
+
+def test_heartbeat_carries_the_log_stat_and_keeps_beating_while_the_log_is_silent(
+        local_project: LocalProject) -> None:
+    """What `hung` detection reads: the beat goes on while the trainer is quiet, the log's mtime does
+    not move; between cells the log fields are null."""
+    lp = local_project
+    lp.queue("q1", [lp.cfg("cfgs/a/quiet.yaml", step_time=4.0) + " recon 1"])
+    launch(load_project(lp.root), "q1", "h1")
+    log = lp.root / ".ablate/local/h1/ckpt/quiet.log"
+    hb_path = lp.shared / "heartbeats" / "h1.q1"
+
+    def beat_after_print() -> dict[str, Any] | None:
+        if not log.exists() or "epoch 1/1" not in log.read_text():
+            return None
+        hb = json.loads(hb_path.read_text())
+        return hb if hb["log_size"] == log.stat().st_size else None
+
+    first = wait_for(beat_after_print, timeout=30)
+    assert isinstance(first, dict)
+    assert first["state"] == "running" and first["cell"] == "quiet" and first["from_queue"] is None
+    assert abs(first["log_mtime"] - log.stat().st_mtime) < 0.01
+    later = wait_for(lambda: (hb := json.loads(hb_path.read_text()))["t"] > first["t"] + 0.5 and hb)
+    assert isinstance(later, dict)
+    assert (later["log_mtime"], later["log_size"]) == (first["log_mtime"], first["log_size"])
+    assert later["cell_started"] == first["cell_started"]
+    drained(lp, "h1", "q1")
+    hb = json.loads(hb_path.read_text())
+    assert (hb["state"], hb["cell"], hb["log_mtime"], hb["log_size"], hb["from_queue"]) == (
+        "drained", "quiet", None, None, None)
+
+
+def test_tail_of_the_log_is_written_for_a_failed_cell_only(local_project: LocalProject) -> None:
+    lp = local_project
+    lp.write_config(train=TRAIN + " && echo {name} done && test {name} != loud")
+    lp.queue("q1", [lp.cfg("cfgs/a/loud.yaml") + " recon 150", lp.cfg("cfgs/a/fine.yaml") + " recon 1"])
+    launch(load_project(lp.root), "q1", "h1")
+    evs = drained(lp, "h1", "q1")
+    assert {e["cell"]: e["rc"] for e in evs if e["ev"] == "end"} == {"loud": 1, "fine": 0}
+    tails = lp.shared / "tails"
+    assert sorted(p.name for p in tails.iterdir()) == ["loud.log"]  # no tmp file left, none for `fine`
+    tail = (tails / "loud.log").read_text().splitlines()
+    log = (lp.root / ".ablate/local/h1/ckpt/loud.log").read_text().splitlines()
+    assert len(log) > 150 and tail == log[-100:]
+    assert tail[-1].startswith("# ablate end ") and tail[-1].endswith("rc=1") and "loud done" in tail
+
+
+def test_stop_file_lets_the_current_cell_finish_and_starts_no_other(local_project: LocalProject) -> None:
+    lp = local_project
+    lp.queue("q1", [lp.cfg("cfgs/a/cur.yaml", step_time=0.5) + " recon 2",
+                    lp.cfg("cfgs/a/next.yaml") + " recon 1"])
+    launch(load_project(lp.root), "q1", "h1")
+    wait_for(lambda: started(events(lp, "h1", "q1")) == ["cur"])
+    (lp.shared / "control").mkdir(exist_ok=True)
+    (lp.shared / "control" / "h1.q1.stop").write_text('{"t": 0, "by": "test"}\n')
+    wait_for(lambda: session_name("t1", "h1", "q1") not in LocalHost("h1").tmux_sessions())
+    evs = events(lp, "h1", "q1")
+    assert [e["ev"] for e in evs] == ["queue_start", "start", "synced", "end", "queue_stop"]
+    assert (evs[-2]["rc"], evs[-1]["idx"], evs[-1]["reason"]) == (0, 1, "after_current")
+    assert finals(lp) == {"cur"} and not (lp.shared / "claims" / "next").exists()
+    hb = json.loads((lp.shared / "heartbeats" / "h1.q1").read_text())
+    assert (hb["state"], hb["cell"], hb["cell_started"]) == ("stopped", "cur", None)

@@ -9,7 +9,8 @@ UTS namespace (own hostname, own tmpfs `/tmp` so its own tmux server, its own lo
 
 Everything a run creates carries a per-run id (bridge, veths, namespaces, subnet, state dir), and a
 run whose pytest process died is cleaned up by the next one, so parallel and leftover runs never
-clash. Faults: `kill`, `link_down`/`link_up`, `fill_disk`, `change_host_key`; `heal()` undoes them.
+clash. Faults: `kill`, `reboot`, `link_down`/`link_up`, `fill_disk`, `read_only`, `slow_link`,
+`change_host_key`; `heal()` undoes them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -102,6 +105,7 @@ class Testbed:
         self._dead: set[str] = set()
         self._filled: set[str] = set()
         self._rekeyed: set[str] = set()
+        self._read_only: dict[str, list[str]] = {}
 
     # ------------------------------------------------------------------ names
 
@@ -289,6 +293,7 @@ class Testbed:
         """The instance dies (preemption): every process in it is killed, its /tmp is gone."""
         self._dead.add(host)
         self._filled.discard(host)  # its mount namespace went with it
+        self._read_only.pop(host, None)
         _kill_pids(self.netns(host))
         self._procs[host].wait(timeout=10)
 
@@ -299,6 +304,34 @@ class Testbed:
         self._launch(host)
         self._wait_sshd(host)
         self._dead.discard(host)
+
+    def reboot(self, host: str) -> None:
+        """The instance restarts (AutoDL "shut down" + start): every process dies, its /tmp (and
+        so its tmux server) is empty again; its local disk and the shared FS are kept."""
+        self.kill(host)
+        self.revive(host)
+
+    def read_only(self, host: str, path: str) -> None:
+        """`path` (as `host` sees it, e.g. a dir on the shared FS) turns read-only for `host`
+        only: writes fail with EROFS even for root, as a full or permission-denied mount does."""
+        q = shlex.quote(path)
+        _sh("nsenter", "-t", str(self.sshd_pid(host)), "-m", "sh", "-c",
+            f"mount --bind {q} {q} && mount -o remount,bind,ro {q}")
+        self._read_only.setdefault(host, []).append(path)
+
+    def writable(self, host: str) -> None:
+        """Undo `read_only` on `host`."""
+        for path in reversed(self._read_only.pop(host, [])):
+            _sh("nsenter", "-t", str(self.sshd_pid(host)), "-m", "umount", path)
+
+    def slow_link(self, host: str, delay: float, stall: Path | None = None) -> str:
+        """An ssh_config block (for `write_ssh_config(extra=...)`) that reaches `host` through a
+        proxy delaying every byte the client sends by `delay` seconds, and holding it while the
+        file `stall` exists (the link stalls). A client that dies loses what was still in flight:
+        that command never reaches the instance."""
+        argv = [sys.executable, os.path.abspath(__file__), "delay-proxy", self.address(host), "22",
+                str(delay), *([str(stall)] if stall else [])]
+        return f"\nHost {host}\n  ProxyCommand {shlex.join(argv)}\n"
 
     def link_down(self, host: str) -> None:
         """The network drops; the instance and its processes live on."""
@@ -341,6 +374,8 @@ class Testbed:
             self.revive(host)
         for host in sorted(self._filled):
             self.unfill_disk(host)
+        for host in sorted(self._read_only):
+            self.writable(host)
         if self._rekeyed:
             self.trust_current_keys()
             self._rekeyed.clear()
@@ -421,3 +456,40 @@ def reap_leftovers() -> None:
         teardown_names(state["bridge"], list(state["netns"]), errors)
         if not errors:
             _remove_dir(state_file.parent, errors)
+
+
+def delay_proxy(addr: str, port: int, delay: float, stall: str | None = None) -> None:
+    """A ProxyCommand: stdin/stdout <-> addr:port, each chunk from the client held back `delay`
+    seconds, and for as long as the file `stall` exists; the server's replies pass at once. Exits
+    when either side closes, dropping what it still holds (a killed controller's last command
+    never arrives)."""
+    import queue
+
+    sock = socket.create_connection((addr, port), timeout=10)
+    sock.settimeout(None)
+    held: queue.Queue[tuple[float, bytes]] = queue.Queue()
+
+    def to_client() -> None:
+        while data := sock.recv(65536):
+            os.write(1, data)
+        os._exit(0)
+
+    def to_server() -> None:
+        while True:
+            t, data = held.get()
+            time.sleep(max(0.0, t + delay - time.monotonic()))
+            while stall and os.path.exists(stall):
+                time.sleep(0.01)
+            sock.sendall(data)
+
+    threading.Thread(target=to_client, daemon=True).start()
+    threading.Thread(target=to_server, daemon=True).start()
+    while data := os.read(0, 65536):
+        held.put((time.monotonic(), data))
+    os._exit(0)
+
+
+if __name__ == "__main__":  # testbed.py delay-proxy ADDR PORT SECONDS [STALL_FILE]: Testbed.slow_link
+    if len(sys.argv) not in (5, 6) or sys.argv[1] != "delay-proxy":
+        sys.exit("usage: testbed.py delay-proxy ADDR PORT SECONDS [STALL_FILE]")
+    delay_proxy(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), (sys.argv[5:] or [None])[0])

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# ablate run_queue: run the cells of one queue file in order, one at a time, on this host.
+# ablate run_queue: run the cells of one queue file in order, one at a time, on this host; when the
+# queue drains, steal not-yet-started cells from the queue expected to finish last.
 #
 #   bash run_queue.<sha12>.sh SPEC QUEUE START_INDEX [SLOT]
 #
-# Formats of everything written here (claims, events, heartbeat) are in docs/ARCHITECTURE.md.
-# Plain bash 5 + coreutils: no Python start-up per event. Values from the spec and the queue are
-# safe by construction ([A-Za-z0-9._/+@,=-]), so they go into JSON and commands without escaping;
-# lines that do not match are skipped with reason "invalid", never executed.
+# Formats of everything written here (claims, events, heartbeat, tails) and read here (estimates,
+# stop files, other queues' heartbeats) are in docs/ARCHITECTURE.md. Plain bash 5 + coreutils: no
+# Python start-up per event, integer arithmetic only (speeds x1000, times in ms). Values from the
+# spec and the queues are safe by construction ([A-Za-z0-9._/+@,=-]), so they go into JSON and
+# commands without escaping; lines that do not match are skipped with reason "invalid", never run.
 set -u
 shopt -u patsub_replacement 2>/dev/null || true  # bash 5.2: `&` in a ${x//p/r} replacement is literal
 
@@ -15,8 +17,9 @@ if (( $# < 3 || $# > 4 )); then
   exit 2
 fi
 SPEC=$1 QUEUE=$2 START=$3 SLOT=${4-}
-if [[ ! $START =~ ^[0-9]+$ || ( -n $SLOT && ! $SLOT =~ ^[0-9]+$ ) ]]; then
-  echo "run_queue: START_INDEX and SLOT must be whole numbers, got '$START' '$SLOT'" >&2
+NAME_RE='^[A-Za-z0-9][A-Za-z0-9._+-]*$'  # host, queue and cell names: plain path components
+if [[ ! $START =~ ^[0-9]+$ || ( -n $SLOT && ! $SLOT =~ ^[0-9]+$ ) || ! $QUEUE =~ $NAME_RE ]]; then
+  echo "run_queue: QUEUE must be a plain name, START_INDEX and SLOT whole numbers, got '$QUEUE' '$START' '$SLOT'" >&2
   exit 2
 fi
 # shellcheck source=/dev/null
@@ -30,12 +33,19 @@ HB=$ROOT/heartbeats/$ABLATE_HOST.$QUEUE
 HB_TMP_PREFIX=$ROOT/heartbeats/.$ABLATE_HOST.$QUEUE
 CLAIMS=$ROOT/claims
 FINAL=$ROOT/final_ckpts
+TAILS=$ROOT/tails
+STOP_FILE=$ROOT/control/$ABLATE_HOST.$QUEUE.stop
+ESTIMATES=$ROOT/estimates.tsv
+CLOCK=$ROOT/.clock.$ABLATE_HOST.$QUEUE  # written to read the FS's own clock (its mtime)
 RQ_FILE=${BASH_SOURCE[0]##*/}
 SPEC_FILE=${SPEC##*/}
-mkdir -p "$ROOT/events" "$ROOT/heartbeats" "$CLAIMS" "$FINAL" || {
+mkdir -p "$ROOT/events" "$ROOT/heartbeats" "$CLAIMS" "$FINAL" "$TAILS" || {
   echo "run_queue: cannot create directories under $ROOT" >&2
   exit 2
 }
+HB_SECS=${ABLATE_HEARTBEAT_SECS:-10}
+[[ $HB_SECS =~ ^[0-9]{1,6}$ ]] || HB_SECS=10
+STEAL=${ABLATE_STEAL:-1}
 
 declare -A TASK_EPOCHS=()
 for kv in ${ABLATE_TASK_EPOCHS-}; do
@@ -51,7 +61,19 @@ fi
 [[ $PGID =~ ^[0-9]+$ ]] || PGID=$(ps -o pgid= -p $$ 2>/dev/null | tr -d ' ')
 [[ $PGID =~ ^[0-9]+$ ]] || PGID=null
 
+# mtimes with sub-second precision where stat has it (coreutils >= 8.?: %.6Y), else whole seconds.
+MT_FMT=%Y
+if mt=$(stat -c %.6Y -- "$SPEC" 2>/dev/null) && [[ $mt =~ ^[0-9]+\.[0-9]+$ ]]; then
+  MT_FMT=%.6Y
+fi
+
 now() { T=${EPOCHREALTIME/,/.}; }  # some locales print a decimal comma
+
+ms_of() {  # ms_of SECONDS (a JSON number, "1700000000.123456"): REPLY = integer milliseconds
+  [[ $1 =~ ^([0-9]{1,12})(\.([0-9]*))?$ ]] || return 1
+  local frac=${BASH_REMATCH[3]}000
+  REPLY=$(( 10#${BASH_REMATCH[1]} * 1000 + 10#${frac:0:3} ))
+}
 
 ev() {  # ev KIND ', "key": value, ...' -- one JSON line, one O_APPEND write
   now
@@ -59,16 +81,26 @@ ev() {  # ev KIND ', "key": value, ...' -- one JSON line, one O_APPEND write
     "$T" "$1" "$ABLATE_HOST" "$QUEUE" "${2-}" >>"$EVENTS"
 }
 
-STATE=running CUR_IDX=$START CUR_CELL= CUR_STARTED=
+# idx, cell and from_queue always describe the same (current or last) cell: idx is a line of
+# from_queue's file when the cell was stolen, else of ours. CUR_STARTED is empty between cells.
+STATE=running CUR_IDX=$START CUR_CELL= CUR_STARTED= FROM_Q= CUR_LOG=
 hb_write() {  # the heartbeat file, tmp + mv: readers never see half of it; its mtime is the beat
-  local cell=null started=null slot=null tmp=$HB_TMP_PREFIX.$BASHPID.tmp
+  local cell=null started=null slot=null from=null lmt=null lsz=null st tmp=$HB_TMP_PREFIX.$BASHPID.tmp
   [[ -n $CUR_CELL ]] && cell="\"$CUR_CELL\""
-  [[ -n $CUR_STARTED ]] && started=$CUR_STARTED
+  [[ -n $FROM_Q ]] && from="\"$FROM_Q\""
   [[ -n $SLOT ]] && slot=$SLOT
+  if [[ -n $CUR_STARTED ]]; then
+    started=$CUR_STARTED
+    # The log's mtime and size tell a hung trainer from a live one: this beat goes on regardless.
+    if [[ -e $CUR_LOG ]] && st=$(stat -c "$MT_FMT %s" -- "$CUR_LOG" 2>/dev/null) \
+        && [[ $st =~ ^([0-9]+(\.[0-9]+)?)\ ([0-9]+)$ ]]; then
+      lmt=${BASH_REMATCH[1]} lsz=${BASH_REMATCH[3]}
+    fi
+  fi
   now
-  printf '{"t": %s, "host": "%s", "queue": "%s", "slot": %s, "pid": %s, "pgid": %s, "state": "%s", "idx": %s, "cell": %s, "cell_started": %s, "run_queue": "%s", "spec": "%s"}\n' \
+  printf '{"t": %s, "host": "%s", "queue": "%s", "slot": %s, "pid": %s, "pgid": %s, "state": "%s", "idx": %s, "cell": %s, "cell_started": %s, "from_queue": %s, "log_mtime": %s, "log_size": %s, "run_queue": "%s", "spec": "%s"}\n' \
     "$T" "$ABLATE_HOST" "$QUEUE" "$slot" "$$" "$PGID" "$STATE" "$CUR_IDX" "$cell" "$started" \
-    "$RQ_FILE" "$SPEC_FILE" >"$tmp" && mv -f "$tmp" "$HB"
+    "$from" "$lmt" "$lsz" "$RQ_FILE" "$SPEC_FILE" >"$tmp" && mv -f "$tmp" "$HB"
 }
 
 # A background ticker rewrites the heartbeat every ABLATE_HEARTBEAT_SECS. It is restarted at each
@@ -120,15 +152,305 @@ trap 'ticker_stop' EXIT
 say() { { printf '[ablate %s/%s] %s\n' "$ABLATE_HOST" "$QUEUE" "$*"; } 2>/dev/null; }
 
 LINE=
-read_line() {  # read_line IDX: re-reads the FS queue file (appends are seen); sets LINE, CR-free
+read_line_of() {  # read_line_of FILE IDX: re-reads the file (appends are seen); sets LINE, CR-free
   local -a rows=()
-  mapfile -t rows 2>/dev/null <"$QFILE" || return 1
-  (( $1 < ${#rows[@]} )) || return 1
-  LINE=${rows[$1]//$'\r'/}
+  mapfile -t rows 2>/dev/null <"$1" || return 1
+  (( $2 < ${#rows[@]} )) || return 1
+  LINE=${rows[$2]//$'\r'/}
+}
+read_line() { read_line_of "$QFILE" "$1"; }
+
+P_CFG= P_TASK= P_EPOCHS= P_NAME= P_CAT=
+parse_line() {  # parse_line LINE: 0 = a valid cell (sets P_*), 1 = invalid, 2 = blank or comment
+  local -a parts=()
+  set -f
+  # shellcheck disable=SC2206  # word splitting of a queue line is the point; globbing is off
+  parts=($1)
+  set +f
+  if (( ${#parts[@]} == 0 )) || [[ ${parts[0]} == \#* ]]; then
+    return 2
+  fi
+  local cfg=${parts[0]} task=${parts[1]-} epochs=${parts[2]-} base name cat=
+  base=${cfg##*/}
+  name=${base%.*}
+  [[ $base == *.* && -n $name ]] || name=$base
+  (( ${#parts[@]} <= 3 )) && [[ $cfg =~ $SAFE && $task =~ $SAFE && -n ${TASK_EPOCHS[$task]+set} ]] \
+    || return 1
+  [[ -n $epochs ]] || epochs=${TASK_EPOCHS[$task]}
+  [[ $epochs =~ ^[1-9][0-9]*$ && $name =~ $NAME_RE ]] || return 1
+  if [[ $cfg == */* ]]; then
+    cat=${cfg%/*}
+    while [[ $cat == */ ]]; do cat=${cat%/}; done
+    cat=${cat##*/}
+  fi
+  [[ -n $cat ]] || cat=default
+  P_CFG=$cfg P_TASK=$task P_EPOCHS=$epochs P_NAME=$name P_CAT=$cat
+}
+
+claim() {  # claim NAME IDX: 0 when this call created claims/NAME (and wrote its owner)
+  mkdir "$CLAIMS/$1" 2>/dev/null || return 1
+  now
+  printf '%s %s %s %s\n' "$ABLATE_HOST" "$QUEUE" "$2" "$T" >"$CLAIMS/$1/.owner.$$" \
+    && mv -f "$CLAIMS/$1/.owner.$$" "$CLAIMS/$1/owner"
+  return 0
+}
+claimed_by_us() {  # claimed_by_us NAME: the claim's owner is this host + queue
+  local o_host= o_queue=
+  { read -r o_host o_queue _ <"$CLAIMS/$1/owner"; } 2>/dev/null
+  [[ $o_host == "$ABLATE_HOST" && $o_queue == "$QUEUE" ]]
+}
+
+write_tail() {  # write_tail NAME: tails/NAME.log = the last 100 lines of the cell's log (tmp + mv)
+  local log=$ABLATE_CKPT_ROOT/$1.log tmp=$TAILS/.$1.$ABLATE_HOST.$$.tmp
+  if [[ -r $log ]]; then
+    tail -n 100 -- "$log" >"$tmp" 2>/dev/null || printf '# ablate: could not read %s\n' "$log" >"$tmp"
+  else
+    printf '# ablate: no log at %s\n' "$log" >"$tmp"
+  fi
+  mv -f -- "$tmp" "$TAILS/$1.log" 2>/dev/null || rm -f -- "$tmp"
+}
+
+run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the cell is claimed
+  local idx=$1 name=$2 resume=$7 from=${8-} extra= t0 rc us dur
+  [[ -n $from ]] && extra=", \"from_queue\": \"$from\""
+  now
+  t0=$T
+  CUR_IDX=$idx CUR_CELL=$name CUR_STARTED=$t0 FROM_Q=$from CUR_LOG=$ABLATE_CKPT_ROOT/$name.log
+  STATE=running
+  transition
+  ev start ", \"idx\": $idx, \"cell\": \"$name\", \"resume\": $resume$extra"
+  say "line $idx${from:+ of $from}: $name (resume=$resume)"
+  # In the background + wait, so a signal is handled now, not when the cell ends.
+  ABLATE_IDX=$idx bash "$ABLATE_RUN_ONE" "$SPEC" "$name" "$3" "$4" "$5" "$6" "$resume" </dev/null &
+  CHILD=$!
+  wait "$CHILD"
+  rc=$?
+  CHILD=
+  (( rc == 0 )) || write_tail "$name"  # before `end`: a reader that sees the failure finds the tail
+  now
+  us=$(( ${T/./} - ${t0/./} ))
+  printf -v dur '%d.%06d' $((us / 1000000)) $((us % 1000000))
+  ev end ", \"idx\": $idx, \"cell\": \"$name\", \"rc\": $rc, \"dur\": $dur$extra"
+  say "line $idx${from:+ of $from}: $name exited $rc after ${dur}s"
+  CUR_STARTED=
+  transition
+}
+
+stop_after_current() {  # stop_after_current IDX: `ablate stop --after-current` asked us to stop
+  ev queue_stop ", \"idx\": $1, \"reason\": \"after_current\""
+  say "stop requested: not starting line $1"
+  ticker_stop
+  STATE=stopped CUR_STARTED=
+  hb_write
+  exit 0
+}
+
+# ---- work stealing (see docs/ARCHITECTURE.md, "run_queue", for the policy)
+declare -A EST_CELL=() EST_SPEED=() STEAL_SKIP=()
+EST_DEFAULT=0
+load_estimates() {  # estimates.tsv: `host H SLOT|- SPEED_MILLI`, `cell NAME MS`; 1 when unreadable
+  local kind a b c n=0 sum=0
+  EST_CELL=() EST_SPEED=() EST_DEFAULT=0
+  [[ -r $ESTIMATES ]] || return 1
+  while read -r kind a b c || [[ -n $kind ]]; do  # (a last line without its newline counts too)
+    case $kind in
+      host)
+        if [[ $a =~ $NAME_RE && ( $b == - || $b =~ ^[0-9]{1,6}$ ) && $c =~ ^[0-9]{1,9}$ ]] && (( 10#$c > 0 )); then
+          EST_SPEED["$a $b"]=$((10#$c))
+        fi ;;
+      cell)
+        if [[ $a =~ $NAME_RE && $b =~ ^[0-9]{1,12}$ && -z $c ]]; then
+          EST_CELL[$a]=$((10#$b))
+          n=$((n + 1)) sum=$((sum + 10#$b))
+        fi ;;
+    esac
+  done <"$ESTIMATES" 2>/dev/null || return 1
+  (( n )) && EST_DEFAULT=$((sum / n))  # a cell without an estimate counts as an average one
+  return 0
+}
+speed_of() {  # speed_of HOST SLOT: REPLY = speed x1000 (host+slot line, else host's `-`, else 1000)
+  REPLY=${EST_SPEED["$1 ${2:--}"]-}
+  [[ -n $REPLY ]] || REPLY=${EST_SPEED["$1 -"]-}
+  [[ -n $REPLY ]] || REPLY=1000
+}
+est_of() { REPLY=${EST_CELL[$1]-$EST_DEFAULT}; }  # est_of NAME: ms on a speed-1.0 machine
+
+J=
+jfield() {  # jfield KEY: REPLY = KEY's value in the one-line JSON object $J ('' when null/absent)
+  local re="\"$1\": (\"([^\"]*)\"|([^,}\"]*))"
+  REPLY=
+  [[ $J =~ $re ]] || return 0
+  if [[ ${BASH_REMATCH[1]} == \"* ]]; then
+    REPLY=${BASH_REMATCH[2]}
+  else
+    REPLY=${BASH_REMATCH[3]}
+    [[ $REPLY == null ]] && REPLY=
+  fi
+  return 0
+}
+
+S_QUEUE= S_HOST= S_IDX= S_NAME= S_HERE=
+steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth stealing
+  load_estimates || return 1
+  local my_speed fs_now= fresh row mt f q h s i c cs ht spd rem cands j n k m e here entry
+  local -a rows=() lines=() q_name=() q_host=() q_rem=() q_cands=() order=() list=()
+  speed_of "$ABLATE_HOST" "$SLOT"
+  my_speed=$REPLY
+  # Ages on the FS's clock: write a probe, then one stat for it and every heartbeat.
+  printf '%s\n' "$EPOCHREALTIME" >"$CLOCK" 2>/dev/null || return 1
+  mapfile -t rows < <(stat -c "$MT_FMT %n" -- "$CLOCK" "$ROOT"/heartbeats/* 2>/dev/null)
+  for row in "${rows[@]}"; do
+    if [[ ${row#* } == "$CLOCK" ]] && ms_of "${row%% *}"; then fs_now=$REPLY; fi
+  done
+  [[ -n $fs_now ]] || return 1
+  fresh=$(( (3 * HB_SECS > 30 ? 3 * HB_SECS : 30) * 1000 ))
+  for row in "${rows[@]}"; do
+    f=${row#* }
+    [[ $f == "$CLOCK" || $f == "$HB" ]] && continue
+    ms_of "${row%% *}" || continue
+    mt=$REPLY
+    (( fs_now - mt < fresh )) || continue
+    { read -r J <"$f"; } 2>/dev/null || continue
+    jfield state; [[ $REPLY == running ]] || continue
+    jfield queue; q=$REPLY
+    jfield host; h=$REPLY
+    jfield slot; s=$REPLY
+    jfield idx; i=$REPLY
+    [[ $q =~ $NAME_RE && $q != "$QUEUE" && $h =~ $NAME_RE && $s =~ ^[0-9]{0,6}$ && $i =~ ^[0-9]{1,9}$ ]] \
+      || continue
+    speed_of "$h" "$s"
+    spd=$REPLY
+    rem=0
+    # Its current cell: expected duration there minus the time it has run so far (its own clock
+    # from the cell's start to the beat, the FS's clock since the beat).
+    jfield cell; c=$REPLY
+    jfield cell_started; cs=$REPLY
+    jfield t; ht=$REPLY
+    if [[ $c =~ $NAME_RE ]] && ms_of "$cs"; then
+      cs=$REPLY
+      if ms_of "$ht"; then
+        ht=$REPLY
+        est_of "$c"
+        rem=$(( REPLY * 1000 / spd - (ht - cs) - (fs_now - mt) ))
+        (( rem < 0 )) && rem=0
+      fi
+    fi
+    # Its lines from idx on that nobody has claimed or finished (a runner that is on a stolen cell
+    # has drained its own file: nothing more to count there).
+    cands=
+    jfield from_queue
+    if [[ -z $REPLY ]] && mapfile -t lines 2>/dev/null <"$ROOT/queues/$q.txt"; then
+      n=${#lines[@]}
+      for (( j = i; j < n; j++ )); do
+        parse_line "${lines[j]//$'\r'/}" || continue
+        [[ -e $CLAIMS/$P_NAME || -e $FINAL/$P_NAME/MANIFEST.json ]] && continue
+        est_of "$P_NAME"
+        rem=$(( rem + REPLY * 1000 / spd ))
+        [[ -n ${STEAL_SKIP["$q:$j"]-} ]] || cands+=" $j:$P_NAME:$REPLY"
+      done
+    fi
+    q_name+=("$q") q_host+=("$h") q_rem+=("$rem") q_cands+=("$cands")
+  done
+  # Queues by remaining time, largest first (ties: queue name); from the first one that has a
+  # cell worth taking, its last such line: expected to finish here before that queue would.
+  n=${#q_name[@]}
+  for (( k = 0; k < n; k++ )); do order+=("$k"); done
+  for (( k = 1; k < n; k++ )); do  # insertion sort: a handful of queues
+    e=${order[k]}
+    for (( j = k - 1; j >= 0; j-- )); do
+      m=${order[j]}
+      if (( q_rem[m] > q_rem[e] )) || { (( q_rem[m] == q_rem[e] )) && [[ ! ${q_name[m]} > ${q_name[e]} ]]; }; then
+        break
+      fi
+      order[j + 1]=$m
+    done
+    order[j + 1]=$e
+  done
+  for k in "${order[@]}"; do
+    (( q_rem[k] > 0 )) || break
+    read -r -a list <<<"${q_cands[k]}"
+    for (( j = ${#list[@]} - 1; j >= 0; j-- )); do
+      entry=${list[j]}
+      e=${entry##*:}
+      here=$(( e * 1000 / my_speed ))
+      if (( here < q_rem[k] )); then
+        S_QUEUE=${q_name[k]} S_HOST=${q_host[k]} S_IDX=${entry%%:*} S_HERE=$here
+        S_NAME=${entry#*:}
+        S_NAME=${S_NAME%:*}
+        return 0
+      fi
+    done
+  done
+  return 1
+}
+
+steal_once() {  # 0 = ran a stolen cell or lost a race (look again); 1 = nothing worth stealing
+  steal_pick || return 1
+  local key=$S_QUEUE:$S_IDX secs
+  # Re-read and re-validate the victim's line: only values that pass parse_line are ever used.
+  if ! read_line_of "$ROOT/queues/$S_QUEUE.txt" "$S_IDX" || ! parse_line "$LINE" \
+      || [[ $P_NAME != "$S_NAME" || -e $FINAL/$P_NAME/MANIFEST.json ]]; then
+    STEAL_SKIP[$key]=1
+    return 0
+  fi
+  if ! claim "$P_NAME" "$S_IDX"; then
+    STEAL_SKIP[$key]=1  # claimed by someone else meanwhile (or claims/ is not writable)
+    say "lost the claim of $P_NAME (line $S_IDX of $S_QUEUE); looking again"
+    return 0
+  fi
+  printf -v secs '%d.%03d' $((S_HERE / 1000)) $((S_HERE % 1000))
+  ev steal ", \"idx\": $S_IDX, \"cell\": \"$P_NAME\", \"from_queue\": \"$S_QUEUE\", \"from_host\": \"$S_HOST\", \"est\": $secs"
+  say "stealing $P_NAME (line $S_IDX of $S_QUEUE on $S_HOST, expected ${secs}s here)"
+  run_cell "$S_IDX" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0 "$S_QUEUE"
+  return 0
+}
+
+# Cells this queue stole and that were cut (stop, reboot) before their `end`: re-entered with
+# resume 1 when the relaunched queue drains, before any new steal. Found once, from our events.
+REENTRY=()
+REENTRY_SCANNED=0
+find_reentries() {
+  local c from i kind
+  local -a order=()
+  local -A pending=()
+  [[ -r $EVENTS ]] || return 0
+  while IFS= read -r J; do
+    jfield ev; kind=$REPLY
+    jfield cell; c=$REPLY
+    jfield from_queue; from=$REPLY
+    jfield idx; i=$REPLY
+    [[ $c =~ $NAME_RE && $from =~ $NAME_RE && $i =~ ^[0-9]{1,9}$ ]] || continue
+    case $kind in
+      steal|start) pending[$c]=$from:$i; order+=("$c") ;;
+      end) unset 'pending[$c]' ;;
+    esac
+  done < <(grep -F '"from_queue": "' -- "$EVENTS" 2>/dev/null)
+  for c in "${order[@]}"; do
+    if [[ -n ${pending[$c]-} ]]; then
+      REENTRY+=("$c:${pending[$c]}")
+      unset 'pending[$c]'
+    fi
+  done
+}
+reenter_one() {  # 0 when it ran one
+  local entry c from i
+  while (( ${#REENTRY[@]} )); do
+    entry=${REENTRY[0]}
+    REENTRY=("${REENTRY[@]:1}")
+    c=${entry%%:*} i=${entry##*:}
+    from=${entry#*:}
+    from=${from%:*}
+    [[ -e $FINAL/$c/MANIFEST.json ]] && continue
+    claimed_by_us "$c" || continue  # released by remediate, or never ours
+    read_line_of "$ROOT/queues/$from.txt" "$i" && parse_line "$LINE" && [[ $P_NAME == "$c" ]] || continue
+    say "re-entering $c (line $i of $from), stolen by this queue and cut before its end"
+    run_cell "$i" "$c" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 1 "$from"
+    return 0
+  done
+  return 1
 }
 
 hb_write
-now
 ev queue_start ", \"start_index\": $START, \"slot\": ${SLOT:-null}, \"pid\": $$, \"pgid\": $PGID, \"run_queue\": \"$RQ_FILE\", \"spec\": \"$SPEC_FILE\""
 ticker_start
 say "started at line $START (spec $SPEC_FILE)"
@@ -139,7 +461,15 @@ export ABLATE_RUN_QUEUE_VERSION=$RQ_FILE ABLATE_SPEC_VERSION=$SPEC_FILE
 
 idx=$START
 while :; do
+  [[ -e $STOP_FILE ]] && stop_after_current "$idx"  # before every line, re-entry and steal
   if ! read_line "$idx"; then
+    # Our own lines are done. Still `running`: an append now is read at the top of the loop.
+    if (( ! REENTRY_SCANNED )); then
+      REENTRY_SCANNED=1
+      find_reentries
+    fi
+    reenter_one && continue
+    [[ $STEAL != 0 && -e $ESTIMATES ]] && steal_once && continue
     STATE=drained CUR_STARTED=
     ticker_stop
     hb_write
@@ -155,78 +485,32 @@ while :; do
     say "drained at line $idx"
     exit 0
   fi
-  CUR_IDX=$idx
-  set -f
-  # shellcheck disable=SC2206  # word splitting of a queue line is the point; globbing is off
-  parts=($LINE)
-  set +f
-  if (( ${#parts[@]} == 0 )) || [[ ${parts[0]} == \#* ]]; then
-    idx=$((idx + 1))
-    continue
-  fi
-  cfg=${parts[0]} task=${parts[1]-} epochs=${parts[2]-}
-  base=${cfg##*/}
-  name=${base%.*}
-  [[ $base == *.* && -n $name ]] || name=$base
-  valid=0
-  if (( ${#parts[@]} <= 3 )) && [[ $cfg =~ $SAFE && $task =~ $SAFE && -n ${TASK_EPOCHS[$task]+set} ]]; then
-    [[ -n $epochs ]] || epochs=${TASK_EPOCHS[$task]}
-    [[ $epochs =~ ^[1-9][0-9]*$ && $name =~ ^[A-Za-z0-9][A-Za-z0-9._+-]*$ ]] && valid=1
-  fi
-  if (( ! valid )); then
-    ev skip ", \"idx\": $idx, \"cell\": null, \"reason\": \"invalid\""
-    say "line $idx: not <cfg> <task> [epochs] with a known task; skipped"
-    idx=$((idx + 1))
-    continue
-  fi
-  cat=
-  if [[ $cfg == */* ]]; then
-    cat=${cfg%/*}
-    while [[ $cat == */ ]]; do cat=${cat%/}; done
-    cat=${cat##*/}
-  fi
-  [[ -n $cat ]] || cat=default
-
+  parse_line "$LINE"
+  case $? in
+    2)
+      idx=$((idx + 1))
+      continue ;;
+    1)
+      ev skip ", \"idx\": $idx, \"cell\": null, \"reason\": \"invalid\""
+      say "line $idx: not <cfg> <task> [epochs] with a known task; skipped"
+      idx=$((idx + 1))
+      continue ;;
+  esac
+  name=$P_NAME
   if [[ -e $FINAL/$name/MANIFEST.json ]]; then
     ev skip ", \"idx\": $idx, \"cell\": \"$name\", \"reason\": \"done\""
     idx=$((idx + 1))
     continue
   fi
-  if mkdir "$CLAIMS/$name" 2>/dev/null; then
-    now
-    printf '%s %s %s %s\n' "$ABLATE_HOST" "$QUEUE" "$idx" "$T" >"$CLAIMS/$name/.owner.$$" \
-      && mv -f "$CLAIMS/$name/.owner.$$" "$CLAIMS/$name/owner"
+  if claim "$name" "$idx"; then
     resume=0
+  elif claimed_by_us "$name"; then
+    resume=1  # ours, interrupted (or failed): re-enter with the checkpoint dir intact
   else
-    o_host= o_queue=
-    { read -r o_host o_queue _ <"$CLAIMS/$name/owner"; } 2>/dev/null
-    if [[ $o_host == "$ABLATE_HOST" && $o_queue == "$QUEUE" ]]; then
-      resume=1  # ours, interrupted (or failed): re-enter with the checkpoint dir intact
-    else
-      ev skip ", \"idx\": $idx, \"cell\": \"$name\", \"reason\": \"claimed\""
-      idx=$((idx + 1))
-      continue
-    fi
+    ev skip ", \"idx\": $idx, \"cell\": \"$name\", \"reason\": \"claimed\""
+    idx=$((idx + 1))
+    continue
   fi
-
-  now
-  t0=$T
-  CUR_CELL=$name CUR_STARTED=$t0 STATE=running
-  transition
-  ev start ", \"idx\": $idx, \"cell\": \"$name\", \"resume\": $resume"
-  say "line $idx: $name (resume=$resume)"
-  # In the background + wait, so a signal is handled now, not when the cell ends.
-  ABLATE_IDX=$idx bash "$ABLATE_RUN_ONE" "$SPEC" "$name" "$cfg" "$task" "$epochs" "$cat" "$resume" </dev/null &
-  CHILD=$!
-  wait "$CHILD"
-  rc=$?
-  CHILD=
-  now
-  us=$(( ${T/./} - ${t0/./} ))
-  printf -v dur '%d.%06d' $((us / 1000000)) $((us % 1000000))
-  ev end ", \"idx\": $idx, \"cell\": \"$name\", \"rc\": $rc, \"dur\": $dur"
-  say "line $idx: $name exited $rc after ${dur}s"
-  CUR_STARTED=
-  transition
+  run_cell "$idx" "$name" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" "$resume"
   idx=$((idx + 1))
 done

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from ablate import deploy, gate, launch, plan, pull, reconcile, status
-from ablate.cells import read_all_queues
+from ablate import classify, deploy, gate, launch, plan, pull, reconcile, remediate, status
 from ablate.config import Project, load_project
 from ablate.errors import AblateError, CheckFailed
 
@@ -117,19 +116,22 @@ def run_demo(directory: Path | None, n_cells: int = 12, echo: Callable[[str], No
     except CheckFailed as refused:
         echo(f"  refused (exit 1): {refused.message}")
 
-    queue = _queue_of(project, BROKEN)
-    qhost = queue[1]
-    log = Path(project.hosts[qhost].ckpt_root) / f"{BROKEN}.log"
-    said = [ln for ln in log.read_text(errors="replace").splitlines() if ln and not ln.startswith("# ablate")]
-    echo(f"\n# {BROKEN} crashed on {qhost}; the last line of its log ({log.name}):")
+    step("status   (every cell that is not verified, classified from the shared FS)")
+    got = classify.collect(project)
+    broken = got.cells[BROKEN]
+    show([c.line() for c in got.not_verified()])
+    if broken.state != "crashed":
+        raise AblateError(f"demo: {BROKEN} should be classified crashed, got {broken.state}: {broken.reason}")
+    said = [ln for ln in broken.tail if ln and not ln.startswith("# ablate")]
+    echo(f"\n# {BROKEN} crashed on {broken.host} (queue {broken.queue}); the last line of its log:")
     echo(f"#   {said[-1] if said else '(empty)'}")
     bad = root / "configs" / "ablation" / "recon" / f"{BROKEN}.yaml"
     cfg = yaml.safe_load(bad.read_text())
     echo(f"# lr was {cfg['lr']!r}; fix the config as you would: {bad.relative_to(root)}: lr: 0.3")
     cfg["lr"] = 0.3
     bad.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    step(f"launch {queue[0]} --host {qhost}   (re-runs the failed cell with the fixed config)")
-    show(launch.launch(project, queue[0], qhost).lines())
+    step("remediate --launch   (the identical queue line, on a live host; never a patched config)")
+    show(remediate.remediate(project, launch=True).lines())
     _wait_drained(project, echo)
     report = pull_and_reconcile()
     if not report.complete:
@@ -140,15 +142,6 @@ def run_demo(directory: Path | None, n_cells: int = 12, echo: Callable[[str], No
     echo(f"\ndemo finished in {time.monotonic() - t0:.1f}s; project kept at {root}")
     echo(f"{report.verified}/{report.roster} cells verified by load; the release gate is open for all hosts")
     return 0
-
-
-def _queue_of(project: Project, name: str) -> tuple[str, str]:
-    for q in read_all_queues(project):
-        if any(ln.cell is not None and ln.cell.name == name for ln in q.lines):
-            if q.host is None:
-                break
-            return q.name, q.host
-    raise AblateError(f"demo: no planned queue holds {name}")
 
 
 def _wait_drained(project: Project, echo: Callable[[str], None], timeout: float = 180.0) -> None:

@@ -41,6 +41,13 @@ class HostTransport(Protocol):
         """Run argv (each element one literal argument, never shell-interpreted)."""
         ...
 
+    def stream(self, argv: Sequence[str], on_stdout: Callable[[bytes], None], *,
+               stop: Callable[[], bool] | None = None, poll: float = 0.5) -> int | None:
+        """Run argv, handing its stdout to `on_stdout` as it arrives (stderr is dropped), until it
+        exits (its rc) or `stop()` (asked about every `poll` s) says so: then the command is ended
+        and None returned. Ctrl-C ends the command too (and propagates)."""
+        ...
+
     def tmux_start(self, session: str, argv: Sequence[str], env: Mapping[str, str],
                    cwd: str | None = None) -> None:
         """Start argv detached in a new tmux session; the queue survives the controller."""
@@ -54,6 +61,14 @@ class HostTransport(Protocol):
         ...
 
     def close(self) -> None:
+        ...
+
+
+class HeldLock(Protocol):
+    """An exclusive flock(2) held on a file of the shared FS until `release()` (or this process's
+    death: the lock never outlives its holder)."""
+
+    def release(self) -> None:
         ...
 
 
@@ -79,6 +94,27 @@ class SharedFS(Protocol):
         ...
 
     def exists(self, path: str) -> bool:
+        ...
+
+    def listdir(self, path: str) -> list[str]:
+        """The names in directory `path`, sorted ([] when it does not exist)."""
+        ...
+
+    def remove(self, path: str) -> bool:
+        """Unlink the file `path` (read-only ones too); True if it existed. Never a directory."""
+        ...
+
+    def rename_noreplace(self, src: str, dst: str) -> bool:
+        """Rename the file or directory `src` to `dst` (its parent created), never over an existing
+        `dst`; True when renamed, False when `src` does not exist. Raises when `dst` exists or the
+        rename fails. (Recording instead of deleting: a released claim, a result set aside.)"""
+        ...
+
+    def lock(self, path: str, timeout: float, record: tuple[str, bytes] | None = None) -> HeldLock | None:
+        """Take an exclusive flock(2) on `path` (created when missing), waiting up to `timeout`
+        seconds; None when it is still held elsewhere then. Not re-entrant: see `ablate.lock`.
+        `record` (path, bytes): a file written atomically once the lock is held and removed just
+        before it is let go, in the same round trips as the lock itself."""
         ...
 
     def probe(self, op: str, args: Mapping[str, Any]) -> Any:

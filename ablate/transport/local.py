@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +42,37 @@ class LocalHost:
         return CommandResult(self.name, tuple(argv), p.returncode,
                              p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
 
+    def stream(self, argv: Sequence[str], on_stdout: Callable[[bytes], None], *,
+               stop: Callable[[], bool] | None = None, poll: float = 0.5) -> int | None:
+        import select
+        import signal
+        import time
+
+        # Its own session: ending it (stop, Ctrl-C) ends its children too.
+        p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+        assert p.stdout is not None
+        fd = p.stdout.fileno()
+        asked = time.monotonic()
+        try:
+            while True:
+                ready, _, _ = select.select([fd], [], [], poll)
+                if ready:
+                    data = os.read(fd, 1 << 16)
+                    if not data:
+                        return p.wait()
+                    on_stdout(data)
+                if stop is not None and time.monotonic() - asked >= poll:
+                    asked = time.monotonic()
+                    if stop():
+                        return None
+        finally:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+                p.wait()
+            p.stdout.close()
+
     def tmux_start(self, session: str, argv: Sequence[str], env: Mapping[str, str],
                    cwd: str | None = None) -> None:
         import shlex
@@ -70,6 +102,18 @@ class LocalHost:
         pass
 
 
+class _FileLockHeld:
+    def __init__(self, lk: Any, record: str | None) -> None:
+        self._lk, self._record = lk, record
+
+    def release(self) -> None:
+        try:
+            if self._record:
+                Path(self._record).unlink(missing_ok=True)
+        finally:
+            self._lk.release(force=True)
+
+
 class LocalFS:
     def __init__(self, root: str) -> None:
         self.root = root
@@ -97,6 +141,48 @@ class LocalFS:
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def remove(self, path: str) -> bool:
+        try:
+            os.unlink(path)  # a 0444 file in a writable directory unlinks like any other
+        except FileNotFoundError:
+            return False
+        return True
+
+    def rename_noreplace(self, src: str, dst: str) -> bool:
+        if not os.path.lexists(src):
+            return False
+        if os.path.lexists(dst):
+            raise AblateError(f"{dst} exists; {src} is not renamed over it")
+        Path(dst).parent.mkdir(parents=True, exist_ok=True)
+        # The stdlib has no renameat2(NOREPLACE); the check above suffices because every renamer
+        # of these paths holds the controller lock.
+        os.rename(src, dst)
+        return True
+
+    def lock(self, path: str, timeout: float,
+             record: tuple[str, bytes] | None = None) -> _FileLockHeld | None:
+        import filelock
+
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        lk = filelock.FileLock(path, thread_local=False)
+        try:
+            lk.acquire(timeout=max(0.0, timeout))
+        except filelock.Timeout:
+            return None
+        try:
+            if record:
+                atomic_write(Path(record[0]), record[1], 0o644)
+        except BaseException:
+            lk.release(force=True)
+            raise
+        return _FileLockHeld(lk, record[0] if record else None)
 
     def probe(self, op: str, args: Mapping[str, Any]) -> Any:
         return probe.run(op, dict(args))

@@ -297,6 +297,19 @@ class SSHHost:
             rc = chan.recv_exit_status()
         return (255 if rc < 0 else rc), b"".join(out), b"".join(err)
 
+    def open_channel(self, command: str, *, timeout: float = 60.0) -> paramiko.Channel:
+        """Start one remote shell command line and hand back its channel, still open: the
+        command lives until the channel closes (or the connection drops). The caller reads it."""
+        transport = self._transport()
+        try:
+            chan = transport.open_session(timeout=timeout)
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            self.close()
+            raise HostUnreachable(f"{self.name}: the open connection did not answer within "
+                                  f"{timeout:g}s ({e or type(e).__name__}); nothing was run") from e
+        return chan
+
     def run(self, argv: Sequence[str], *, timeout: float = 60.0,
             stdin: bytes | None = None) -> CommandResult:
         if not argv:
@@ -305,6 +318,12 @@ class SSHHost:
         rc, out, err = self.exec(shlex.join(argv), timeout=timeout, stdin=stdin)
         return CommandResult(self.name, tuple(argv), rc,
                              out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def stream(self, argv: Sequence[str], on_stdout: Callable[[bytes], None], *,
+               stop: Callable[[], bool] | None = None, poll: float = 0.5) -> int | None:
+        from ablate.transport.streaming import stream
+
+        return stream(self, argv, on_stdout, stop=stop, poll=poll)
 
     # ------------------------------------------------------------------ tmux
 
@@ -378,6 +397,21 @@ _IMMUTABLE = ('same() { [ "$(sha256sum < "$1" | cut -d" " -f1)" = "$2" ]; }\n'
               'if ln -- "$t" "$1" 2>/dev/null; then echo created; exit 0; fi\n'
               'if same "$1" "$2"; then echo same; exit 0; fi; exit 4')
 _APPEND = 'mkdir -p -- "$(dirname -- "$1")" && printf "%s\\n" "$2" >> "$1"'
+_LISTDIR = '[ -d "$1" ] || exit 0; exec find "$1" -mindepth 1 -maxdepth 1 -printf "%f\\0"'
+_REMOVE = '[ -d "$1" ] && exit 4; [ -e "$1" ] || [ -L "$1" ] || exit 3; rm -f -- "$1"'
+# mv -T -n: never into or over an existing dst (renameat2 NOREPLACE where the FS has it); src
+# still there afterwards means it did not happen.
+_RENAME = ('there() { [ -e "$1" ] || [ -L "$1" ]; }; there "$1" || exit 3; there "$2" && exit 4\n'
+           'mkdir -p -- "$(dirname -- "$2")" || exit 5\n'
+           'err=$(mv -T -n -- "$1" "$2" 2>&1)\n'
+           'if there "$1"; then there "$2" && exit 4; printf "%s\\n" "$err" >&2; exit 6; fi')
+# The lock is held by flock(1) for as long as `cat` reads the channel: the controller's exit, death
+# or lost connection closes it, cat sees EOF, the holder record ($3, content $4) is removed while
+# the lock is still held, and the lock is free. -E 75: still busy when -w ran out.
+_FLOCKED = ('r=$1; if [ -n "$r" ]; then t="$r.tmp.$$"; printf "%s\\n" "$2" > "$t" && mv -f -- "$t" "$r" '
+            '|| exit 94; fi\necho ACQUIRED; cat >/dev/null; [ -z "$r" ] || rm -f -- "$r"')
+_FLOCK = ('mkdir -p -- "$(dirname -- "$1")" || exit 96; command -v flock >/dev/null || exit 95\n'
+          'exec flock -E 75 -w "$2" "$1" bash -c "$5" bash "$3" "$4"')
 _PROBE = ('d=$1; e=$2; py=$3; shift 3; [ -r "$d/ablate/probe.py" ] || exit 97\n'
           'if [ -n "$e" ]; then eval "$e" >&2 || exit 98; fi\n'
           'cd "$d" && PYTHONPATH="$d" PYTHONDONTWRITEBYTECODE=1 exec "$py" -m ablate.probe "$@"')
@@ -394,6 +428,52 @@ def probe_lib() -> dict[str, bytes]:
             with open(path, "rb") as f:
                 files[f"ablate/{name}"] = f.read()
     return files
+
+
+class RemoteFlock:
+    """A flock(2) on a shared-FS file held by `flock … cat` on a host for as long as `chan` is open."""
+
+    def __init__(self, chan: paramiko.Channel, host: str, path: str) -> None:
+        self.chan, self.host, self.path = chan, host, path
+
+    @classmethod
+    def wait(cls, chan: paramiko.Channel, host: str, path: str, deadline_s: float) -> RemoteFlock | None:
+        """Read the channel until flock says ACQUIRED (held) or exits (75: busy -> None)."""
+        out, err = b"", b""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            while chan.recv_ready():
+                out += chan.recv(4096)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(4096)
+            if b"ACQUIRED\n" in out:
+                return cls(chan, host, path)
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                rc = chan.recv_exit_status()
+                chan.close()
+                if rc == 75:
+                    return None
+                why = {94: "cannot write the holder record",
+                       95: "`flock` (util-linux) is not installed there",
+                       96: "cannot create the lock's directory"}.get(rc, f"rc {rc}")
+                raise RemoteError(f"{host}: locking {path} failed ({why}): "
+                                  f"{err.decode(errors='replace').strip()[-300:]!r}")
+            left = deadline - time.monotonic()
+            if left <= 0 or chan.closed:
+                chan.close()
+                raise RemoteError(f"{host}: no answer while locking {path} within {deadline_s:g}s")
+            select.select([chan], [], [], min(0.1, left))
+
+    def release(self) -> None:
+        """EOF to `cat`: it exits, flock exits, the lock is free (waited for, briefly)."""
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            self.chan.shutdown_write()
+            deadline = time.monotonic() + 10.0
+            while not self.chan.exit_status_ready() and time.monotonic() < deadline:
+                select.select([self.chan], [], [], 0.1)
+                while self.chan.recv_ready():
+                    self.chan.recv(4096)
+        self.chan.close()
 
 
 class SSHFS:
@@ -473,6 +553,48 @@ class SSHFS:
     def exists(self, path: str) -> bool:
         rc, _, _ = self._sh('[ -e "$1" ]', path)
         return rc == 0
+
+    def listdir(self, path: str) -> list[str]:
+        rc, out, err = self._sh(_LISTDIR, path)
+        if rc != 0:
+            raise self._fail("listing", path, rc, err)
+        return sorted(n for n in out.decode(errors="replace").split("\0") if n)
+
+    def remove(self, path: str) -> bool:
+        rc, _, err = self._sh(_REMOVE, path)
+        if rc == 3:
+            return False
+        if rc != 0:
+            raise self._fail("removing", path, rc, err)
+        return True
+
+    def rename_noreplace(self, src: str, dst: str) -> bool:
+        rc, _, err = self._sh(_RENAME, src, dst)
+        if rc == 3:
+            return False
+        if rc == 4:
+            raise RemoteError(f"{self.via}: {dst} exists; {src} is not renamed over it")
+        if rc != 0:
+            raise self._fail(f"renaming to {dst}:", src, rc, err)
+        return True
+
+    def lock(self, path: str, timeout: float, record: tuple[str, bytes] | None = None) -> RemoteFlock | None:
+        """flock(2) on `path` through the first host that answers, held by a long-lived channel.
+        `record` is one line of text (its bytes without the newline)."""
+        rec_path, rec = (record[0], record[1].decode().rstrip("\n")) if record else ("", "")
+        script = shlex.join(["bash", "-c", _FLOCK, "bash", path, format(max(0.0, timeout), "g"),
+                             rec_path, rec, _FLOCKED])
+        last: HostUnreachable | None = None
+        for host in self.hosts:
+            try:
+                chan = host.open_channel(script, timeout=self.timeout)
+            except HostUnreachable as e:
+                last = e
+                continue
+            self.via = host.name
+            return RemoteFlock.wait(chan, host.name, path, timeout + self.timeout)
+        assert last is not None
+        raise last
 
     def fetch(self, path: str, local_path: str,
               on_bytes: Callable[[int], None] | None = None) -> int:

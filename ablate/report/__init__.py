@@ -1,0 +1,152 @@
+"""`ablate report`: a self-contained HTML report of the sweep, its timeline as a PNG beside it, and
+the ablation table as a CSV.
+
+    report(project, out=None, log=None) -> ReportResult
+
+Reads the shared FS in one probe round trip (`ablate.probe.report`: events, heartbeats, every
+published result's MANIFEST.json sha256 and metrics numbers, the last reconcile record), the local
+queue files (the roster) and the pulled copies of the metrics (`./results/<sweep>/<name>/`). Writes
+`report.html`, `timeline.png` and `ablation.csv` into `out` (default `./reports/<sweep>/`: outside
+`./results/<sweep>/`, where a `report/` dir would read as an unexpected result and could collide
+with a cell named `report`). Nothing on the shared FS is changed except the probe's clock file.
+
+Parts: `data` (what is read, cell states), `timeline` (runs from events, makespan and its lower
+bound), `table` (ablation table, baselines, best, CSV), `svg` / `plot` (the timeline drawn),
+`html` (the page from `template.html`, `report.css`, `report.js`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ablate.classify import state_counts
+from ablate.config import Project
+from ablate.errors import AblateError
+from ablate.fsutil import atomic_write
+from ablate.report.data import SweepData, gather
+from ablate.report.html import render_page
+from ablate.report.plot import timeline_png
+from ablate.report.svg import human_secs
+from ablate.report.table import TaskTable, build_tables, to_csv
+from ablate.report.timeline import Timeline, build_timeline, rerun_cells, steal_count, task_colors
+
+Log = Callable[[str], None]
+HTML_NAME = "report.html"
+PNG_NAME = "timeline.png"
+CSV_NAME = "ablation.csv"
+
+
+@dataclass
+class ReportResult:
+    out: str
+    html: str
+    png: str
+    csv: str
+    roster: int
+    states: dict[str, int]
+    runs: int
+    lanes: int
+    makespan: float
+    lower_bound: float | None
+    reruns: list[str]
+    stolen: int
+    tasks: dict[str, dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"out": self.out, "html": self.html, "png": self.png, "csv": self.csv, "roster": self.roster,
+                "states": self.states, "runs": self.runs, "lanes": self.lanes, "makespan": self.makespan,
+                "lower_bound": self.lower_bound, "reruns": self.reruns, "stolen": self.stolen,
+                "tasks": self.tasks, "notes": self.notes}
+
+    def lines(self) -> list[str]:
+        states = ", ".join(f"{n} {s}" for s, n in self.states.items()) or "no cells"
+        bound = f", lower bound {human_secs(self.lower_bound)}" if self.lower_bound else ""
+        out = [f"report: {self.html}",
+               f"timeline: {self.png} ({self.runs} runs on {self.lanes} queues, makespan "
+               f"{human_secs(self.makespan)}{bound})",
+               f"ablation table: {self.csv} ({self.roster} cells: {states})"]
+        return out + [f"note: {n}" for n in self.notes]
+
+
+def default_out(project: Project) -> Path:
+    return project.dir / "reports" / project.sweep
+
+
+def _summary(data: SweepData, tl: Timeline, states: dict[str, int]) -> list[str]:
+    rec = data.record or {}
+    out = [f"{len(data.roster)} cells in the roster"]
+    out += [f"{n} {s}" for s, n in states.items()]
+    failed = sum(1 for r in tl.runs if r.outcome == "failed")
+    out.append(f"{len(tl.runs)} runs on {len(tl.lanes)} queues")
+    if failed:
+        out.append(f"{failed} failed runs")
+    reruns = rerun_cells(tl)
+    if reruns:
+        out.append(f"{len(reruns)} re-run cells")
+    stolen = steal_count(tl)
+    if stolen:
+        out.append(f"{stolen} stolen runs")
+    if rec.get("t"):
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(rec["t"])))
+        out.append(f"last reconcile {when} ({rec.get('source', '?')}): "
+                   f"{'complete' if rec.get('complete') else 'incomplete'}")
+    else:
+        out.append("never reconciled")
+    return out
+
+
+def _notes(project: Project, data: SweepData, tables: list[TaskTable]) -> list[str]:
+    notes = [t.note for t in tables if t.note]
+    if project.artifacts.metrics is None:
+        notes.append("no metrics file in ablate.yaml (artifacts.metrics): the ablation table has no numbers")
+    for name, res in data.metrics.items():
+        if res.error and res.source is not None:
+            notes.append(f"{name}: metrics not read ({res.source} copy): {res.error}")
+    extra = sorted(set(data.manifests) - set(data.roster))
+    if extra:
+        notes.append(f"{len(extra)} result(s) on the shared FS belong to no queue file here, not in the "
+                     f"tables: {', '.join(extra[:10])}{' ...' if len(extra) > 10 else ''}")
+    for host, why in data.unreachable.items():
+        notes.append(f"host {host} did not answer ({why}): its cells' states rest on the shared FS alone")
+    return notes
+
+
+def report(project: Project, out: Path | None = None, log: Log | None = None) -> ReportResult:
+    say = log or (lambda _m: None)
+    out_dir = Path(out) if out is not None else default_out(project)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise AblateError(f"--out {out_dir} is a file; give a directory for the report")
+    say(f"reading the sweep {project.sweep} from the shared FS")
+    data = gather(project)
+    tasks = {name: data.task_of(name) for name in set(data.roster) | set(data.manifests)}
+    for evs in data.events.values():
+        for e in evs:
+            if isinstance(e.get("cell"), str):
+                tasks.setdefault(e["cell"], data.task_of(e["cell"]))
+    tl = build_timeline(data.events, data.heartbeats, data.speeds, tasks, data.now)
+    colors = task_colors(sorted({t for t in tasks.values() if t} | set(project.tasks)))
+    tables = build_tables(data.roster, data.states, data.metrics, project.report,
+                          project.artifacts.metrics_keys)
+    states = state_counts(data.details.values())  # in the order of classify.STATES
+    notes = _notes(project, data, tables)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    html_path, png_path, csv_path = out_dir / HTML_NAME, out_dir / PNG_NAME, out_dir / CSV_NAME
+    say(f"drawing the timeline: {len(tl.runs)} runs on {len(tl.lanes)} queues")
+    timeline_png(tl, colors, png_path, f"sweep {project.sweep}: {len(tl.runs)} runs")
+    atomic_write(csv_path, to_csv(tables).encode())
+    page = render_page(data, tl, tables, colors, _summary(data, tl, states), notes, PNG_NAME, CSV_NAME)
+    atomic_write(html_path, page.encode())
+    return ReportResult(
+        out=str(out_dir), html=str(html_path), png=str(png_path), csv=str(csv_path),
+        roster=len(data.roster), states=states, runs=len(tl.runs), lanes=len(tl.lanes),
+        makespan=tl.makespan, lower_bound=tl.lower_bound, reruns=rerun_cells(tl), stolen=steal_count(tl),
+        tasks={t.task: {"cells": len(t.rows), "baseline": t.baseline, "metrics": t.metrics,
+                        "best": {m: sorted(c) for m, c in t.best.items()}} for t in tables},
+        notes=notes,
+    )

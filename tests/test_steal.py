@@ -1,0 +1,294 @@
+"""Work stealing in run_queue (issue 4): a drained runner takes not-yet-started cells from the queue
+expected to finish last, by `estimates.tsv`, through the claims. The victim runs under real tmux
+(`launch`); the stealers are the same deployed run_queue started directly, each leading its own
+process group as under tmux, so the test controls when they start and the estimates they read
+(`launch` may rewrite estimates.tsv). Real trainer, real checkpoints, real files."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ablate.config import load_project
+from ablate.launch import launch
+from ablate.layout import session_name
+from ablate.transport.local import LocalHost
+from tests.conftest import LocalProject, require_tmux, wait_for
+
+
+@pytest.fixture(autouse=True)
+def _tmux() -> None:
+    require_tmux()
+
+
+class Runners:
+    """run_queue processes started by a test; any still alive at teardown gets its group killed."""
+
+    def __init__(self, lp: LocalProject) -> None:
+        self.lp = lp
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, host: str, queue: str, start: int = 0, slot: int | None = None,
+              gate: Path | None = None) -> subprocess.Popen[bytes]:
+        """Start run_queue; with `gate`, only once a shared flock on it is granted (`release`)."""
+        deployed = json.loads((self.lp.shared / "DEPLOYED.json").read_text())
+        argv = ["bash", str(self.lp.shared / "wrappers" / deployed["run_queue"]),
+                str(self.lp.shared / "specs" / deployed["specs"][host]), queue, str(start)]
+        if slot is not None:
+            argv.append(str(slot))
+        if gate is not None:
+            argv = ["flock", "-s", str(gate), *argv]
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+
+
+@pytest.fixture
+def runners(local_project: LocalProject) -> Iterator[Runners]:
+    r = Runners(local_project)
+    yield r
+    r.close()
+
+
+def finish(p: subprocess.Popen[bytes], timeout: float = 60) -> str:
+    out, _ = p.communicate(timeout=timeout)
+    assert p.returncode == 0, out.decode(errors="replace")
+    return out.decode(errors="replace")
+
+
+def events(lp: LocalProject, host: str, queue: str) -> list[dict[str, Any]]:
+    path = lp.shared / "events" / f"{host}.{queue}.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def all_events(lp: LocalProject) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for path in sorted((lp.shared / "events").glob("*.jsonl")):
+        out += [json.loads(x) for x in path.read_text().splitlines()]
+    return out
+
+
+def ends(lp: LocalProject) -> Counter[str]:
+    """How many times each cell ran to an `end`, over every queue's events."""
+    return Counter(e["cell"] for e in all_events(lp) if e["ev"] == "end")
+
+
+def victim_drained(lp: LocalProject) -> list[dict[str, Any]]:
+    def done() -> list[dict[str, Any]] | None:
+        evs = events(lp, "h1", "q1")
+        live = session_name("t1", "h1", "q1") in LocalHost("h1").tmux_sessions()
+        return evs if not live and any(e["ev"] == "queue_end" for e in evs) else None
+
+    result = wait_for(done, timeout=60)
+    assert isinstance(result, list)
+    return result
+
+
+def start_victim(lp: LocalProject, tails: list[str], long_epochs: int = 10) -> None:
+    """q1 on h1: a long cell (0.5 s an epoch), then short ones; returns once `long` is running."""
+    lp.queue("q1", [lp.cfg("cfgs/v/long.yaml", step_time=0.5) + f" recon {long_epochs}", *tails])
+    launch(load_project(lp.root), "q1", "h1")
+    wait_for(lambda: any(e["ev"] == "start" and e["cell"] == "long" for e in events(lp, "h1", "q1")))
+
+
+def own_queue(lp: LocalProject, queue: str, lines: list[str]) -> None:
+    """A stealer's queue: the local file and its FS copy (what `launch` would place)."""
+    path = lp.queue(queue, lines)
+    (lp.shared / "queues").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, lp.shared / "queues" / path.name)
+
+
+def estimates(lp: LocalProject, hosts: list[str], cells: dict[str, int]) -> None:
+    text = "# ablate estimates 0 declared\n" + "".join(f"{h}\n" for h in hosts)
+    text += "".join(f"cell\t{name}\t{ms}\n" for name, ms in cells.items())
+    tmp = lp.shared / ".estimates.tmp"
+    tmp.write_text(text)
+    tmp.replace(lp.shared / "estimates.tsv")
+
+
+CELLS = {"long": 5000, "t1": 1000, "t2": 1000, "t3": 1000, "s1": 500}
+
+
+def short(lp: LocalProject, name: str) -> str:
+    return lp.cfg(f"cfgs/v/{name}.yaml") + " recon 1"
+
+
+def test_drained_queue_steals_the_tail_of_the_slow_one(local_project: LocalProject, runners: Runners) -> None:
+    lp = local_project
+    start_victim(lp, [short(lp, "t1"), short(lp, "t2"), short(lp, "t3")])
+    estimates(lp, ["host\th1\t-\t1000", "host\th2\t-\t1000"], CELLS)
+    own_queue(lp, "q2", [short(lp, "s1")])
+    finish(runners.start("h2", "q2"))
+    stealer = events(lp, "h2", "q2")
+    steals = [e for e in stealer if e["ev"] == "steal"]
+    # the first steal is the victim's last line, taken while `long` (5 s) still runs there
+    assert steals[0] == {**steals[0], "idx": 3, "cell": "t3", "from_queue": "q1", "from_host": "h1",
+                         "est": 1.0}
+    stolen = [e["cell"] for e in steals]
+    assert len(set(stolen)) == len(stolen) and set(stolen) <= {"t1", "t2", "t3"}
+    for cell in stolen:
+        assert [(e["ev"], e["from_queue"]) for e in stealer if e.get("cell") == cell and e["ev"] in
+                ("start", "end")] == [("start", "q1"), ("end", "q1")]
+    assert [e["rc"] for e in stealer if e["ev"] == "end"] == [0] * (1 + len(stolen))
+    assert "from_queue" not in next(e for e in stealer if e["ev"] == "start" and e["cell"] == "s1")
+    assert (lp.shared / "claims/t3/owner").read_text().split()[:3] == ["h2", "q2", "3"]
+    assert json.loads((lp.shared / "final_ckpts/t3/MANIFEST.json").read_text())["host"] == "h2"
+    hb = json.loads((lp.shared / "heartbeats/h2.q2").read_text())
+    assert (hb["state"], hb["cell"], hb["from_queue"]) == ("drained", stolen[-1], "q1")
+
+    victim = victim_drained(lp)
+    # each stolen line is skipped: `claimed` while it runs on h2, `done` once it has synced
+    assert [e["cell"] for e in victim if e["ev"] == "skip"] == [c for c in ("t1", "t2", "t3") if c in stolen]
+    assert {e["reason"] for e in victim if e["ev"] == "skip"} <= {"claimed", "done"}
+    assert ends(lp) == Counter({c: 1 for c in CELLS})  # every cell ran exactly once
+    assert {p.name for p in (lp.shared / "final_ckpts").iterdir()} == set(CELLS)
+
+
+@pytest.mark.parametrize("case", ["slow_slot", "steal_off"])
+def test_no_steal_when_not_earlier_or_disabled(
+        local_project: LocalProject, runners: Runners, case: str) -> None:
+    """A stealer whose slot is very slow would finish t3 long after the victim: it does not take it
+    (its host's other slots are fast: the slot's own line wins). With `steal: false` a fast stealer
+    takes nothing either."""
+    lp = local_project
+    if case == "steal_off":
+        lp.write_config(steal=False)
+    start_victim(lp, [short(lp, "t3")])
+    hosts = ["host\th1\t-\t1000", "host\th2\t-\t1000"]
+    estimates(lp, hosts + (["host\th2\t1\t50"] if case == "slow_slot" else []), CELLS)
+    spec = json.loads((lp.shared / "DEPLOYED.json").read_text())["specs"]["h2"]
+    assert f"ABLATE_STEAL={0 if case == 'steal_off' else 1}\n" in (lp.shared / "specs" / spec).read_text()
+    own_queue(lp, "q2", [short(lp, "s1")])
+    finish(runners.start("h2", "q2", slot=1 if case == "slow_slot" else None))
+    assert [e["ev"] for e in events(lp, "h2", "q2")] == ["queue_start", "start", "synced", "end", "queue_end"]
+    hb = json.loads((lp.shared / "heartbeats/h1.q1").read_text())
+    assert (hb["state"], hb["cell"]) == ("running", "long")  # t3 was there to take, and left alone
+    assert not (lp.shared / "claims/t3").exists()
+    victim = victim_drained(lp)
+    assert [e["cell"] for e in victim if e["ev"] == "end"] == ["long", "t3"]
+
+
+def test_drained_stealers_racing_for_one_cell_run_it_once(
+        local_project: LocalProject, runners: Runners, tmp_path: Path) -> None:
+    lp = local_project
+    lp.write_config(hosts={"h1": {}, "h2": {}, "h3": {}})
+    # The comment lines after t1 widen the window between a stealer's look at claims/t1 (early in
+    # its scan of q1) and its mkdir (after the scan), so the stealers really collide there.
+    start_victim(lp, [short(lp, "t1"), *["# pad"] * 400], long_epochs=8)
+    estimates(lp, [f"host\th{i}\t-\t1000" for i in (1, 2, 3)], CELLS)
+    stealers = (("h2", "q2"), ("h3", "q3"), ("h3", "q4"), ("h2", "q5"))
+    for _, q in stealers:
+        own_queue(lp, q, [f"# {q}: nothing of its own, it drains at once"])
+    # All four are released at the same instant (they wait on one flock), so they scan together and
+    # reach `mkdir claims/t1` at once ("lost the claim of t1" in their output).
+    gate = tmp_path / "gate"
+    gate.touch()
+    fd = os.open(gate, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        procs = [runners.start(h, q, gate=gate) for h, q in stealers]
+        pids = {str(p.pid) for p in procs}
+        blocked = f":{gate.stat().st_ino} 0 EOF"  # /proc/locks: "N: -> FLOCK ADVISORY READ pid dev:ino 0 EOF"
+        wait_for(lambda: pids <= {ln.split()[5] for ln in Path("/proc/locks").read_text().splitlines()
+                                  if " -> FLOCK " in ln and ln.endswith(blocked)})
+    finally:
+        os.close(fd)  # releases the gate
+    for p in procs:
+        finish(p)
+    steals = [e for e in all_events(lp) if e["ev"] == "steal"]
+    assert [e["cell"] for e in steals] == ["t1"]
+    victim = victim_drained(lp)
+    assert [(e["cell"], e["reason"]) for e in victim if e["ev"] == "skip"] in ([("t1", "claimed")],
+                                                                              [("t1", "done")])
+    assert ends(lp) == Counter({"long": 1, "t1": 1})
+
+
+def test_a_stolen_cell_cut_by_a_stop_is_reentered_with_resume_on_relaunch(
+        local_project: LocalProject, runners: Runners) -> None:
+    lp = local_project
+    start_victim(lp, [lp.cfg("cfgs/v/t3.yaml", step_time=0.4) + " recon 8"])
+    estimates(lp, ["host\th1\t-\t1000", "host\th2\t-\t1000"], {**CELLS, "t3": 3000})
+    own_queue(lp, "q2", [short(lp, "s1")])
+    p = runners.start("h2", "q2")
+    log = lp.root / ".ablate/local/h2/ckpt/t3.log"
+    wait_for(lambda: log.exists() and "epoch 2/8" in log.read_text())
+    os.killpg(p.pid, signal.SIGTERM)  # what `ablate stop` does to the group
+    p.communicate(timeout=30)
+    assert p.returncode == 143
+    assert json.loads((lp.shared / "heartbeats/h2.q2").read_text())["state"] == "stopped"
+    victim = victim_drained(lp)  # meanwhile the victim reaches t3: still claimed by h2/q2
+    assert [(e["cell"], e["reason"]) for e in victim if e["ev"] == "skip"] == [("t3", "claimed")]
+
+    finish(runners.start("h2", "q2", start=1))  # relaunch: its own line is done
+    stealer = events(lp, "h2", "q2")
+    starts = [(e["resume"], e["from_queue"]) for e in stealer if e["ev"] == "start" and e["cell"] == "t3"]
+    assert starts == [(0, "q1"), (1, "q1")]
+    assert [e["cell"] for e in stealer if e["ev"] == "steal"] == ["t3"]  # re-entered, not stolen again
+    assert "resumed from epoch" in log.read_text()
+    assert ends(lp) == Counter({"long": 1, "t3": 1, "s1": 1})
+    assert (lp.shared / "final_ckpts/t3/MANIFEST.json").exists()
+
+
+def test_stop_file_is_honoured_before_a_steal(local_project: LocalProject, runners: Runners) -> None:
+    lp = local_project
+    start_victim(lp, [short(lp, "t3")])
+    estimates(lp, ["host\th1\t-\t1000", "host\th2\t-\t1000"], CELLS)
+    own_queue(lp, "q2", [lp.cfg("cfgs/v/s1.yaml", step_time=1.0) + " recon 1"])
+    p = runners.start("h2", "q2")
+    wait_for(lambda: any(e["ev"] == "start" for e in events(lp, "h2", "q2")))
+    (lp.shared / "control").mkdir(exist_ok=True)
+    (lp.shared / "control/h2.q2.stop").write_text('{"t": 0, "by": "test"}\n')
+    finish(p)
+    assert [e["ev"] for e in events(lp, "h2", "q2")][-2:] == ["end", "queue_stop"]
+    assert events(lp, "h2", "q2")[-1] == {**events(lp, "h2", "q2")[-1], "idx": 1, "reason": "after_current"}
+    assert json.loads((lp.shared / "heartbeats/h2.q2").read_text())["state"] == "stopped"
+    assert not (lp.shared / "claims/t3").exists()
+
+
+def test_steals_from_the_queue_finishing_last_that_has_a_cell_to_give(
+        local_project: LocalProject, runners: Runners) -> None:
+    """q1 finishes last but only has its running cell: nothing to take there. qa is next by remaining
+    time (its running `mid` plus u1), ahead of qb (a shorter running cell plus w1): u1 goes first."""
+    lp = local_project
+    lp.write_config(hosts={"h1": {}, "h2": {}, "h3": {}})
+    project = load_project(lp.root)
+    lp.queue("q1", [lp.cfg("cfgs/v/big.yaml", step_time=0.5) + " recon 12"])
+    lp.queue("qa", [lp.cfg("cfgs/v/mid.yaml", step_time=0.5) + " recon 8", short(lp, "u1")])
+    lp.queue("qb", [lp.cfg("cfgs/v/small.yaml", step_time=0.5) + " recon 4", short(lp, "w1")])
+    for q, host in (("q1", "h1"), ("qa", "h3"), ("qb", "h3")):
+        launch(project, q, host)
+    def running(host: str, q: str, cell: str) -> bool:
+        return any(e["ev"] == "start" and e["cell"] == cell for e in events(lp, host, q))
+
+    wait_for(lambda: running("h1", "q1", "big") and running("h3", "qa", "mid")
+             and running("h3", "qb", "small"))
+    estimates(lp, [f"host\th{i}\t-\t1000" for i in (1, 2, 3)],
+              {"big": 8000, "mid": 4000, "u1": 1000, "small": 2000, "w1": 1000})
+    own_queue(lp, "q2", ["# drains at once"])
+    finish(runners.start("h2", "q2"))
+    steals = [e for e in events(lp, "h2", "q2") if e["ev"] == "steal"]
+    assert (steals[0]["cell"], steals[0]["from_queue"], steals[0]["from_host"]) == ("u1", "qa", "h3")
+    assert {e["cell"] for e in steals} <= {"u1", "w1"}
+
+    def all_drained() -> bool:
+        live = LocalHost("h1").tmux_sessions()
+        return not {session_name("t1", h, q) for q, h in (("q1", "h1"), ("qa", "h3"), ("qb", "h3"))} & live
+
+    wait_for(all_drained, timeout=60)
+    assert ends(lp) == Counter({c: 1 for c in ("big", "mid", "u1", "small", "w1")})

@@ -1,0 +1,155 @@
+"""`ablate stop`: the whole process group goes (the trainer's own children too, even one that
+ignores TERM), the cut cell is not counted done; `--after-current` lets the running cell finish and
+starts nothing more; a launch clears the request. Real tmux, real wrappers, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ablate.launch as launch_mod
+from ablate.cli import main
+from ablate.config import load_project
+from ablate.launch import launch, launch_all, stop
+from ablate.layout import session_name
+from ablate.transport.local import LocalHost
+from tests.conftest import TRAIN, LocalProject, require_tmux, wait_for
+
+
+@pytest.fixture(autouse=True)
+def _tmux() -> None:
+    require_tmux()
+
+
+def events(lp: LocalProject, host: str, queue: str) -> list[dict[str, Any]]:
+    path = lp.shared / "events" / f"{host}.{queue}.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def live(host: str, queue: str) -> bool:
+    return session_name("t1", host, queue) in LocalHost(host).tmux_sessions()
+
+
+def procs(marker: str) -> dict[int, str]:
+    """Live (non-zombie) processes whose command line holds `marker`: pid -> command line."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmd and state != "Z" and "tmux" not in cmd.split(" ", 1)[0]:  # not tmux itself
+            out[int(d.name)] = cmd
+    return out
+
+
+def heartbeat(lp: LocalProject) -> dict[str, Any]:
+    path = lp.shared / "heartbeats/h1.q1"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def manifest(lp: LocalProject, name: str) -> Path:
+    return lp.shared / "final_ckpts" / name / "MANIFEST.json"
+
+
+def test_stop_kills_the_whole_group_including_the_trainers_children(
+        local_project: LocalProject, monkeypatch: pytest.MonkeyPatch) -> None:
+    lp = local_project
+    n = 800000 + os.getpid() % 100000  # marks this test's children in /proc
+    # The trainer starts a helper that ignores TERM (only KILL ends it) and a plain one.
+    lp.write_config(train=f"sh -c 'trap \"\" TERM; exec sleep {n}' & sleep {n + 1} & {TRAIN}")
+    lp.queue("q1", [lp.cfg("cfgs/a/cut.yaml", step_time=0.2) + " recon 200",
+                    lp.cfg("cfgs/a/after.yaml") + " recon 1"])
+    monkeypatch.setattr(launch_mod, "STOP_GRACE", 1.0)
+    project = load_project(lp.root)
+    launch(project, "q1", "h1")
+    trainer = f"--out {lp.root}/.ablate/local/h1/ckpt/cut "
+    wait_for(lambda: procs(f"sleep {n}") and procs(f"sleep {n + 1}") and procs(trainer), timeout=30)
+    hb = heartbeat(lp)
+    ours = procs(f"sleep {n}") | procs(f"sleep {n + 1}") | procs(trainer) | procs(str(lp.root))
+    assert {os.getpgid(pid) for pid in ours} == {hb["pgid"]}  # wrappers, trainer, helpers: one group
+
+    res = stop(project, "q1", "h1")
+    assert res.was_live and res.pgid == hb["pgid"] and res.signal == "KILL"  # TERM was not enough
+    assert not procs(f"sleep {n}") and not procs(f"sleep {n + 1}") and not procs(str(lp.root))
+    with pytest.raises(ProcessLookupError):
+        os.killpg(hb["pgid"], 0)
+    assert not live("h1", "q1")
+    # The cut cell is not done: no durable result, its end never recorded as a success.
+    assert not manifest(lp, "cut").exists() and not manifest(lp, "after").exists()
+    evs = events(lp, "h1", "q1")
+    assert not any(e["ev"] == "end" and e.get("rc") == 0 for e in evs)
+    assert evs[-1]["ev"] == "stopped" and evs[-1]["signal"] == "KILL"
+    assert heartbeat(lp)["state"] == "stopped"
+
+
+def test_stop_after_current_lets_the_cell_finish_and_starts_nothing_more(
+        local_project: LocalProject, capsys: pytest.CaptureFixture[str]) -> None:
+    lp = local_project
+    lp.queue("q1", [lp.cfg("cfgs/a/first.yaml", step_time=0.4) + " recon 3",
+                    lp.cfg("cfgs/a/second.yaml") + " recon 1",
+                    lp.cfg("cfgs/a/third.yaml") + " recon 1"])
+    project = load_project(lp.root)
+    launch(project, "q1", "h1")
+    wait_for(lambda: heartbeat(lp).get("cell_started"), timeout=30)
+
+    with pytest.raises(SystemExit) as exc:
+        main(["-C", str(lp.root), "stop", "q1", "--host", "h1", "--after-current", "--json"])
+    out = capsys.readouterr().out
+    assert exc.value.code in (0, None), out
+    res = json.loads(out)
+    request = lp.shared / "control" / "h1.q1.stop"
+    assert res["after_current"] and res["was_live"] and res["cell"] == "first"
+    assert res["request"] == str(request) and res["signal"] is None
+    body = json.loads(request.read_text())
+    assert set(body) == {"t", "by"} and "@" in body["by"]
+    assert live("h1", "q1")  # nothing was killed
+
+    wait_for(lambda: not live("h1", "q1"), timeout=60)
+    evs = events(lp, "h1", "q1")
+    assert [(e["ev"], e.get("idx")) for e in evs if e["ev"] in ("start", "end", "queue_stop")] == [
+        ("start", 0), ("end", 0), ("queue_stop", 1)]
+    assert next(e for e in evs if e["ev"] == "end")["rc"] == 0
+    assert next(e for e in evs if e["ev"] == "queue_stop")["reason"] == "after_current"
+    assert manifest(lp, "first").exists() and not manifest(lp, "second").exists()
+    assert heartbeat(lp)["state"] == "stopped"
+    assert stop(project, "q1", "h1", after_current=True).lines() == [
+        "q1 is not running on h1 (no tmux ablate-t1-h1-q1); nothing to stop"]
+
+    # A launch clears the request (recorded in the ledger) and the rest of the queue runs.
+    again = launch(project, "q1", "h1")
+    assert again.start_index == 1 and not request.exists()
+    ledger = [json.loads(x) for x in (lp.shared / "queues/q1.ledger").read_text().splitlines()]
+    assert ledger[-1]["cleared_stop"] is True and "cleared_stop" not in ledger[0]
+    wait_for(lambda: not live("h1", "q1") and manifest(lp, "third").exists(), timeout=60)
+    assert manifest(lp, "second").exists()
+    assert sum(e["ev"] == "end" and e["cell"] == "first" for e in events(lp, "h1", "q1")) == 1
+
+
+def test_stop_after_current_says_which_cell_and_launch_all_clears_it(local_project: LocalProject) -> None:
+    lp = local_project
+    lp.queue("q1", ["# ablate: host=h1", lp.cfg("cfgs/a/solo.yaml", step_time=0.3) + " recon 3",
+                    lp.cfg("cfgs/a/next.yaml") + " recon 1"])
+    project = load_project(lp.root)
+    request = lp.shared / "control" / "h1.q1.stop"
+    res = stop(project, "q1", "h1", after_current=True)  # never launched: nothing to ask
+    assert not res.was_live and not request.exists()
+    launch_all(project)
+    wait_for(lambda: heartbeat(lp).get("cell_started"), timeout=30)
+    res = stop(project, "q1", "h1", after_current=True)
+    assert res.lines() == ["q1 on h1 will stop after its current cell solo; it starts nothing more "
+                           "(`ablate launch q1 --host h1` clears the request)"]
+    wait_for(lambda: not live("h1", "q1"), timeout=60)
+    assert manifest(lp, "solo").exists() and not manifest(lp, "next").exists() and request.exists()
+    [again] = launch_all(project)
+    assert again.status == "launched" and again.start_index == 2 and not request.exists()
+    ledger = [json.loads(x) for x in (lp.shared / "queues/q1.ledger").read_text().splitlines()]
+    assert [e.get("cleared_stop") for e in ledger] == [None, True]
+    wait_for(lambda: manifest(lp, "next").exists(), timeout=60)
