@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import ablate.launch as launch_mod
+import ablate.stop as stop_mod
 from ablate.cli import main
 from ablate.config import load_project
 from ablate.launch import launch, launch_all, stop
@@ -67,7 +67,7 @@ def test_stop_kills_the_whole_group_including_the_trainers_children(
     lp.write_config(train=f"sh -c 'trap \"\" TERM; exec sleep {n}' & sleep {n + 1} & {TRAIN}")
     lp.queue("q1", [lp.cfg("cfgs/a/cut.yaml", step_time=0.2) + " recon 200",
                     lp.cfg("cfgs/a/after.yaml") + " recon 1"])
-    monkeypatch.setattr(launch_mod, "STOP_GRACE", 1.0)
+    monkeypatch.setattr(stop_mod, "STOP_GRACE", 1.0)
     project = load_project(lp.root)
     launch(project, "q1", "h1")
     trainer = f"--out {lp.root}/.ablate/local/h1/ckpt/cut "
