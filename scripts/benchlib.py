@@ -1,0 +1,61 @@
+"""What the benchmark scripts share: the machine description and writing one section of
+docs/BENCHMARKS.md between its own markers (the rest of the file is kept)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_MD = REPO / "docs" / "BENCHMARKS.md"
+
+
+def machine() -> dict[str, str]:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"nproc": str(os.cpu_count()), "cpu": model, "kernel": platform.release(),
+            "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def measured_line(command: str) -> str:
+    m = machine()
+    load = os.getloadavg()[0]  # other work on the machine, which the ratios are meant to survive
+    return (f"Measured {m['date']} by `{command}` on {m['nproc']} CPU(s), {m['cpu']}, "
+            f"Linux {m['kernel']}, Python {m['python']}; load average {load:.1f} at the end.")
+
+
+def write_section(key: str, lines: Sequence[str]) -> Path:
+    """Replace the block between `<!-- key:start -->` and `<!-- key:end -->`, or append it."""
+    start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
+    block = "\n".join([start, *lines, end]) + "\n"
+    old = BENCH_MD.read_text() if BENCH_MD.exists() else "# Benchmarks\n\n"
+    if start in old and end in old:
+        new = old[: old.index(start)] + block + "\n" + old[old.index(end) + len(end):].lstrip("\n")
+    else:
+        new = old.rstrip("\n") + "\n\n" + block
+    BENCH_MD.parent.mkdir(parents=True, exist_ok=True)
+    BENCH_MD.write_text(new)
+    return BENCH_MD
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def p90(xs: Sequence[float]) -> float:
+    """The 90th percentile (nearest rank on the sorted values)."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, -(-9 * len(s) // 10) - 1))]

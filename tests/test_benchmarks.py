@@ -1,0 +1,86 @@
+"""Smoke tests of the benchmark scripts (scripts/bench_*.py): each runs at a tiny size against the
+real code it measures and prints its table; none writes docs/BENCHMARKS.md with --no-write. The
+figures are not asserted (they are not timed tests), only what holds at any size: a makespan is
+never below its lower bound, every cell is verified, the table has its rows."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.testbed import missing_requirement
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_MD = REPO / "docs" / "BENCHMARKS.md"
+
+
+@pytest.fixture(autouse=True)
+def _docs_untouched() -> Iterator[None]:
+    before = BENCH_MD.read_bytes() if BENCH_MD.exists() else None
+    yield
+    assert (BENCH_MD.read_bytes() if BENCH_MD.exists() else None) == before
+
+
+def run(script: str, *args: str, timeout: float = 120) -> str:
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / script), *args, "--no-write"],
+                       capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+def rows(out: str) -> list[list[str]]:
+    """The body rows of the printed markdown table, as cells."""
+    table = [line for line in out.splitlines() if line.startswith("| ")]
+    return [[c.strip().strip("*") for c in line.strip("|").split("|")] for line in table[1:]]
+
+
+def test_bench_balance_simulates_every_policy() -> None:
+    out = run("bench_balance.py", "--sweeps", "12", "--sigmas", "0,0.3")
+    body = rows(out)
+    assert [r[0] for r in body] == ["round-robin", "waves", "pull queue", "static plan", "plan+steal",
+                                    "variant: plan+steal, first fit", "variant: plan+steal, cfg order",
+                                    "reference: pull, fastest first"]
+    assert all(len(r) == 5 for r in body)  # mean and p90 for each of the two sigmas
+    assert all(float(x) >= 1.0 for r in body for x in r[1:])  # no schedule beats the lower bound
+    static, steal = body[3], body[4]
+    # With exact estimates a steal only happens when the thief finishes before the victim would:
+    # it never lengthens the makespan.
+    assert float(steal[1]) <= float(static[1]) and float(steal[2]) <= float(static[2])
+    assert "static plan mean at sigma=0:" in out and "plan+steal at sigma=0.3:" in out
+
+
+def test_bench_overhead_runs_cells_through_the_real_wrappers() -> None:
+    out = run("bench_overhead.py", "--cells", "4", "--reps", "1")
+    body = rows(out)
+    assert [r[0] for r in body] == ["bare command", "through run_queue + run_one", "overhead"]
+    bare, wrapped, overhead = (float(r[1]) for r in body)
+    assert 0 < bare < wrapped and overhead == pytest.approx(wrapped - bare, abs=0.11)
+    assert "ms per cell (target <= 100 ms:" in out
+
+
+def test_bench_reconcile_verifies_real_checkpoints_and_compares_with_cat() -> None:
+    out = run("bench_reconcile.py", "--small", "6", "--large", "2", "--large-mb", "1",
+              "--large-format", "torch", "--reps", "1")
+    body = rows(out)
+    assert [(r[0].split(":")[0], r[1]) for r in body] == [
+        ("small (safetensors)", "cold"), ("small (safetensors)", "warm"),
+        ("large (torch)", "cold"), ("large (torch)", "warm")]
+    assert [r[0].split(": ")[1].split(" cells")[0] for r in body] == ["6", "6", "2", "2"]
+    assert all(float(r[2].replace(",", "")) > 0 and float(r[3].replace(",", "")) > 0 for r in body)
+    assert "large files, cold: reconcile at" in out and "of the cat rate, the disk's limit (target" in out
+
+
+def test_bench_testbed_plans_launches_and_measures() -> None:
+    reason = missing_requirement()
+    if reason:
+        pytest.skip(reason)
+    out = run("bench_testbed.py", "--cells", "4", "--scale", "0.2", "--policies", "steal", timeout=240)
+    body = rows(out)
+    assert [r[0] for r in body] == ["plan + stealing"]
+    ratio, makespan, bound = float(body[0][1]), float(body[0][3]), float(body[0][4])
+    assert 0 < bound <= makespan and ratio == pytest.approx(makespan / bound, abs=0.05) and ratio >= 1.0
+    assert "plan + stealing: makespan / lower bound" in out
