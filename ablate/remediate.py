@@ -41,6 +41,7 @@ from ablate.errors import AblateError, CheckFailed
 from ablate.fsutil import atomic_write
 from ablate.layout import SweepLayout
 from ablate.lock import controller_lock, whoami
+from ablate.progress import steps
 from ablate.transport import SharedFS, shared_fs
 
 if TYPE_CHECKING:  # launch is imported when --launch needs it
@@ -218,10 +219,12 @@ def _remediate(project: Project, fs: SharedFS, got: Classification, selected: li
     # 1 and 2: results set aside and claims released before any queue could claim the cells.
     claims: Mapping[str, str] = snap.get("claims") or {}
     staging: list[str] = list(snap.get("staging") or [])
-    for name, c in targets.items():
-        result.aside += _set_aside(fs, layout, name, c, t, staging, list(project.hosts))
-        if name in claims:
-            result.released.append(_release(fs, layout, name, c, t))
+    with steps(log, len(targets), "remediate: set aside + release") as bar:
+        for name, c in targets.items():
+            result.aside += _set_aside(fs, layout, name, c, t, staging, list(project.hosts))
+            if name in claims:
+                result.released.append(_release(fs, layout, name, c, t))
+            bar.advance(name)
     # 3 and 4.
     for nq in new_queues:
         atomic_write(nq.path, nq.text().encode())
