@@ -10,7 +10,7 @@ Each result dir is what run_one publishes: the checkpoint, metrics.json, `<name>
 MANIFEST.json recording size and sha256 of each; the roster is one queue file of those cells.
 
 The measured call is the real one: `ablate.reconcile.reconcile(project, fs=True)` (roster, verify of
-every file by size, sha256 and loading, in its process pool; classification; gate/reconcile.json),
+every file by size, sha256 and loading, in its thread pool; classification; gate/reconcile.json),
 and every cell must come out verified. `cat` reads exactly the files reconcile reads.
 
 The page cache cannot be dropped here, so each file is evicted with posix_fadvise(DONTNEED) before a
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             workers = min(os.cpu_count() or 1, verify.MAX_WORKERS, ds.cells)
             rate = num(ds.mb / t["sha256 warm"])
             notes.append(f"the CPU ceiling: sha256 alone in one process (warm) {rate} MB/s; verify hashes "
-                         f"in {workers} worker process(es)")
+                         f"in {workers} worker thread(s)")
     print("\n".join(notes))
     if not args.no_write:
         cmd = (f"python3 scripts/bench_reconcile.py --small {args.small} --large {args.large} "
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             "Real checkpoints written by the real libraries into result dirs as run_one publishes them "
             "(checkpoint, metrics.json, log, MANIFEST.json with size + sha256), on this machine's disk. "
             "`reconcile(project, fs=True)` (size, sha256 and a load of every artifact by `ablate.verify`, "
-            "in its process pool; every cell verified) against `cat` of the same files to /dev/null. "
+            "in its thread pool; every cell verified) against `cat` of the same files to /dev/null. "
             "Cold: each file evicted with posix_fadvise(DONTNEED) first (the page cache cannot be "
             f"dropped here); warm: read once first. cat and reconcile alternate; median of {reps}.", "",
             *lines, "", *(f"- {n}" for n in notes), ""])
