@@ -87,7 +87,7 @@ def make_project(tb: Testbed, base: Path, sweep: str, cells: list[CellSpec], spe
     proj = base / sweep
     (proj / "profiles").mkdir(parents=True)
     (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
-        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt"}))
+        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt/{sweep}"}))
     work = tb.shared_dir / "bench" / sweep  # the instances see it at shared_path/bench/<sweep>
     work.mkdir(parents=True)
     (work / "emu.py").write_text(EMU)

@@ -176,7 +176,7 @@ def test_follow_on_a_testbed_instance_then_the_durable_copy_with_the_same_comman
     (proj / "queues").mkdir()
     (proj / "queues" / f"{q}.txt").write_text(f"# ablate: host={host}\nconfigs/{sweep}/c0.yaml recon\n")
     final = testbed.shared_dir / "ablate" / sweep / "final_ckpts" / "c0"
-    instance_log = f"{testbed.local_path}/ckpt/c0.log"
+    instance_log = f"{testbed.local_path}/ckpt/{sweep}/c0.log"
     try:
         assert main_ok(proj, "launch", q, "--host", host)
         wait_for(lambda: any(e["ev"] == "start" for e in events(testbed, sweep, host, q)), timeout=30)
@@ -193,7 +193,7 @@ def test_follow_on_a_testbed_instance_then_the_durable_copy_with_the_same_comman
         assert out.index("epoch 1/10") < out.index("epoch 10/10") < out.index("# ablate end")
         assert f"c0: running on {host} (queue {q}); live log: {instance_log}" in err
         assert "c0: the cell ended (rc=0)" in err
-        assert not (testbed.local_dir("tb-h1") / "ckpt" / "c0.log").exists()  # it is only on tb-h2
+        assert not (testbed.local_dir("tb-h1") / "ckpt" / sweep / "c0.log").exists()  # it is only on tb-h2
 
         wait_for(lambda: (final / "MANIFEST.json").exists(), timeout=30)
         again = Follower(proj, "c0", "-f")
