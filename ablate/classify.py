@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.cells import Cell, QueueFile, parse_queue_text, read_all_queues
+from ablate.cells import Cell, QueueFile, Roster, build_roster, parse_queue_text, read_all_queues
 from ablate.config import Project
 from ablate.errors import AblateError
 from ablate.fsutil import read_json_object
@@ -167,6 +167,17 @@ def all_queues(project: Project, snap: Mapping[str, Any]) -> dict[str, QueueFile
             continue  # an unreadable foreign copy is no roster of ours
     out.update(local)
     return dict(sorted(out.items()))
+
+
+def sweep_roster(project: Project, fs: SharedFS) -> Roster:
+    """The roster of the local queue files plus the FS copies of launched queues this laptop lacks,
+    so a controller whose local state is gone rebuilds it from the FS (one probe round trip). When
+    the FS cannot be read, the local queue files alone (a command that needs the FS fails there)."""
+    try:
+        copies = fs.probe("queues", {"root": fs.root})
+    except (AblateError, OSError):
+        copies = {}
+    return build_roster(all_queues(project, copies).values())
 
 
 def cfg_hashes(project: Project, queues: Mapping[str, QueueFile]) -> dict[str, str | None]:

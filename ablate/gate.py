@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ablate.cells import Roster, load_roster
+from ablate.cells import Roster
+from ablate.classify import sweep_roster
 from ablate.config import Host, Project
 from ablate.errors import AblateError, CheckFailed, ConfigError, RemoteError
 from ablate.fsutil import read_json_object
@@ -63,8 +64,8 @@ def release(project: Project, host: str, yes: bool = False, confirm: Confirm | N
 def _release(project: Project, host: str, yes: bool, confirm: Confirm | None) -> ReleaseResult:
     h = project.host(host)
     argv = release_argv(h)
-    roster = load_roster(project)
     sfs = shared_fs(project)
+    roster = sweep_roster(project, sfs)
     layout = SweepLayout(sfs.root)
 
     unmet = reconcile_conditions(sfs, layout, roster)

@@ -229,7 +229,22 @@ def report(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-OPS = {"snapshot": snapshot, "verify": verify, "now": now, "report": report}
+def queue_copies(args: dict[str, Any]) -> dict[str, Any]:
+    """The FS copies of the launched queues (`queues/<q>.txt`): the roster a controller without
+    its local queue files (a lost or second laptop) rebuilds."""
+    qdir = os.path.join(args["root"], "queues")
+    queues = {}
+    for fn in _listdir(qdir):
+        if fn.endswith(".txt") and not fn.startswith("."):
+            try:
+                with open(os.path.join(qdir, fn), encoding="utf-8", errors="replace") as f:
+                    queues[fn[: -len(".txt")]] = f.read()
+            except OSError:
+                pass
+    return {"queues": queues}
+
+
+OPS = {"snapshot": snapshot, "verify": verify, "now": now, "report": report, "queues": queue_copies}
 
 
 def run(op: str, args: dict[str, Any]) -> Any:

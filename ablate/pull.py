@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate import verify
-from ablate.cells import load_roster
+from ablate.classify import sweep_roster
 from ablate.config import Project
 from ablate.fsutil import sha256_file
 from ablate.layout import SweepLayout
@@ -68,9 +68,9 @@ def pull(project: Project, to: Path | str | None = None, log: Log | None = None,
          bar: bool | None = None) -> PullResult:
     """Copy every published result dir. `bar`: a progress bar on stderr (default: when stderr is a
     terminal and `log` is given); otherwise one line per cell through `log`."""
-    roster = load_roster(project)
     dest = Path(to).resolve() if to else default_results_dir(project)
     sfs = shared_fs(project)
+    roster = sweep_roster(project, sfs)
     layout = SweepLayout(sfs.root)
     # One round trip: the listing and every manifest; no hashing or loading on the FS side.
     tree = sfs.probe("verify", {"dir": layout.final, "artifacts": artifacts_arg(project), "names": [],

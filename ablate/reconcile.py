@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate import verify
-from ablate.cells import Cell, Roster, load_roster
-from ablate.classify import CellState, Verification, cell_lines, collect, count_line
+from ablate.cells import Cell, Roster
+from ablate.classify import CellState, Verification, cell_lines, collect, count_line, sweep_roster
 from ablate.config import Project
 from ablate.errors import AblateError
 from ablate.layout import SweepLayout
@@ -126,8 +126,8 @@ def reconcile(project: Project, fs: bool = False, host: str | None = None, load:
         project.host(host)  # unknown host: ConfigError, exit 2
     if fs and results_dir is not None:
         raise AblateError("results_dir is for local copies; --fs verifies final_ckpts/ on the shared FS")
-    roster = load_roster(project)
     sfs = shared_fs(project, via=host)
+    roster = sweep_roster(project, sfs)
     layout = SweepLayout(sfs.root)
     args: dict[str, Any] = {"artifacts": artifacts_arg(project), "names": roster.names, "load": load}
     verb = "loading" if load else "hashing"

@@ -492,4 +492,5 @@ def delay_proxy(addr: str, port: int, delay: float, stall: str | None = None) ->
 if __name__ == "__main__":  # testbed.py delay-proxy ADDR PORT SECONDS [STALL_FILE]: Testbed.slow_link
     if len(sys.argv) not in (5, 6) or sys.argv[1] != "delay-proxy":
         sys.exit("usage: testbed.py delay-proxy ADDR PORT SECONDS [STALL_FILE]")
-    delay_proxy(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), (sys.argv[5:] or [None])[0])
+    stall_file = sys.argv[5] if len(sys.argv) == 6 else None
+    delay_proxy(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), stall_file)
