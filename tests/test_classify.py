@@ -13,33 +13,16 @@ from typing import Any
 import pytest
 
 from ablate.classify import Verification, all_queues, cfg_hashes, classify, idle_hosts
-from ablate.cli import main
 from ablate.config import load_project
 from ablate.layout import session_name
 from ablate.transport.local import LocalFS, LocalHost
 from tests.conftest import LocalProject, require_tmux, wait_for
+from tests.helpers_cli import cli, js
 
 
 @pytest.fixture(autouse=True)
 def _tmux() -> None:
     require_tmux()
-
-
-def cli(capsys: pytest.CaptureFixture[str], p: LocalProject, *args: str) -> tuple[int, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(["-C", str(p.root), *args])
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else (0 if code is None else 1)), out + err
-
-
-def js(capsys: pytest.CaptureFixture[str], p: LocalProject, *args: str, code: int = 0) -> dict[str, Any]:
-    with pytest.raises(SystemExit) as exc:
-        main(["-C", str(p.root), *args, "--json"])
-    out, err = capsys.readouterr()
-    assert (exc.value.code or 0) == code, (args, exc.value.code, out, err)
-    data: dict[str, Any] = json.loads(out)
-    return data
 
 
 def states(capsys: pytest.CaptureFixture[str], p: LocalProject) -> dict[str, dict[str, Any]]:
