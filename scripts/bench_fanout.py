@@ -13,9 +13,6 @@ to docs/BENCHMARKS.md (between markers, so the rest of that file is kept).
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -27,6 +24,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchlib import machine  # noqa: E402
 
 from ablate.config import load_project  # noqa: E402  (after the sys.path line above)
 from ablate.launch import launch_all  # noqa: E402
@@ -87,20 +86,6 @@ def measure(n: int, reps: int, base: Path) -> tuple[float, float]:
                 statuses.append(t_status)
         close_all()
     return statistics.median(launches), statistics.median(statuses)
-
-
-def machine() -> dict[str, str]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"nproc": str(os.cpu_count()), "cpu": model, "kernel": platform.release(),
-            "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
 def table(rows: dict[int, tuple[float, float]]) -> list[str]:

@@ -15,23 +15,13 @@ import ablate.stop as stop_mod
 from ablate.cli import main
 from ablate.config import load_project
 from ablate.launch import launch, launch_all, stop
-from ablate.layout import session_name
-from ablate.transport.local import LocalHost
 from tests.conftest import TRAIN, LocalProject, require_tmux, wait_for
+from tests.test_launch import events, live
 
 
 @pytest.fixture(autouse=True)
 def _tmux() -> None:
     require_tmux()
-
-
-def events(lp: LocalProject, host: str, queue: str) -> list[dict[str, Any]]:
-    path = lp.shared / "events" / f"{host}.{queue}.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
-def live(host: str, queue: str) -> bool:
-    return session_name("t1", host, queue) in LocalHost(host).tmux_sessions()
 
 
 def procs(marker: str) -> dict[int, str]:
