@@ -24,7 +24,7 @@ class App:
     json_emitted = False  # a command's JSON result is on stdout: an error must not add a second object
 
     def __init__(self, directory: str, verbosity: int) -> None:
-        from ablate.progress import StderrLog
+        from ablate.util.progress import StderrLog
 
         self.directory = Path(directory)
         self.verbosity = verbosity
@@ -32,7 +32,7 @@ class App:
         self.log = StderrLog(verbosity)
 
     def project(self) -> Any:
-        from ablate.config import load_project
+        from ablate.config.project import load_project
 
         return load_project(self.directory)
 
@@ -85,7 +85,7 @@ def cli(ctx: click.Context, directory: str, verbose: int, quiet: int, accept_new
       eval "$(_ABLATE_COMPLETE=bash_source ablate)"
     NO_COLOR=1 turns colours off; -q silences progress, errors always go to stderr.
     """
-    from ablate.lock import set_lock_timeout
+    from ablate.sweep.lock import set_lock_timeout
     from ablate.transport import accept_new_host_keys as set_accept_new
 
     set_accept_new(accept_new_host_keys)
@@ -98,7 +98,7 @@ def cli(ctx: click.Context, directory: str, verbose: int, quiet: int, accept_new
 @pass_app
 def init(app: App, profile: str) -> None:
     """Scaffold ablate.yaml and queues/ here.  Example: ablate init --profile autodl"""
-    from ablate.scaffold import init as do_init
+    from ablate.config.scaffold import init as do_init
 
     for path in do_init(app.directory, profile):
         click.echo(f"created {path}")
@@ -110,7 +110,7 @@ def init(app: App, profile: str) -> None:
 @pass_app
 def doctor(app: App, hosts: str | None, as_json: bool) -> None:
     """Preflight per host: SSH, tmux, shared FS really shared, budget, GPUs, drift.  Example: ablate doctor"""
-    from ablate.doctor import doctor as do_doctor
+    from ablate.run.doctor import doctor as do_doctor
 
     report = do_doctor(app.project(), _hosts(hosts), log=app.log)
     app.emit(report, as_json)
@@ -125,7 +125,7 @@ def doctor(app: App, hosts: str | None, as_json: bool) -> None:
 @pass_app
 def plan(app: App, hosts: str | None, dry_run: bool, as_json: bool) -> None:
     """Balance the cells by cost into one queue file per host/slot.  Example: ablate plan --hosts a,b"""
-    from ablate.plan import plan as do_plan
+    from ablate.plan.planner import plan as do_plan
 
     app.emit(do_plan(app.project(), _hosts(hosts), write=not dry_run, log=app.log), as_json)
 
@@ -136,7 +136,7 @@ def plan(app: App, hosts: str | None, dry_run: bool, as_json: bool) -> None:
 @pass_app
 def deploy(app: App, gc: bool, as_json: bool) -> None:
     """Place the wrappers and run specs on the shared FS, content-addressed.  Example: ablate deploy"""
-    from ablate import deploy as core
+    from ablate.run import deploy as core
 
     if gc:
         app.emit(core.gc(app.project(), log=app.log), as_json)
@@ -155,7 +155,7 @@ def deploy(app: App, gc: bool, as_json: bool) -> None:
 def launch(app: App, queue: str | None, host: str | None, start_index: int | None,
            slot: int | None, all_: bool, as_json: bool) -> None:
     """Start one detached tmux queue.  Example: ablate launch h1 --host h1"""
-    from ablate import launch as core
+    from ablate.run import launch as core
 
     if all_:
         if queue or host or start_index is not None or slot is not None:
@@ -182,7 +182,7 @@ def launch(app: App, queue: str | None, host: str | None, start_index: int | Non
 @pass_app
 def append(app: App, queue: str, cfg: str, task: str, epochs: int | None, as_json: bool) -> None:
     """Append a cell to a queue; restarts it if drained.  Example: ablate append h1 cfgs/x.yaml recon 20"""
-    from ablate.launch import append as do_append
+    from ablate.run.launch import append as do_append
 
     app.emit(do_append(app.project(), queue, cfg, task, epochs), as_json)
 
@@ -195,7 +195,7 @@ def append(app: App, queue: str, cfg: str, task: str, epochs: int | None, as_jso
 @pass_app
 def status(app: App, watch: bool, interval: float, as_json: bool) -> None:
     """Per queue: k/n, current cell, elapsed, heartbeat age, done vs synced.  Example: ablate status"""
-    from ablate import status as core
+    from ablate.monitor import status as core
 
     project = app.project()
     if watch:
@@ -209,8 +209,8 @@ def status(app: App, watch: bool, interval: float, as_json: bool) -> None:
 def _complete_cells(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
     """Shell completion of CELL: the roster's names (nothing when the project does not load)."""
     try:
-        from ablate.cells import load_roster
-        from ablate.config import load_project
+        from ablate.config.project import load_project
+        from ablate.sweep.cells import load_roster
 
         directory = ctx.find_root().params.get("directory") or "."
         return [n for n in load_roster(load_project(directory)).names if n.startswith(incomplete)]
@@ -226,7 +226,7 @@ def _complete_cells(ctx: click.Context, param: click.Parameter, incomplete: str)
 @pass_app
 def logs(app: App, cell: str, follow: bool, lines: int) -> None:
     """A cell's log, live from the host that runs it or its durable copy.  Example: ablate logs c3 -f"""
-    from ablate.logs import logs as do_logs
+    from ablate.monitor.logs import logs as do_logs
 
     out = click.get_binary_stream("stdout")
 
@@ -245,7 +245,7 @@ def logs(app: App, cell: str, follow: bool, lines: int) -> None:
 @pass_app
 def stop(app: App, queue: str, host: str, after_current: bool, as_json: bool) -> None:
     """Stop a queue and its process group.  Example: ablate stop h1 --host h1"""
-    from ablate.launch import stop as do_stop
+    from ablate.run.launch import stop as do_stop
 
     app.emit(do_stop(app.project(), queue, host, after_current=after_current), as_json)
 
@@ -257,7 +257,7 @@ def stop(app: App, queue: str, host: str, after_current: bool, as_json: bool) ->
 @pass_app
 def pull(app: App, to: str | None, as_json: bool) -> None:
     """Copy final_ckpts/ here, resumable and checksummed.  Example: ablate pull --to /data/results"""
-    from ablate.pull import pull as do_pull
+    from ablate.results.pull import pull as do_pull
 
     result = do_pull(app.project(), Path(to) if to else None, log=app.log,
                      bar=app.verbosity >= 0 and sys.stderr.isatty())
@@ -274,7 +274,7 @@ def pull(app: App, to: str | None, as_json: bool) -> None:
 @pass_app
 def reconcile(app: App, fs: bool, host: str | None, no_load: bool, as_json: bool) -> None:
     """Roster vs results, every artifact loaded; exit 0 only at 100 %.  Example: ablate reconcile"""
-    from ablate.reconcile import reconcile as do_reconcile
+    from ablate.results.reconcile import reconcile as do_reconcile
 
     if host and not fs:
         raise AblateError("--host goes with --fs (the host that reads the shared FS)")
@@ -293,7 +293,7 @@ def remediate(app: App, hosts: str | None, launch_: bool, as_json: bool) -> None
     """Re-run every failed, lost or never-run cell with its identical queue line on live hosts.
 
     Example: ablate remediate --launch"""
-    from ablate.remediate import remediate as do_remediate
+    from ablate.results.remediate import remediate as do_remediate
 
     result = do_remediate(app.project(), _hosts(hosts), launch=launch_, log=app.log)
     app.emit(result, as_json)
@@ -309,7 +309,7 @@ def remediate(app: App, hosts: str | None, launch_: bool, as_json: bool) -> None
 @pass_app
 def release(app: App, host: str, yes: bool, as_json: bool) -> None:
     """The teardown gate: release HOST only when every result is reconciled.  Example: ablate release h1"""
-    from ablate.gate import release as do_release
+    from ablate.results.release import release as do_release
 
     def confirm(question: str) -> bool:
         if not sys.stdin.isatty():

@@ -17,7 +17,7 @@ Policies (makespan = when the last cell ends):
   pull queue    one shared queue, longest estimate first; an idle host takes the next cell. The
                 queue knows nothing of speeds: at t=0 the hosts take cells in host order (speeds
                 are drawn independently, so that is a random order)
-  static plan   `ablate.balance.balance` (the real planner) on the estimates; each queue runs its
+  static plan   `ablate.plan.balance.balance` (the real planner) on the estimates; each queue runs its
                 cells longest estimate first, as `ablate plan` writes them
   plan+steal    the static plan, and a host whose queue drains steals by run_queue.sh's rule
                 (steal_pick): for every other host j with a not-started cell, remaining_j =
@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from benchlib import measured_line, p90, write_section  # noqa: E402
 
-from ablate.balance import balance  # noqa: E402  (after the sys.path lines above)
+from ablate.plan.balance import balance  # noqa: E402  (after the sys.path lines above)
 
 LARGE_P, LARGE, SMALL = 0.3, (4.0, 8.0), (0.8, 1.6)
 
@@ -67,7 +67,7 @@ class Sweep:
     speeds: tuple[float, ...]
     est: tuple[float, ...]  # declared cost per cell (seconds on a speed-1 host)
     z: tuple[float, ...]  # the standard normal draw of each cell's noise
-    plan: tuple[int, ...]  # machine index per cell, from ablate.balance
+    plan: tuple[int, ...]  # machine index per cell, from ablate.plan.balance
 
     def actual(self, sigma: float) -> list[float]:
         return [e * math.exp(sigma * z) for e, z in zip(self.est, self.z, strict=True)]
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             "Lower bound from the actual durations d: max(sum(d) / sum(speeds), max(d) / fastest speed). "
             "The policies and the "
             "stealing rules are defined in the script's docstring; the static plan is "
-            "`ablate.balance.balance`, each queue run longest first.", "",
+            "`ablate.plan.balance.balance`, each queue run longest first.", "",
             *rows, "", *(f"- {n}" for n in notes), ""])
         print(f"wrote {path.relative_to(REPO)}")
     return 0

@@ -27,9 +27,9 @@ sys.path.insert(0, str(REPO))
 
 from benchlib import machine  # noqa: E402
 
-from ablate.config import load_project  # noqa: E402  (after the sys.path line above)
-from ablate.launch import launch_all  # noqa: E402
-from ablate.status import status  # noqa: E402
+from ablate.config.project import load_project  # noqa: E402  (after the sys.path line above)
+from ablate.monitor.status import status  # noqa: E402
+from ablate.run.launch import launch_all  # noqa: E402
 from ablate.transport import close_all  # noqa: E402
 from tests.testbed import Testbed, missing_requirement  # noqa: E402
 

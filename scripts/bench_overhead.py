@@ -2,7 +2,7 @@
 """Per-cell overhead of the wrappers against running the same command bare, on a local FS.
 
 A throw-away local project (profile `local`: the "shared FS" is a directory on this disk) is
-deployed with `ablate.deploy.deploy` (the packaged wrappers and the real run spec); its FS queue
+deployed with `ablate.run.deploy.deploy` (the packaged wrappers and the real run spec); its FS queue
 file gets N cells, and the real `run_queue.<sha12>.sh SPEC QUEUE 0` runs them in the foreground:
 per cell it claims, writes events and the heartbeat (restarting its ticker), runs run_one (log,
 train command, copies with size + sha256 checks, MANIFEST.json, rename into final_ckpts/).
@@ -41,8 +41,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from benchlib import measured_line, median, write_section  # noqa: E402
 
-from ablate.config import load_project  # noqa: E402  (after the sys.path lines above)
-from ablate.deploy import deploy  # noqa: E402
+from ablate.config.project import load_project  # noqa: E402  (after the sys.path lines above)
+from ablate.run.deploy import deploy  # noqa: E402
 
 TRAIN = "mkdir -p {ckpt_dir} && cat {cfg} > {ckpt_dir}/ckpt.bin"
 BARE_LOOP = r"""
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             "## Per-cell overhead of the wrappers (local FS)", "",
             measured_line(f"python3 scripts/bench_overhead.py --cells {n} --reps {reps}"), "",
             f"{n} cells of a tiny command (`{TRAIN}`) run by the real `run_queue.sh` / `run_one.sh` "
-            "(deployed by `ablate.deploy`, the real run spec; claims, events, heartbeat, copy + size + "
+            "(deployed by `ablate.run.deploy`, the real run spec; claims, events, heartbeat, copy + size + "
             "sha256 checks, MANIFEST.json, rename) against the same command run bare from a bash loop "
             "(`bash -c` per cell). Both on this machine's disk; bare and wrapped runs alternate, "
             f"{reps} repetitions each, a fresh sweep each; median over repetitions of each run's "

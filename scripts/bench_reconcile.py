@@ -9,7 +9,7 @@ Two throw-away local projects (profile `local`: the shared FS is a directory on 
 Each result dir is what run_one publishes: the checkpoint, metrics.json, `<name>.log` and a
 MANIFEST.json recording size and sha256 of each; the roster is one queue file of those cells.
 
-The measured call is the real one: `ablate.reconcile.reconcile(project, fs=True)` (roster, verify of
+The measured call is the real one: `ablate.results.reconcile.reconcile(project, fs=True)` (roster, verify of
 every file by size, sha256 and loading, in its thread pool; classification; gate/reconcile.json),
 and every cell must come out verified. `cat` reads exactly the files reconcile reads.
 
@@ -45,9 +45,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from benchlib import measured_line, median, write_section  # noqa: E402
 
-from ablate import verify  # noqa: E402  (after the sys.path lines above)
-from ablate.config import load_project  # noqa: E402
-from ablate.reconcile import reconcile  # noqa: E402
+from ablate.config.project import load_project  # noqa: E402
+from ablate.remote import verify  # noqa: E402  (after the sys.path lines above)
+from ablate.results.reconcile import reconcile  # noqa: E402
 
 
 @dataclass
@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             measured_line(cmd), "",
             "Real checkpoints written by the real libraries into result dirs as run_one publishes them "
             "(checkpoint, metrics.json, log, MANIFEST.json with size + sha256), on this machine's disk. "
-            "`reconcile(project, fs=True)` (size, sha256 and a load of every artifact by `ablate.verify`, "
+            "`reconcile(project, fs=True)` (size, sha256 and a load of every artifact by "
+            "`ablate.remote.verify`, "
             "in its thread pool; every cell verified) against `cat` of the same files to /dev/null. "
             "Cold: each file evicted with posix_fadvise(DONTNEED) first (the page cache cannot be "
             f"dropped here); warm: read once first. cat and reconcile alternate; median of {reps}.", "",

@@ -11,8 +11,9 @@ cost * exp(sigma * Z) / speed-of-this-host seconds, Z ~ N(0, 1) drawn per cell w
 then writes a real safetensors checkpoint, which the wrappers sync and publish as usual.
 
 For each policy (stealing on, `steal: true`; stealing off, `steal: false`) a fresh sweep with the
-same cells and the same draws is planned (`ablate.plan.plan`), launched (`ablate.launch.launch_all`)
-and waited for until every queue has ended. From the `end` events actually written:
+same cells and the same draws is planned (`ablate.plan.planner.plan`), launched
+(`ablate.run.launch.launch_all`) and waited for until every queue has ended. From the `end`
+events actually written:
     work of a cell  = dur * speed of the host that ran it
     lower bound     = max(sum(work) / sum(speeds), max(work) / max(speeds))
     makespan        = last `end` - first `queue_start`
@@ -45,9 +46,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from benchlib import measured_line, median, write_section  # noqa: E402
 
-from ablate.config import load_project  # noqa: E402  (after the sys.path lines above)
-from ablate.launch import launch_all  # noqa: E402
-from ablate.plan import plan  # noqa: E402
+from ablate.config.project import load_project  # noqa: E402  (after the sys.path lines above)
+from ablate.plan.planner import plan  # noqa: E402
+from ablate.run.launch import launch_all  # noqa: E402
 from ablate.transport import close_all  # noqa: E402
 from tests.testbed import Testbed, missing_requirement  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Cell classification (ablate/classify.py) on real sweeps: real tmux, the real tiny trainer, real
+"""Cell classification (ablate/sweep/classify.py) on real sweeps: real tmux, the real tiny trainer, real
 checkpoints, real events, heartbeats, claims and log tails on the FS. Each state is reached for
 real, then read back through `status --json` / `reconcile --json` as a user would."""
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from ablate.classify import Verification, all_queues, cfg_hashes, classify, idle_hosts
-from ablate.config import load_project
-from ablate.layout import session_name
+from ablate.config.project import load_project
+from ablate.remote.layout import session_name
+from ablate.sweep.classify import Verification, all_queues, cfg_hashes, classify, idle_hosts
 from ablate.transport.local import LocalFS, LocalHost
 from tests.conftest import LocalProject, require_tmux, wait_for
 from tests.helpers_cli import cli, js

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ablate import cells
-from ablate.config import Profile, load_profile, load_project, parse_size, shipped_profiles
+from ablate.config.project import Profile, load_profile, load_project, parse_size, shipped_profiles
 from ablate.errors import AblateError, ConfigError, QueueError
+from ablate.sweep import cells
 from tests.conftest import TRAIN, LocalProject
 
 REPO = Path(__file__).resolve().parent.parent
@@ -443,6 +443,6 @@ def test_repo_example_queue_parses() -> None:
 
 
 def _task(name: str, epochs: int) -> Any:
-    from ablate.config import Task
+    from ablate.config.project import Task
 
     return Task(name, epochs, 1.0)

@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 
 import ablate.demo.train as demo_train
-from ablate import cost
-from ablate.cells import Cell, read_queue
 from ablate.cli import main
-from ablate.config import load_project
-from ablate.cost import Observation, fit, glob_match, learn, load_model, write_estimates
+from ablate.config.project import load_project
 from ablate.errors import CheckFailed
-from ablate.launch import append, launch, launch_all, stop
-from ablate.plan import plan
-from ablate.probe import snapshot
+from ablate.plan import cost
+from ablate.plan.cost import Observation, fit, glob_match, learn, load_model, write_estimates
+from ablate.plan.planner import plan
+from ablate.remote.probe import snapshot
+from ablate.run.launch import append, launch, launch_all, stop
+from ablate.sweep.cells import Cell, read_queue
 from ablate.transport.local import LocalFS
 from tests.conftest import LocalProject, require_tmux, wait_for
 

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from ablate.cli import main
-from ablate.config import load_project
-from ablate.doctor import DoctorReport, doctor
+from ablate.config.project import load_project
 from ablate.errors import CheckFailed
-from ablate.launch import launch
+from ablate.run.doctor import DoctorReport, doctor
+from ablate.run.launch import launch
 from ablate.transport import close_all, host_transport
 from tests.conftest import LocalProject
 from tests.testbed import Testbed
@@ -80,7 +80,7 @@ def test_absurd_disk_budget_fails_with_the_numbers_and_launch_refuses(
     assert subprocess.run(["tmux", "-L", tmux_socket, "has-session"], capture_output=True).returncode != 0
 
     # launch --all refuses that host's queue the same way, and starts nothing for it
-    from ablate.launch import launch_all
+    from ablate.run.launch import launch_all
 
     results = launch_all(load_project(local_project.root))
     assert [(r.queue, r.status) for r in results] == [("q1", "failed")]

@@ -479,13 +479,14 @@ def test_07_wrapper_fix_deployed_mid_run(testbed: Testbed, sweep: Callable[..., 
     old_bytes = old_file.read_bytes()
     assert old_name == f"run_queue.{hashlib.sha256(old_bytes).hexdigest()[:12]}.sh"
 
-    # The "fix": an upgraded ablate whose run_queue differs, deployed by a second controller.
+    # The "fix": an upgraded ablate whose run_queue differs, deployed by a second controller. Laid
+    # out as an installed ablate is (setup.cfg maps wrappers/ and profiles/ into the package).
     pkg = tmp_path / "upgraded"
     shutil.copytree(REPO / "ablate", pkg / "ablate", ignore=shutil.ignore_patterns("__pycache__"))
     for d in ("wrappers", "profiles"):
-        shutil.copytree(REPO / d, pkg / d)
+        shutil.copytree(REPO / d, pkg / "ablate" / d, ignore=shutil.ignore_patterns("__pycache__"))
     fixed = old_bytes + b"# a fix, deployed while the old version runs\n"
-    (pkg / "wrappers" / "run_queue.sh").write_bytes(fixed)
+    (pkg / "ablate" / "wrappers" / "run_queue.sh").write_bytes(fixed)
     dep = sw.run("deploy", "--json", pythonpath=pkg)
     assert dep.returncode == 0, dep.stderr
     new_name = json.loads(dep.stdout)["run_queue"]

@@ -1,4 +1,4 @@
-"""ablate.gate.release: the teardown gate refuses until rule 8 holds, then releases and records."""
+"""ablate.results.release.release: the teardown gate refuses until rule 8 holds, then releases and records."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ablate.config import load_project
+from ablate.config.project import load_project
 from ablate.errors import CheckFailed, ConfigError, RemoteError
-from ablate.gate import ReleaseResult, release
-from ablate.layout import session_name
-from ablate.pull import pull
-from ablate.reconcile import reconcile
+from ablate.remote.layout import session_name
+from ablate.results.pull import pull
+from ablate.results.reconcile import reconcile
+from ablate.results.release import ReleaseResult, release
 from ablate.transport.local import LocalHost
 from tests.conftest import LocalProject, require_tmux
 from tests.helpers_results import publish_cells

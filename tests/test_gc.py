@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-import ablate.deploy as deploy_mod
+import ablate.run.deploy as deploy_mod
 from ablate.cli import main
-from ablate.config import load_project
-from ablate.deploy import deploy, gc
+from ablate.config.project import load_project
 from ablate.errors import AblateError, CheckFailed
-from ablate.launch import launch, stop
-from ablate.layout import session_name
+from ablate.remote.layout import session_name
+from ablate.run.deploy import deploy, gc
+from ablate.run.launch import launch, stop
 from ablate.transport import close_all
 from ablate.transport.local import LocalHost
 from tests.conftest import LocalProject, require_tmux, wait_for

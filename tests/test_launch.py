@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-import ablate.deploy as deploy_mod
-from ablate.config import load_project
-from ablate.deploy import deploy
+import ablate.run.deploy as deploy_mod
+from ablate.config.project import load_project
 from ablate.errors import AblateError
-from ablate.launch import append, launch, launch_all, stop
-from ablate.layout import session_name
+from ablate.remote.layout import session_name
+from ablate.run.deploy import deploy
+from ablate.run.launch import append, launch, launch_all, stop
 from ablate.transport.local import LocalHost
 from tests.conftest import LocalProject, require_tmux, wait_for
 

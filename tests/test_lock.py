@@ -1,4 +1,4 @@
-"""The controller lock (`ablate.lock`): two controllers on one sweep are serialised, the loser is
+"""The controller lock (`ablate.sweep.lock`): two controllers on one sweep are serialised, the loser is
 told who holds it, a dead holder (even SIGKILLed) never leaves it stuck, and it is re-entrant.
 Real processes contending on the real lock file; over SSH on the namespace test bed."""
 
@@ -17,12 +17,19 @@ import pytest
 import yaml
 
 from ablate.cli import main
-from ablate.config import Project, load_project
-from ablate.deploy import deploy
+from ablate.config.project import Project, load_project
 from ablate.errors import Busy
-from ablate.launch import launch, stop
-from ablate.lock import controller_lock, held_here, holder_path, lock_path, lock_timeout, set_lock_timeout
-from ablate.status import status
+from ablate.monitor.status import status
+from ablate.run.deploy import deploy
+from ablate.run.launch import launch, stop
+from ablate.sweep.lock import (
+    controller_lock,
+    held_here,
+    holder_path,
+    lock_path,
+    lock_timeout,
+    set_lock_timeout,
+)
 from ablate.transport import close_all
 from tests.conftest import LocalProject, require_tmux, wait_for
 from tests.testbed import Testbed
@@ -31,8 +38,8 @@ from tests.testbed import Testbed
 HOLDER = """
 import sys
 from pathlib import Path
-from ablate.config import load_project
-from ablate.lock import controller_lock
+from ablate.config.project import load_project
+from ablate.sweep.lock import controller_lock
 project = load_project(sys.argv[1])
 with controller_lock(project, sys.argv[2], timeout=float(sys.argv[3])):
     Path(sys.argv[4]).write_text("held")

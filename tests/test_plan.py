@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from ablate import cells
-from ablate.balance import balance, lower_bound
-from ablate.config import load_project
+from ablate.config.project import load_project
 from ablate.errors import AblateError, ConfigError, QueueError
-from ablate.plan import plan
+from ablate.plan.balance import balance, lower_bound
+from ablate.plan.planner import plan
+from ablate.sweep import cells
 from tests.conftest import LocalProject
 
 

@@ -1,4 +1,4 @@
-"""ablate.pull: copy final_ckpts/ from the shared FS, checksummed and resumable."""
+"""ablate.results.pull: copy final_ckpts/ from the shared FS, checksummed and resumable."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ablate.config import load_project
-from ablate.pull import pull
-from ablate.reconcile import reconcile
+from ablate.config.project import load_project
+from ablate.results.pull import pull
+from ablate.results.reconcile import reconcile
 from tests.conftest import LocalProject
 from tests.helpers_results import make_result, publish_cells, truncate
 

@@ -1,4 +1,4 @@
-"""ablate.reconcile: the roster against real result dirs; the report shape and the gate record."""
+"""ablate.results.reconcile: the roster against real result dirs; the report shape and the gate record."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ablate.config import load_project
+from ablate.config.project import load_project
 from ablate.errors import AblateError, ConfigError
-from ablate.reconcile import STALE, _staging_name, reconcile
+from ablate.results.reconcile import STALE, _staging_name, reconcile
 from tests.conftest import LocalProject
 from tests.helpers_results import make_result, rewrite_manifest, truncate
 

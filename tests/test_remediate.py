@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from ablate.errors import RemoteError
-from ablate.layout import session_name
+from ablate.remote.layout import session_name
 from ablate.transport.local import LocalHost
 from ablate.transport.ssh import SSHFS, SSHHost
 from tests.conftest import LocalProject, require_tmux, wait_for

@@ -16,17 +16,17 @@ from typing import Any
 import pytest
 import yaml
 
-from ablate import probe
-from ablate.balance import lower_bound
-from ablate.cells import Cell
-from ablate.config import load_project
-from ablate.launch import launch, stop
-from ablate.pull import pull
-from ablate.reconcile import reconcile
+from ablate.config.project import load_project
+from ablate.config.settings import ReportSettings
+from ablate.plan.balance import lower_bound
+from ablate.remote import probe
 from ablate.report.data import CellResult, RosterCell
 from ablate.report.table import build_tables
 from ablate.report.timeline import build_timeline
-from ablate.settings import ReportSettings
+from ablate.results.pull import pull
+from ablate.results.reconcile import reconcile
+from ablate.run.launch import launch, stop
+from ablate.sweep.cells import Cell
 from ablate.transport import close_all
 from ablate.transport.local import LocalFS
 from ablate.transport.ssh import SSHFS

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ablate import cells
-from ablate.config import load_project
+from ablate.config.project import load_project
+from ablate.config.scaffold import init
 from ablate.errors import AblateError
-from ablate.plan import plan
-from ablate.scaffold import init
+from ablate.plan.planner import plan
+from ablate.sweep import cells
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ import yaml
 
 import ablate.demo.train as demo_train
 from ablate.cli import main
-from ablate.layout import session_name
+from ablate.remote.layout import session_name
 from ablate.transport import close_all
 from ablate.transport.ssh import SSHHost, fan_out
 from tests.conftest import wait_for
@@ -91,7 +91,7 @@ def test_whole_flow_on_three_hosts(testbed: Testbed, tmp_path: Path,
     proj = make_project(testbed, tmp_path, sweep, cells=6, epochs=2, step_time=0.5)
     root = testbed.shared_dir / "ablate" / sweep
     try:
-        if importlib.util.find_spec("ablate.doctor") is not None:
+        if importlib.util.find_spec("ablate.run.doctor") is not None:
             code, out = cli(capsys, proj, "doctor")
             assert code == 0, out
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from ablate.config import load_project
-from ablate.launch import launch
-from ablate.layout import session_name
+from ablate.config.project import load_project
+from ablate.remote.layout import session_name
+from ablate.run.launch import launch
 from ablate.transport.local import LocalHost
 from tests.conftest import LocalProject, require_tmux, wait_for
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-import ablate.stop as stop_mod
+import ablate.run.stop as stop_mod
 from ablate.cli import main
-from ablate.config import load_project
-from ablate.launch import launch, launch_all, stop
+from ablate.config.project import load_project
+from ablate.run.launch import launch, launch_all, stop
 from tests.conftest import TRAIN, LocalProject, require_tmux, wait_for
 from tests.test_launch import events, live
 

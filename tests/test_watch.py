@@ -18,10 +18,10 @@ import pytest
 
 import ablate
 from ablate.cli import main
-from ablate.config import load_project
-from ablate.hostinfo import parse_gpus, parse_output, parse_progress
-from ablate.settings import DEFAULT_EPOCH_RE, DEFAULT_METRIC_RE
-from ablate.status import status
+from ablate.config.project import load_project
+from ablate.config.settings import DEFAULT_EPOCH_RE, DEFAULT_METRIC_RE
+from ablate.monitor.hostinfo import parse_gpus, parse_output, parse_progress
+from ablate.monitor.status import status
 from tests.conftest import LocalProject, require_tmux, wait_for
 
 REPO = str(Path(ablate.__file__).resolve().parent.parent)

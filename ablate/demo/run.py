@@ -18,9 +18,14 @@ from pathlib import Path
 
 import yaml
 
-from ablate import classify, deploy, gate, launch, plan, pull, reconcile, remediate, status
-from ablate.config import Project, load_project
+from ablate.config.project import Project, load_project
 from ablate.errors import AblateError, CheckFailed
+from ablate.monitor import status
+from ablate.plan import planner as plan
+from ablate.results import pull, reconcile, remediate
+from ablate.results import release as gate
+from ablate.run import deploy, launch
+from ablate.sweep import classify
 
 HOSTS = {"fast": 1.4, "mid": 1.0, "slow": 0.6}
 BROKEN = "recon_lr_fast"

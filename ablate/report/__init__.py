@@ -3,7 +3,7 @@ the ablation table as a CSV.
 
     report(project, out=None, log=None) -> ReportResult
 
-Reads the shared FS in one probe round trip (`ablate.probe.report`: events, heartbeats, every
+Reads the shared FS in one probe round trip (`ablate.remote.probe.report`: events, heartbeats, every
 published result's MANIFEST.json sha256 and metrics numbers, the last reconcile record), the local
 queue files (the roster) and the pulled copies of the metrics (`./results/<sweep>/<name>/`). Writes
 `report.html`, `timeline.png` and `ablation.csv` into `out` (default `./reports/<sweep>/`: outside
@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.classify import state_counts
-from ablate.config import Project
+from ablate.config.project import Project
 from ablate.errors import AblateError
-from ablate.fsutil import atomic_write
 from ablate.report.data import SweepData, gather
 from ablate.report.html import render_page
 from ablate.report.plot import timeline_png
 from ablate.report.svg import human_secs
 from ablate.report.table import TaskTable, build_tables, to_csv
 from ablate.report.timeline import Timeline, build_timeline, rerun_cells, steal_count, task_colors
+from ablate.sweep.classify import state_counts
+from ablate.util.fs import atomic_write
 
 Log = Callable[[str], None]
 HTML_NAME = "report.html"

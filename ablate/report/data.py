@@ -1,9 +1,9 @@
-"""What `ablate report` reads: one probe of the shared FS (`ablate.probe.report`: the `snapshot`
+"""What `ablate report` reads: one probe of the shared FS (`ablate.remote.probe.report`: the `snapshot`
 that classification reads, plus every published result's metrics numbers and the last reconcile
 record) and, at the same time, each host's tmux sessions; then the local queue files (the roster,
 with the FS copies of queues this laptop lacks) and the pulled copies of the metrics.
 
-Each roster cell's state is `ablate.classify`'s (verified, synced, running, crashed, ...), from the
+Each roster cell's state is `ablate.sweep.classify`'s (verified, synced, running, crashed, ...), from the
 same snapshot, so the report and `ablate remediate` never disagree.
 """
 
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate import classify as cls
-from ablate.cells import Cell
-from ablate.config import Project
-from ablate.probe import read_metrics
-from ablate.reconcile import default_results_dir
+from ablate.config.project import Project
+from ablate.remote.probe import read_metrics
+from ablate.results.reconcile import default_results_dir
+from ablate.sweep import classify as cls
+from ablate.sweep.cells import Cell
 
 Number = int | float
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from html import escape
-from importlib import resources
 from string import Template
 
 from ablate import __version__
+from ablate import resources as packaged
 from ablate.report.data import Number, SweepData
 from ablate.report.svg import human_secs, timeline_svg
 from ablate.report.table import TaskTable, fmt_csv
@@ -24,7 +24,7 @@ STATE_HELP = ("verified = loaded by the last reconcile and unchanged since; sync
 
 
 def _asset(name: str) -> str:
-    return resources.files("ablate.report").joinpath(name).read_text(encoding="utf-8")
+    return packaged.read("ablate.report", name).decode("utf-8")
 
 
 def fmt_num(v: Number) -> str:

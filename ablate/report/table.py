@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
+from ablate.config.settings import ReportSettings
 from ablate.report.data import CellResult, Number, RosterCell
-from ablate.settings import ReportSettings
 
 _LOWER = re.compile(r"(?i)(loss|err|error|wer|cer|mse|mae|rmse|nll|perplexity|ppl|fid|time|latency)")
 _HIGHER = re.compile(r"(?i)(acc|accuracy|f1|map|bleu|rouge|psnr|ssim|auc|precision|recall|iou|dice|"

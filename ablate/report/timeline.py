@@ -9,7 +9,7 @@ more than once is a re-run: its runs are numbered by start time across every lan
 
 Makespan: first start to last end. Its lower bound uses the measured work: each cell's successful
 run, `dur x speed` of the host that ran it (its cost on a speed-1.0 machine), spread over the
-machines that ran queues, one per (host, slot) (`ablate.balance.lower_bound`). Times are the
+machines that ran queues, one per (host, slot) (`ablate.plan.balance.lower_bound`). Times are the
 hosts' clocks as the wrappers wrote them.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ablate.balance import lower_bound
+from ablate.plan.balance import lower_bound
 
 OUTCOMES = ("ok", "failed", "interrupted", "running")
 

@@ -12,7 +12,7 @@ import atexit
 import os
 import threading
 
-from ablate.config import Host, Project
+from ablate.config.project import Host, Project
 from ablate.errors import AblateError
 from ablate.transport.base import CommandResult, HostTransport, SharedFS
 from ablate.transport.local import LocalFS, LocalHost

@@ -112,13 +112,13 @@ class SharedFS(Protocol):
 
     def lock(self, path: str, timeout: float, record: tuple[str, bytes] | None = None) -> HeldLock | None:
         """Take an exclusive flock(2) on `path` (created when missing), waiting up to `timeout`
-        seconds; None when it is still held elsewhere then. Not re-entrant: see `ablate.lock`.
+        seconds; None when it is still held elsewhere then. Not re-entrant: see `ablate.sweep.lock`.
         `record` (path, bytes): a file written atomically once the lock is held and removed just
         before it is let go, in the same round trips as the lock itself."""
         ...
 
     def probe(self, op: str, args: Mapping[str, Any]) -> Any:
-        """Run one stdlib-only operation of `ablate.probe` next to the files; one round trip."""
+        """Run one stdlib-only operation of `ablate.remote.probe` next to the files; one round trip."""
         ...
 
     def fetch(self, path: str, local_path: str,

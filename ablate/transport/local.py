@@ -12,10 +12,10 @@ from typing import Any
 import libtmux
 from libtmux.exc import LibTmuxException
 
-from ablate import probe
 from ablate.errors import AblateError
-from ablate.fsutil import atomic_write, create_immutable
+from ablate.remote import probe
 from ablate.transport.base import CommandResult
+from ablate.util.fs import atomic_write, create_immutable
 
 # All local "hosts" share one private tmux server so a user's own sessions are never touched.
 TMUX_SOCKET_ENV = "ABLATE_TMUX_SOCKET"

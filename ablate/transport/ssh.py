@@ -412,21 +412,19 @@ _FLOCKED = ('r=$1; if [ -n "$r" ]; then t="$r.tmp.$$"; printf "%s\\n" "$2" > "$t
             '|| exit 94; fi\necho ACQUIRED; cat >/dev/null; [ -z "$r" ] || rm -f -- "$r"')
 _FLOCK = ('mkdir -p -- "$(dirname -- "$1")" || exit 96; command -v flock >/dev/null || exit 95\n'
           'exec flock -E 75 -w "$2" "$1" bash -c "$5" bash "$3" "$4"')
-_PROBE = ('d=$1; e=$2; py=$3; shift 3; [ -r "$d/ablate/probe.py" ] || exit 97\n'
+_PROBE = ('d=$1; e=$2; py=$3; shift 3; [ -r "$d/ablate/remote/probe.py" ] || exit 97\n'
           'if [ -n "$e" ]; then eval "$e" >&2 || exit 98; fi\n'
-          'cd "$d" && PYTHONPATH="$d" PYTHONDONTWRITEBYTECODE=1 exec "$py" -m ablate.probe "$@"')
-_PROBE_LIB = ("probe.py", "verify.py")
+          'cd "$d" && PYTHONPATH="$d" PYTHONDONTWRITEBYTECODE=1 exec "$py" -m ablate.remote.probe "$@"')
 
 
 def probe_lib() -> dict[str, bytes]:
-    """The files a host runs for `probe`: ablate/probe.py and ablate/verify.py (when present)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    """The files a host runs for `probe`: the stdlib-only package `ablate.remote` (probe, verify,
+    the path layout), as installed here, under a stub `ablate/__init__.py`."""
+    from ablate import resources as packaged
+
     files = {"ablate/__init__.py": b'"""ablate host-side probe, shipped by the ssh transport."""\n'}
-    for name in _PROBE_LIB:
-        path = os.path.join(here, name)
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                files[f"ablate/{name}"] = f.read()
+    remote = packaged.listing("ablate.remote", ".py")
+    files.update({f"ablate/remote/{name}": data for name, data in remote.items()})
     return files
 
 
@@ -630,7 +628,7 @@ class SSHFS:
                 self.ship_probe()
                 continue
             break
-        command = shlex.join([self.python, "-m", "ablate.probe", op, payload[:200]])
+        command = shlex.join([self.python, "-m", "ablate.remote.probe", op, payload[:200]])
         stderr = err.decode(errors="replace").strip()[-300:]
         if rc == 98:
             raise RemoteError(f"{self.via}: the profile's env `{self.env}` failed before "

@@ -1,0 +1,529 @@
+"""Parse `ablate.yaml` and profiles once into frozen dataclasses.
+
+Every error names the file, the key path, why, and (for unknown keys) "did you mean …?".
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ablate import resources as packaged
+from ablate.config.settings import (
+    DEFAULT_MONITOR,
+    DEFAULT_REPORT,
+    CostOverride,
+    Monitor,
+    ReportSettings,
+    parse_costs,
+    parse_monitor,
+    parse_report,
+    parse_steal,
+)
+from ablate.errors import ConfigError
+from ablate.remote.layout import SweepLayout
+
+CONFIG_NAME = "ablate.yaml"
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+TRAIN_FIELDS = {"cfg", "task", "epochs", "name", "ckpt_dir", "cat", "resume", "gpu"}
+TRANSPORTS = ("local", "ssh")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    shared_fs: str
+    ckpt_root: str  # may hold {host}; instance-local
+    env: str | None
+    release: str | None
+    transport: str
+    python: str
+    source: str  # the file it came from
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    profile: Profile
+    ssh: str
+    speed: float
+    gpus: tuple[int, ...] | None  # None: one queue, no CUDA_VISIBLE_DEVICES pinning
+    instance_id: str | None
+    transport: str
+
+    @property
+    def slots(self) -> tuple[int | None, ...]:
+        return self.gpus if self.gpus else (None,)
+
+    @property
+    def ckpt_root(self) -> str:
+        return self.profile.ckpt_root.replace("{host}", self.name)
+
+    @property
+    def sweep_parent(self) -> str:
+        return self.profile.shared_fs
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    epochs: int
+    cost_per_epoch: float
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    checkpoint: str
+    metrics: str | None
+    metrics_keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CellSource:
+    glob: str
+    task: str
+    epochs: int | None
+
+
+@dataclass(frozen=True)
+class Budget:
+    ckpt_size: int
+    scratch: int
+    inodes_per_cell: int
+
+
+@dataclass(frozen=True)
+class Project:
+    dir: Path  # the user's repo root, where ablate.yaml is
+    config_path: Path
+    profile: Profile  # default profile
+    sweep: str
+    workdir: str
+    train: str
+    artifacts: Artifacts
+    tasks: Mapping[str, Task]
+    cells: tuple[CellSource, ...]
+    budget: Budget
+    hosts: Mapping[str, Host]
+    ssh_config: str | None
+    resources: Mapping[str, Any]
+    candidates: tuple[str, ...]
+    heartbeat_secs: int
+    costs: tuple[CostOverride, ...] = ()
+    monitor: Monitor = DEFAULT_MONITOR
+    report: ReportSettings = DEFAULT_REPORT
+    steal: bool = True
+
+    @property
+    def queues_dir(self) -> Path:
+        return self.dir / "queues"
+
+    def sweep_root(self, host: Host | None = None) -> str:
+        """The sweep root as seen by `host` (or by the default profile)."""
+        shared = host.profile.shared_fs if host else self.profile.shared_fs
+        return f"{shared.rstrip('/')}/ablate/{self.sweep}"
+
+    def layout(self, host: Host | None = None) -> SweepLayout:
+        return SweepLayout(self.sweep_root(host))
+
+    def host(self, name: str) -> Host:
+        if name not in self.hosts:
+            raise ConfigError(
+                f"unknown host {name!r}: {CONFIG_NAME} has hosts {', '.join(self.hosts) or '(none)'}"
+                f"{_suggest(name, self.hosts)}"
+            )
+        return self.hosts[name]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _suggest(word: str, options: Any) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def parse_size(value: Any, where: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a size like 2GB, got {value!r}")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{where}: size must be a finite, non-negative number, got {value!r}")
+        return int(value)
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ConfigError(f"{where}: expected a size like 2GB or 500MB, got {value!r}")
+    unit = (m.group(2) or "").upper()
+    binary = "I" in unit
+    letter = unit[:1] if unit[:1] in "KMGT" else ""
+    mult = _UNITS[letter] if not binary else 1024 ** "_KMGT".index(letter)
+    return int(float(m.group(1)) * mult)
+
+
+class _Reader:
+    """Walks one YAML mapping, checking keys and types, remembering the key path for errors."""
+
+    def __init__(self, data: Any, file: str, path: str, allowed: set[str]) -> None:
+        self.file = file
+        self.path = path
+        if not isinstance(data, dict):
+            raise ConfigError(f"{file}: {path or 'top level'} must be a mapping, got {_tname(data)}")
+        for key in data:
+            if not isinstance(key, str) or key not in allowed:
+                raise ConfigError(
+                    f"{file}: unknown key {self._k(str(key))}{_suggest(str(key), allowed)}; "
+                    f"allowed: {', '.join(sorted(allowed))}"
+                )
+        self.data: dict[str, Any] = data
+
+    def _k(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def err(self, key: str, why: str) -> ConfigError:
+        return ConfigError(f"{self.file}: {self._k(key)}: {why}")
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def text(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
+        v = self.data.get(key)
+        if v is None:
+            if required:
+                raise self.err(key, "is required")
+            return default
+        if not isinstance(v, str) or not v.strip():
+            raise self.err(key, f"must be a non-empty string, got {v!r}")
+        if "\r" in v or "\x00" in v:
+            raise self.err(key, "contains a carriage return or NUL (file edited on Windows?); "
+                                "save it with Unix line endings")
+        return v
+
+    def num(self, key: str, default: float, *, positive: bool = True) -> float:
+        v = self.data.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise self.err(key, f"must be a finite number, got {v!r}")
+        if positive and not v > 0:
+            raise self.err(key, f"must be > 0, got {v!r}")
+        return float(v)
+
+    def whole(self, key: str, default: int | None = None, *, required: bool = False) -> int | None:
+        v = self.data.get(key, default)
+        if v is None:
+            if required:
+                raise self.err(key, "is required")
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise self.err(key, f"must be a positive whole number, got {v!r}")
+        return v
+
+    def sub(self, key: str, allowed: set[str]) -> _Reader:
+        return _Reader(self.data.get(key) or {}, self.file, self._k(key), allowed)
+
+
+def _tname(v: Any) -> str:
+    if v is None:
+        return "nothing (empty)"
+    names: dict[type, str] = {dict: "a mapping", list: "a list", str: "a string"}
+    return names.get(type(v), type(v).__name__)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                dup = key in seen
+            except TypeError:  # an unhashable key; the base class reports it
+                break
+            if dup:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise ConfigError(f"{path}: not found") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from e
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: safe
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}:{where}: invalid YAML: {problem}") from e
+
+
+# --------------------------------------------------------------------------- profiles
+
+PROFILE_KEYS = {"shared_fs", "ckpt_root", "env", "release", "transport", "python"}
+
+
+def shipped_profiles() -> dict[str, str]:
+    """name -> YAML text of the profiles shipped inside the package."""
+    return {name[: -len(".yaml")]: data.decode("utf-8")
+            for name, data in packaged.listing("ablate.profiles", ".yaml").items()}
+
+
+def load_profile(name: str, project_dir: Path, where: str) -> Profile:
+    if not SAFE_NAME.match(name):
+        raise ConfigError(f"{where}: profile name {name!r} is not a plain name")
+    local = project_dir / "profiles" / f"{name}.yaml"
+    shipped = shipped_profiles()
+    if local.is_file():
+        data, source = _load_yaml(local), str(local)
+    elif name in shipped:
+        data, source = yaml.load(shipped[name], Loader=_UniqueKeyLoader), f"<shipped profiles/{name}.yaml>"
+    else:
+        raise ConfigError(
+            f"{where}: unknown profile {name!r}{_suggest(name, shipped)}; shipped: "
+            f"{', '.join(sorted(shipped))} (or add profiles/{name}.yaml to your repo)"
+        )
+    r = _Reader(data, source, "", PROFILE_KEYS)
+    transport = r.text("transport", "ssh") or "ssh"
+    if transport not in TRANSPORTS:
+        raise r.err("transport", f"must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    shared = r.text("shared_fs", required=True) or ""
+    ckpt = r.text("ckpt_root", required=True) or ""
+    if transport == "local":
+        shared = _local_path(shared, project_dir)
+        ckpt = _local_path(ckpt, project_dir)
+    else:
+        for key, val in (("shared_fs", shared), ("ckpt_root", ckpt)):
+            if not val.startswith("/"):
+                raise r.err(key, f"must be an absolute path on the instances, got {val!r}")
+    for key, val in (("shared_fs", shared), ("ckpt_root", ckpt)):
+        if not _SAFE_PATH.match(val.replace("{host}", "h")):
+            raise r.err(key, f"{val!r} has characters a shell would interpret; use plain paths")
+    release = r.text("release")
+    if release:
+        _check_template(release, {"instance_id", "host", "ssh"}, r, "release")
+    return Profile(
+        name=name,
+        shared_fs=shared.rstrip("/") or "/",
+        ckpt_root=ckpt.rstrip("/") or "/",
+        env=r.text("env"),
+        release=release,
+        transport=transport,
+        python=r.text("python", "python3") or "python3",
+        source=source,
+    )
+
+
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+@,=~-]+$")
+_SAFE_GLOB = re.compile(r"^[A-Za-z0-9._/+@,=*?\[\]-]+$")
+
+
+def _local_path(p: str, base: Path) -> str:
+    expanded = Path(os.path.expanduser(p))
+    return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
+
+
+def _check_template(tmpl: str, fields: set[str], r: _Reader, key: str) -> None:
+    for m in re.finditer(r"\{([^{}]*)\}", tmpl):
+        if m.group(1) not in fields:
+            raise r.err(key, f"unknown field {{{m.group(1)}}}{_suggest(m.group(1), fields)}; "
+                             f"fields: {', '.join('{' + f + '}' for f in sorted(fields))}")
+
+
+# --------------------------------------------------------------------------- project
+
+TOP_KEYS = {
+    "profile", "sweep", "workdir", "train", "artifacts", "tasks", "cells", "budget", "resources",
+    "candidates", "ssh_config", "hosts", "heartbeat_secs", "costs", "monitor", "report", "steal",
+}
+HOST_KEYS = {"profile", "ssh", "speed", "gpus", "slots", "instance_id", "transport"}
+
+
+def find_config(start: Path) -> Path:
+    path = start / CONFIG_NAME
+    if not path.is_file():
+        raise ConfigError(f"no {CONFIG_NAME} in {start}: run `ablate init` there, or pass -C DIR")
+    return path
+
+
+def load_project(directory: Path | str = ".") -> Project:
+    project_dir = Path(directory).resolve()
+    path = find_config(project_dir)
+    data = _load_yaml(path)
+    if data is None:
+        raise ConfigError(f"{path}: is empty; run `ablate init` in a new directory for a template")
+    file = str(path)
+    r = _Reader(data, file, "", TOP_KEYS)
+
+    sweep = r.text("sweep", required=True) or ""
+    if not SAFE_NAME.match(sweep):
+        raise r.err("sweep", f"{sweep!r} must be a plain name (letters, digits, . _ + -)")
+    default_profile = load_profile(r.text("profile", "local") or "local", project_dir, f"{file}: profile")
+
+    train = (r.text("train", required=True) or "").strip()
+    if "\n" in train:
+        raise r.err("train", "spans several lines; write one command "
+                             "(YAML `>-` folds a long one onto one line)")
+    _check_template(train, TRAIN_FIELDS, r, "train")
+    if "{cfg}" not in train:
+        raise r.err("train", "must use {cfg} so each cell trains its own config")
+
+    a = r.sub("artifacts", {"checkpoint", "metrics", "metrics_keys"})
+    checkpoint = a.text("checkpoint", required=True) or ""
+    metrics = a.text("metrics")
+    for key, val in (("checkpoint", checkpoint), ("metrics", metrics)):
+        if val is not None and (not _SAFE_PATH.match(val) or val.startswith("/") or ".." in val.split("/")):
+            raise a.err(key, f"{val!r} must be a plain relative file name inside {{ckpt_dir}}")
+    keys = a.data.get("metrics_keys") or []
+    if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+        raise a.err("metrics_keys", f"must be a list of key names, got {keys!r}")
+    if keys and not metrics:
+        raise a.err("metrics_keys", "needs artifacts.metrics (the JSON file holding those keys)")
+    artifacts = Artifacts(checkpoint, metrics, tuple(keys))
+
+    tasks = _tasks(r)
+    cells = _cells(r, tasks)
+    b = r.sub("budget", {"ckpt_size", "scratch", "inodes_per_cell"})
+    budget = Budget(
+        ckpt_size=parse_size(b.data.get("ckpt_size", 0), f"{file}: budget.ckpt_size"),
+        scratch=parse_size(b.data.get("scratch", 0), f"{file}: budget.scratch"),
+        inodes_per_cell=b.whole("inodes_per_cell", 16) or 16,
+    )
+    resources_ = r.data.get("resources") or {}
+    if not isinstance(resources_, dict):
+        raise r.err("resources", f"must be a mapping, got {_tname(resources_)}")
+    candidates = r.data.get("candidates") or []
+    if not isinstance(candidates, list) or not all(isinstance(c, str) for c in candidates):
+        raise r.err("candidates", f"must be a list of profile names, got {candidates!r}")
+    for c in candidates:
+        load_profile(c, project_dir, f"{file}: candidates")
+
+    hosts = _hosts(r, default_profile, project_dir)
+    workdir = r.text("workdir")
+    if workdir is None:
+        remote = [h.name for h in hosts.values() if h.transport != "local"]
+        if remote:
+            raise r.err("workdir", f"is required for ssh hosts ({', '.join(remote)}): "
+                                   "the repo path on the instances")
+        workdir = str(project_dir)
+    elif not workdir.startswith("/"):
+        remote = [h.name for h in hosts.values() if h.transport != "local"]
+        if remote:
+            raise r.err("workdir", f"{workdir!r} must be an absolute path on the instances "
+                                   f"(hosts {', '.join(remote)}); `~` is not expanded there")
+        workdir = _local_path(workdir, project_dir)
+    if not _SAFE_PATH.match(workdir):
+        raise r.err("workdir", f"{workdir!r} has characters a shell would interpret; use a plain path")
+
+    return Project(
+        dir=project_dir,
+        config_path=path,
+        profile=default_profile,
+        sweep=sweep,
+        workdir=workdir,
+        train=train,
+        artifacts=artifacts,
+        tasks=tasks,
+        cells=cells,
+        budget=budget,
+        hosts=hosts,
+        ssh_config=r.text("ssh_config"),
+        resources=resources_,
+        candidates=tuple(candidates),
+        heartbeat_secs=r.whole("heartbeat_secs", 10) or 10,
+        costs=parse_costs(r, tasks),
+        monitor=parse_monitor(r),
+        report=parse_report(r, artifacts.metrics_keys),
+        steal=parse_steal(r),
+    )
+
+
+def _tasks(r: _Reader) -> dict[str, Task]:
+    raw = r.data.get("tasks")
+    if not isinstance(raw, dict) or not raw:
+        raise r.err("tasks", "must map each task name to {epochs: N, cost_per_epoch: X}")
+    out: dict[str, Task] = {}
+    for name, spec in raw.items():
+        if not isinstance(name, str) or not SAFE_NAME.match(name):
+            raise r.err(f"tasks.{name}", "task names must be plain names (letters, digits, . _ + -)")
+        t = _Reader(spec or {}, r.file, f"tasks.{name}", {"epochs", "cost_per_epoch"})
+        out[name] = Task(name, t.whole("epochs", required=True) or 0, t.num("cost_per_epoch", 1.0))
+    return out
+
+
+def _cells(r: _Reader, tasks: Mapping[str, Task]) -> tuple[CellSource, ...]:
+    raw = r.data.get("cells") or []
+    if not isinstance(raw, list):
+        raise r.err("cells", f"must be a list of {{glob, task, epochs}}, got {_tname(raw)}")
+    out = []
+    for i, item in enumerate(raw):
+        c = _Reader(item, r.file, f"cells[{i}]", {"glob", "task", "epochs"})
+        task = c.text("task", required=True) or ""
+        if task not in tasks:
+            raise c.err("task", f"{task!r} is not in tasks{_suggest(task, tasks)}")
+        glob = c.text("glob", required=True) or ""
+        if glob.startswith("/") or ".." in glob.split("/"):
+            raise c.err("glob", f"{glob!r} must be relative to the repo root and stay inside it")
+        if not _SAFE_GLOB.match(glob):
+            raise c.err("glob", f"{glob!r} has characters a shell would interpret; use letters, digits, "
+                                ". _ / + @ , = - and the wildcards * ? [ ]")
+        out.append(CellSource(glob, task, c.whole("epochs")))
+    return tuple(out)
+
+
+def _hosts(r: _Reader, default: Profile, project_dir: Path) -> dict[str, Host]:
+    raw = r.data.get("hosts")
+    if not isinstance(raw, dict) or not raw:
+        raise r.err("hosts", "must map at least one host name to its settings, "
+                             "e.g. `hosts: {h1: {speed: 1.0}}`")
+    out: dict[str, Host] = {}
+    for name, spec in raw.items():
+        if not isinstance(name, str) or not SAFE_NAME.match(name):
+            raise r.err(f"hosts.{name}", "host names must be plain names (letters, digits, . _ + -)")
+        h = _Reader(spec or {}, r.file, f"hosts.{name}", HOST_KEYS)
+        profile = default
+        if h.has("profile"):
+            profile = load_profile(h.text("profile") or "", project_dir, f"{r.file}: hosts.{name}.profile")
+        transport = h.text("transport", profile.transport) or profile.transport
+        if transport not in TRANSPORTS:
+            raise h.err("transport", f"must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+        ssh = h.text("ssh", name) or name
+        if not SAFE_NAME.match(ssh) and not re.match(r"^[A-Za-z0-9_.-]+@[A-Za-z0-9_.-]+$", ssh):
+            raise h.err("ssh", f"{ssh!r} must be an ssh alias or user@host")
+        gpus = _gpus(h)
+        iid = h.data.get("instance_id")
+        bad_iid = isinstance(iid, bool) or not isinstance(iid, (str, int))
+        if iid is not None and (bad_iid or not re.match(r"^[A-Za-z0-9_.-]+$", str(iid))):
+            raise h.err("instance_id", f"{iid!r} must be letters, digits, . _ -")
+        out[name] = Host(name, profile, ssh, h.num("speed", 1.0), gpus,
+                         None if iid is None else str(iid), transport)
+    return out
+
+
+def _gpus(h: _Reader) -> tuple[int, ...] | None:
+    if h.has("gpus") and h.has("slots"):
+        raise h.err("slots", "give either gpus: [0, 1] or slots: N, not both")
+    if h.has("slots"):
+        return tuple(range(h.whole("slots") or 1))
+    g = h.data.get("gpus")
+    if g is None:
+        return None
+    if not isinstance(g, list) or not g or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in g):
+        raise h.err("gpus", f"must be a list of GPU indices like [0, 1], got {g!r}")
+    if len(set(g)) != len(g):
+        raise h.err("gpus", f"lists a GPU twice: {g!r}")
+    return tuple(g)

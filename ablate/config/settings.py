@@ -1,0 +1,152 @@
+"""The optional sections of `ablate.yaml` beyond the core: cost overrides, monitoring thresholds
+and log-progress patterns, the report's baseline and main metric, work stealing.
+
+Each parser takes the `_Reader` of the top level (from `ablate.config.project`) and returns a frozen
+dataclass with defaults, so a project without these sections behaves as documented.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ablate.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ablate.config.project import Task, _Reader
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
+_DUR_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_SAFE_GLOB = re.compile(r"^[A-Za-z0-9._/+@,=*?\[\]-]+$")
+
+# Defaults that match the usual trainers' lines (tests/test_watch.py has them): plain prints
+# ("Epoch 3/20", "epoch: 3", "[epoch 3]", "val_loss=0.123", "loss: 1.2e-3"), PyTorch Lightning's
+# progress bars ("Epoch 2: 100%|...| v_num=0, train_loss=0.12, val_loss=0.3"), HF Trainer's dicts
+# ("{'eval_loss': 0.39, 'epoch': 1.0}"), Keras ("- val_accuracy: 0.88") and mmengine
+# ("Epoch(train) [3][100/500]"). Group 1 of `epoch` is the epoch (may be fractional), group 2
+# (optional) the total; group 1 of `metric` is the metric's name, group 2 its value.
+DEFAULT_EPOCH_RE = r"(?i)\bepoch\b(?:\(\w+\))?['\"]?[\s:=#\[]*(\d+(?:\.\d+)?)(?:\s*(?:/|of)\s*(\d+))?"
+DEFAULT_METRIC_RE = (r"(?i)\b((?:(?:eval|val|valid|validation|test|train)[_/ ]?)?"
+                     r"(?:loss|acc(?:uracy)?|f1|map|miou|bleu|psnr|ssim|auc|top1|top5|perplexity|ppl))"
+                     r"\b['\"]?\s*[:=]?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)")
+
+
+@dataclass(frozen=True)
+class CostOverride:
+    """`costs: [{glob, cost | cost_per_epoch}]`: the first entry whose glob matches a cell's cfg
+    path (relative to the repo root, `**` crossing directories) sets its declared cost."""
+
+    glob: str
+    cost: float | None  # the whole cell's cost
+    cost_per_epoch: float | None  # or per epoch, times the cell's epochs
+
+
+@dataclass(frozen=True)
+class Monitor:
+    hung_after: float  # seconds a running cell's log may stay silent before it is `hung`
+    idle_after: float  # seconds a host may sit with all its queues drained before the alarm
+    epoch_re: str  # log progress patterns (see DEFAULT_*_RE for the groups)
+    metric_re: str
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    baseline: tuple[str, ...]  # cell-name globs (or cfg-path globs) that mark a task's baseline
+    metric: str | None  # the main metric (a key of the metrics file); None: first metrics_keys
+    goal: str  # "min" or "max": which direction is better for `metric`
+
+
+DEFAULT_MONITOR = Monitor(1800.0, 1200.0, DEFAULT_EPOCH_RE, DEFAULT_METRIC_RE)
+DEFAULT_REPORT = ReportSettings(("*baseline*", "*base", "*_base_*", "*-base-*"), None, "min")
+
+
+def parse_duration(value: Any, where: str) -> float:
+    """`30m`, `1.5h`, `90s`, `2d` or a number of seconds."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a duration like 30m or 90s, got {value!r}")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{where}: a duration must be a positive number of seconds, got {value!r}")
+        return float(value)
+    m = _DURATION.match(str(value))
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError(f"{where}: expected a duration like 30m, 1.5h or 90s, got {value!r}")
+    return float(m.group(1)) * _DUR_UNITS[(m.group(2) or "").lower()]
+
+
+def _regex(value: Any, where: str, groups: int) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: must be a regular expression string, got {value!r}")
+    try:
+        rx = re.compile(value)
+    except re.error as e:
+        raise ConfigError(f"{where}: not a valid regular expression ({e}); quote it in single "
+                          "quotes in YAML so backslashes survive") from None
+    if rx.groups < groups:
+        raise ConfigError(f"{where}: needs at least {groups} capture group(s), has {rx.groups}")
+    return value
+
+
+def parse_costs(r: _Reader, tasks: Mapping[str, Task]) -> tuple[CostOverride, ...]:
+    from ablate.config.project import _Reader as Reader
+
+    raw = r.data.get("costs") or []
+    if not isinstance(raw, list):
+        raise r.err("costs", "must be a list of {glob, cost} or {glob, cost_per_epoch}")
+    out = []
+    for i, item in enumerate(raw):
+        c = Reader(item, r.file, f"costs[{i}]", {"glob", "cost", "cost_per_epoch"})
+        glob = c.text("glob", required=True) or ""
+        if glob.startswith("/") or not _SAFE_GLOB.match(glob):
+            raise c.err("glob", f"{glob!r} must be a relative glob of plain characters and * ? [ ]")
+        if c.has("cost") == c.has("cost_per_epoch"):
+            raise c.err("cost", "give exactly one of cost (the whole cell) or cost_per_epoch")
+        cost = c.num("cost", 1.0) if c.has("cost") else None
+        per = c.num("cost_per_epoch", 1.0) if c.has("cost_per_epoch") else None
+        out.append(CostOverride(glob, cost, per))
+    return tuple(out)
+
+
+def parse_monitor(r: _Reader) -> Monitor:
+    m = r.sub("monitor", {"hung_after", "idle_after", "progress"})
+    where = f"{r.file}: monitor"
+    hung = parse_duration(m.data["hung_after"], f"{where}.hung_after") if m.has("hung_after") \
+        else DEFAULT_MONITOR.hung_after
+    idle = parse_duration(m.data["idle_after"], f"{where}.idle_after") if m.has("idle_after") \
+        else DEFAULT_MONITOR.idle_after
+    p = m.sub("progress", {"epoch", "metric"})
+    epoch = _regex(p.data["epoch"], f"{where}.progress.epoch", 1) if p.has("epoch") \
+        else DEFAULT_EPOCH_RE
+    metric = _regex(p.data["metric"], f"{where}.progress.metric", 2) if p.has("metric") \
+        else DEFAULT_METRIC_RE
+    return Monitor(hung, idle, epoch, metric)
+
+
+def parse_report(r: _Reader, metrics_keys: tuple[str, ...]) -> ReportSettings:
+    s = r.sub("report", {"baseline", "metric", "goal"})
+    baseline = s.data.get("baseline")
+    if baseline is None:
+        globs = DEFAULT_REPORT.baseline
+    elif isinstance(baseline, str) and baseline:
+        globs = (baseline,)
+    elif isinstance(baseline, list) and baseline and all(isinstance(b, str) and b for b in baseline):
+        globs = tuple(baseline)
+    else:
+        raise s.err("baseline", f"must be a cell-name glob or a list of them, got {baseline!r}")
+    metric = s.text("metric")
+    if metric is None and metrics_keys:
+        metric = metrics_keys[0]
+    goal = s.text("goal", "min") or "min"
+    if goal not in ("min", "max"):
+        raise s.err("goal", f"must be min or max (is a lower {metric or 'metric'} better?), got {goal!r}")
+    return ReportSettings(globs, metric, goal)
+
+
+def parse_steal(r: _Reader) -> bool:
+    v = r.data.get("steal", True)
+    if not isinstance(v, bool):
+        raise r.err("steal", f"must be true or false, got {v!r}")
+    return v

@@ -1,0 +1,294 @@
+"""Live data from the hosts for `status` and the dashboard: the tail of each running cell's log
+(parsed for epoch and metric) and GPU utilisation/memory from `nvidia-smi` where it exists.
+
+One command per host, all hosts in parallel (`fan_out`): a host that does not answer costs one
+time-out and never hides the others. The command reads the instance-local logs
+(`<ckpt_root>/<name>.log`, as `run_one` writes them) by their last bytes, not lines: a trainer's
+progress bar rewrites one "line" with `\\r` thousands of times.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ablate.config.project import Project
+from ablate.transport import fan_out, host_transport
+
+TAIL_BYTES = 16384
+_MARK = "\x1eablate"  # a record separator no log line carries
+_GPU_QUERY = "index,name,utilization.gpu,memory.used,memory.total"
+# $1 ckpt_root, $2 bytes, $3 the sweep's heartbeats dir (as this host sees it), $4 the host's name.
+# The current cells come from this host's own heartbeats (`"state": "running"`, `"cell": "<name>"`),
+# so the command needs nothing from the FS snapshot and runs alongside it.
+SCRIPT = r"""root=$1; n=$2; hb=$3; me=$4
+if command -v nvidia-smi >/dev/null 2>&1; then
+  printf '\036ablate gpu\n'
+  nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits 2>&1 | head -n 64
+fi
+re_h='"host": *"([^"]*)"'; re_s='"state": *"([^"]*)"'; re_c='"cell": *"([^"]*)"'
+for f in "$hb/$me".*; do
+  [ -f "$f" ] || continue
+  s=$(<"$f") || continue
+  [[ $s =~ $re_h && ${BASH_REMATCH[1]} == "$me" ]] || continue
+  [[ $s =~ $re_s && ${BASH_REMATCH[1]} == running ]] || continue
+  [[ $s =~ $re_c ]] || continue
+  c=${BASH_REMATCH[1]}
+  printf '\n\036ablate log %s\n' "$c"
+  [ -e "$root/$c.log" ] || { printf '\036ablate missing\n'; continue; }
+  tail -c "$n" -- "$root/$c.log" 2>/dev/null
+done
+exit 0
+""".replace("GPU_QUERY", _GPU_QUERY)
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    util: float | None  # percent
+    mem_used: int | None  # MiB
+    mem_total: int | None  # MiB
+
+
+@dataclass(frozen=True)
+class LogProgress:
+    epoch: float | None
+    epochs: int | None
+    metric: str | None
+    value: float | None
+    line: str  # the last line that said something (trimmed), for a human
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def short(self) -> str:
+        parts = []
+        if self.epoch is not None:
+            ep = f"{self.epoch:g}"
+            parts.append(f"ep {ep}/{self.epochs}" if self.epochs else f"ep {ep}")
+        if self.metric is not None and self.value is not None:
+            parts.append(f"{self.metric} {self.value:.4g}")
+        return " ".join(parts)
+
+
+@dataclass
+class HostLive:
+    host: str
+    gpus: list[Gpu] | None = None  # None: no nvidia-smi on the host
+    gpu_error: str | None = None  # nvidia-smi exists but said something else (driver gone)
+    tails: dict[str, str] = field(default_factory=dict)  # cell -> the last bytes of its log
+    missing: list[str] = field(default_factory=list)  # cells whose log is not on this host
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpus": None if self.gpus is None else [asdict(g) for g in self.gpus],
+                "gpu_error": self.gpu_error, "error": None}
+
+
+def host_live(project: Project, host: str, nbytes: int = TAIL_BYTES, timeout: float = 20.0) -> HostLive:
+    """Ask one host, in one command. Raises the transport's error when the host cannot be reached."""
+    h = project.host(host)
+    argv = ["bash", "-c", SCRIPT, "bash", h.ckpt_root, str(nbytes), project.layout(h).heartbeats, h.name]
+    r = host_transport(project, h).run(argv, timeout=timeout)
+    r.check()
+    return parse_output(host, r.stdout)
+
+
+def parse_output(host: str, text: str) -> HostLive:
+    live = HostLive(host)
+    section: str | None = None
+    cell = ""
+    body: list[str] = []
+
+    def close() -> None:
+        joined = "\n".join(body)
+        if section == "gpu":
+            live.gpus, live.gpu_error = parse_gpus(joined)
+        elif section == "log":
+            live.tails[cell] = joined
+        body.clear()
+
+    for line in text.split("\n"):
+        if line.startswith(_MARK + " "):
+            kind, _, rest = line[len(_MARK) + 1:].partition(" ")
+            if kind == "missing":
+                live.missing.append(cell)
+                section = None
+                continue
+            close()
+            section, cell = kind, rest
+            continue
+        if section is not None:
+            body.append(line)
+    close()
+    for c in live.missing:
+        live.tails.pop(c, None)
+    return live
+
+
+def parse_gpus(text: str) -> tuple[list[Gpu], str | None]:
+    """`nvidia-smi --query-gpu=index,name,utilization.gpu,memory.used,memory.total
+    --format=csv,noheader,nounits` → GPUs; a line that is not such a record is the error."""
+    gpus: list[Gpu] = []
+    errors: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 5 or not parts[0].isdigit():
+            errors.append(line.strip())
+            continue
+        gpus.append(Gpu(int(parts[0]), parts[1], _num(parts[2]), _int(parts[3]), _int(parts[4])))
+    return gpus, ("; ".join(errors)[:300] if errors else None)
+
+
+def _num(s: str) -> float | None:
+    try:
+        return float(s.rstrip("%").strip())
+    except ValueError:
+        return None  # "[N/A]", "[Not Supported]"
+
+
+def _int(s: str) -> int | None:
+    v = _num(s.replace("MiB", ""))
+    return None if v is None else int(v)
+
+
+# --------------------------------------------------------------------------- log progress
+
+
+def log_lines(tail: str) -> list[str]:
+    """The tail's lines, `\\r`-rewritten progress bars split into their updates, ANSI removed.
+    (A first line cut mid-word cannot fake a match: names must start at a word boundary.)"""
+    clean = _ANSI.sub("", tail)
+    rows = re.split(r"\r\n|\r|\n", clean)
+    return [r for r in rows if r.strip()]
+
+
+def _canon(name: str) -> str:
+    """`eval_loss`, `val/loss`, `Val Loss`, `validation_loss` → `val_loss`."""
+    n = re.sub(r"[\s/]+", "_", name.strip().lower())
+    return re.sub(r"^(eval|valid|validation)_", "val_", n)
+
+
+_VALIDATION = re.compile(r"(?i)^(val|eval|valid|test)")
+
+
+def parse_progress(tail: str | Iterable[str], epoch_re: str, metric_re: str,
+                   main_metric: str | None = None) -> LogProgress | None:
+    """The latest epoch (group 1, total in optional group 2) and main metric (group 1 name, group 2
+    value) in a log tail. The main metric is `main_metric` when the log names it, else the latest
+    validation-like one (val/eval/valid/test; the first of its line: usually the loss), else the
+    latest. Lines of `# ablate …` are skipped."""
+    lines = log_lines(tail) if isinstance(tail, str) else list(tail)
+    ep_rx, m_rx = re.compile(epoch_re), re.compile(metric_re)
+    epoch: float | None = None
+    epochs: int | None = None
+    pairs: list[tuple[int, str, float]] = []  # (line number, name, value), oldest first
+    last_line = ""
+    for i, line in enumerate(lines):
+        if line.startswith("# ablate"):
+            continue
+        said = False
+        for m in ep_rx.finditer(line):
+            try:
+                epoch = float(m.group(1))
+            except (TypeError, ValueError):
+                continue
+            total = m.group(2) if (m.re.groups >= 2) else None
+            epochs = int(total) if total and total.isdigit() else None
+            said = True
+        for m in m_rx.finditer(line):
+            try:
+                pairs.append((i, m.group(1).strip(), float(m.group(2))))
+            except (TypeError, ValueError):
+                continue
+            said = True
+        if said:
+            last_line = line.strip()
+    if epoch is None and not pairs:
+        return None
+    metric: tuple[int, str, float] | None = None
+    if pairs:
+        want = _canon(main_metric) if main_metric else None
+        named = [p for p in pairs if want is not None and _canon(p[1]) == want]
+        val = [p for p in pairs if _VALIDATION.match(p[1])]
+        if named:
+            metric = named[-1]
+        elif val:
+            metric = next(p for p in val if p[0] == val[-1][0])
+        else:
+            metric = pairs[-1]
+    return LogProgress(epoch, epochs, metric[1] if metric else None, metric[2] if metric else None,
+                       last_line[-200:])
+
+
+# --------------------------------------------------------------------------- status
+
+
+def gather(project: Project, hosts: Sequence[str] | None = None,
+           nbytes: int = TAIL_BYTES) -> dict[str, HostLive | Exception]:
+    """Every host (or those named), in parallel: its GPUs and its running cells' log tails."""
+    names = list(project.hosts) if hosts is None else list(hosts)
+    return dict(fan_out(names, lambda h: host_live(project, h, nbytes)))
+
+
+def attach_live(project: Project, report: Any,
+                got: Mapping[str, HostLive | Exception] | None = None) -> None:
+    """Fill `row.progress` of each running row and `report.hosts` (GPUs, or why not) in place,
+    from `got` (a `gather` run alongside the FS snapshot) or asking now. A host that `report`
+    found unreachable is not asked again."""
+    unreachable: Mapping[str, str] = getattr(report, "unreachable", {}) or {}
+    if got is None:
+        got = gather(project, [h for h in project.hosts if h not in unreachable])
+    hosts: dict[str, dict[str, Any]] = {}
+    for host in project.hosts:
+        live = got.get(host)
+        if live is None or host in unreachable:
+            hosts[host] = {"gpus": None, "gpu_error": None, "error": unreachable.get(host, "not asked")}
+        elif isinstance(live, Exception):
+            msg = str(live).splitlines()[0] if str(live) else type(live).__name__
+            hosts[host] = {"gpus": None, "gpu_error": None, "error": msg}
+        else:
+            hosts[host] = live.to_json()
+    mon = project.monitor
+    for row in report.rows:
+        live = got.get(row.host) if row.host else None
+        if not row.current or not isinstance(live, HostLive) or row.current not in live.tails:
+            continue
+        prog = parse_progress(live.tails[row.current], mon.epoch_re, mon.metric_re, project.report.metric)
+        row.progress = prog.to_json() if prog else None
+    report.hosts = hosts
+
+
+def gpu_text(g: Mapping[str, Any]) -> str:
+    util = "-" if g.get("util") is None else f"{g['util']:.0f}%"
+    used, total = g.get("mem_used"), g.get("mem_total")
+    mem = f"{used / 1024:.1f}/{total / 1024:.1f} GiB" if used is not None and total else "-"
+    return f"GPU{g.get('index')} {util} {mem}"
+
+
+def progress_text(progress: Mapping[str, Any] | None) -> str:
+    if not progress:
+        return ""
+    return LogProgress(progress.get("epoch"), progress.get("epochs"), progress.get("metric"),
+                       progress.get("value"), str(progress.get("line") or "")).short()
+
+
+def live_lines(report: Any) -> list[str]:
+    """The plain-text lines of the live data (after `status`'s table): progress of each running
+    cell, and the GPUs of each host that has nvidia-smi."""
+    out = []
+    for r in report.rows:
+        text = progress_text(getattr(r, "progress", None))
+        if r.current and text:
+            out.append(f"progress {r.queue} {r.current}: {text}")
+    for host, info in (getattr(report, "hosts", None) or {}).items():
+        if info.get("gpus"):
+            out.append(f"gpus {host}: " + "  ".join(gpu_text(g) for g in info["gpus"]))
+        elif info.get("gpu_error"):
+            out.append(f"gpus {host}: nvidia-smi failed: {info['gpu_error']}")
+    return out

@@ -1,0 +1,257 @@
+"""Stdlib-only operations that read many files on the shared FS and answer with one JSON document.
+
+Locally they run in-process; over SSH this module (with `ablate/remote/verify.py`) is what a live host
+that mounts the FS runs, so a command costs one round trip, never one per file or per cell.
+Usage on a host: `python3 probe.py OP JSON_ARGS` prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from typing import Any
+
+
+def fs_now(root: str) -> float:
+    """The FS's own clock: touch a probe file and read its mtime (hosts' clocks disagree)."""
+    path = os.path.join(root, ".clock")
+    os.makedirs(root, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(str(time.time()))
+    return os.stat(path).st_mtime
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_jsonl(path: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue  # a torn last line while the writer appends
+                if isinstance(obj, dict):
+                    out.append(obj)
+    except OSError:
+        pass
+    return out
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def snapshot(args: dict[str, Any]) -> dict[str, Any]:
+    """Everything `status` needs from the FS in one read: events, heartbeats, claims, results."""
+    root = args["root"]
+    now = fs_now(root) if args.get("touch", True) else time.time()
+    events = {}
+    for fn in _listdir(os.path.join(root, "events")):
+        if fn.endswith(".jsonl"):
+            events[fn[: -len(".jsonl")]] = _read_jsonl(os.path.join(root, "events", fn))
+    heartbeats = {}
+    for fn in _listdir(os.path.join(root, "heartbeats")):
+        if fn.startswith("."):
+            continue
+        path = os.path.join(root, "heartbeats", fn)
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            continue
+        heartbeats[fn] = {"mtime": mtime, "data": _read_json(path)}
+    claims = {}
+    for name in _listdir(os.path.join(root, "claims")):
+        try:
+            with open(os.path.join(root, "claims", name, "owner"), encoding="utf-8") as f:
+                claims[name] = f.read().strip()
+        except OSError:
+            claims[name] = ""
+    final_dir = os.path.join(root, "final_ckpts")
+    final_entries = _listdir(final_dir)
+    final = [n for n in final_entries
+             if not n.startswith(".") and os.path.exists(os.path.join(final_dir, n, "MANIFEST.json"))]
+    ledgers = {}
+    queues = {}
+    for fn in _listdir(os.path.join(root, "queues")):
+        path = os.path.join(root, "queues", fn)
+        if fn.endswith(".ledger"):
+            ledgers[fn[: -len(".ledger")]] = _read_jsonl(path)
+        elif fn.endswith(".txt") and not fn.startswith("."):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    queues[fn[: -len(".txt")]] = f.read()
+            except OSError:
+                pass
+    return {"now": now, "events": events, "heartbeats": heartbeats, "claims": claims,
+            "final": final, "ledgers": ledgers, "queues": queues,
+            **_failure_details(root, final_entries, final, int(args.get("tail_lines", TAIL_LINES)))}
+
+
+TAIL_LINES = 40
+# What classification calls an out-of-memory death in a cell's log tail (container OOM kills often
+# leave only exit 137 and a shell's "Killed"; CUDA and Python say so in the trace).
+OOM_RE = re.compile(r"(?i:out of memory)|OutOfMemoryError|\bMemoryError\b|\bKilled\b|\boom[-_ ]kill")
+
+
+def _failure_details(root: str, entries: list[str], final: list[str], tail_lines: int) -> dict[str, Any]:
+    """What `ablate.sweep.classify` needs beyond status, in the same round trip: each published result's
+    manifest identity, result dirs without a MANIFEST.json (partial), leftover staging dirs, the
+    failed cells' log tails (`tails/<name>.log`), each events file's mtime (FS clock: a host's last
+    event) and the claims remediate released."""
+    import hashlib
+
+    final_dir = os.path.join(root, "final_ckpts")
+    manifests: dict[str, Any] = {}
+    for name in final:
+        try:
+            with open(os.path.join(final_dir, name, "MANIFEST.json"), "rb") as f:
+                raw = f.read()
+        except OSError:
+            manifests[name] = None
+            continue
+        try:
+            m = json.loads(raw)
+        except ValueError:
+            m = None
+        m = m if isinstance(m, dict) else {}
+        manifests[name] = {"sha256": hashlib.sha256(raw).hexdigest(), "valid": bool(m),
+                           **{k: m.get(k) for k in ("cfg", "task", "epochs", "cfg_sha256", "host", "queue")}}
+    published = set(final)
+    partial = [n for n in entries if not n.startswith(".") and n not in published
+               and os.path.isdir(os.path.join(final_dir, n))]
+    staging = [n for n in entries if n.startswith(".staging.")]
+    tails: dict[str, Any] = {}
+    for fn in _listdir(os.path.join(root, "tails")):
+        if fn.startswith(".") or not fn.endswith(".log"):
+            continue
+        path = os.path.join(root, "tails", fn)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = [ln[:500] for ln in f.read(1 << 20).splitlines()]
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            continue
+        oom = next((ln for ln in lines if OOM_RE.search(ln) and not ln.startswith("# ablate")), None)
+        tails[fn[: -len(".log")]] = {"lines": lines[-tail_lines:] if tail_lines > 0 else [],
+                                     "oom": oom, "mtime": mtime}
+    events_mtime: dict[str, float] = {}
+    for fn in _listdir(os.path.join(root, "events")):
+        if fn.endswith(".jsonl"):
+            try:
+                st = os.stat(os.path.join(root, "events", fn))
+            except OSError:
+                continue
+            events_mtime[fn[: -len(".jsonl")]] = st.st_mtime
+    released: dict[str, list[str]] = {}
+    for entry in _listdir(os.path.join(root, "released")):
+        m2 = RELEASED_RE.match(entry)
+        if m2:
+            released.setdefault(m2.group(1), []).append(entry)
+    return {"manifests": manifests, "partial": partial, "staging": staging, "tails": tails,
+            "events_mtime": events_mtime, "released": released}
+
+
+RELEASED_RE = re.compile(r"^(.+)\.(\d+\.\d+)$")  # released/<name>.<t>: t as epoch seconds, 3 decimals
+
+
+def verify(args: dict[str, Any]) -> dict[str, Any]:
+    from ablate.remote import verify as v  # stdlib-only at import
+
+    return v.verify_tree(args)
+
+
+def now(args: dict[str, Any]) -> dict[str, Any]:
+    return {"now": fs_now(args["root"])}
+
+
+MAX_METRICS_BYTES = 4 << 20  # a metrics file beyond this is a log, not a summary: reported, not read
+
+
+def metric_numbers(obj: Any, prefix: str = "", depth: int = 0) -> dict[str, int | float]:
+    """The numbers of a metrics JSON object as flat `key` / `outer.inner` columns (nested objects
+    to depth 3; lists, strings, booleans and non-finite numbers dropped; ints stay ints)."""
+    out: dict[str, int | float] = {}
+    if not isinstance(obj, dict) or depth > 2:
+        return out
+    for k, v in obj.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(metric_numbers(v, key + ".", depth + 1))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf"):
+            out[key] = v
+    return out
+
+
+def read_metrics(path: str) -> tuple[dict[str, int | float] | None, str | None]:
+    """(numbers, error) of one metrics file."""
+    try:
+        size = os.stat(path).st_size
+        if size > MAX_METRICS_BYTES:
+            return None, f"{size} bytes: larger than {MAX_METRICS_BYTES} (not read)"
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None, "no metrics file"
+    except (OSError, ValueError) as e:
+        return None, f"unreadable: {e}"
+    if not isinstance(data, dict):
+        return None, f"not a JSON object ({type(data).__name__})"
+    return metric_numbers(data), None
+
+
+def report(args: dict[str, Any]) -> dict[str, Any]:
+    """`snapshot` plus what `ablate report` reads beyond it: the numbers of every published result's
+    metrics file (args["metrics"], its path inside the result dir) as `metrics: {name: {"values",
+    "error"}}`, and the last reconcile record as `reconcile`: the whole report in one round trip."""
+    out = snapshot(args)
+    root = args["root"]
+    metrics: dict[str, Any] = {}
+    if args.get("metrics"):
+        for name in out["final"]:
+            values, error = read_metrics(os.path.join(root, "final_ckpts", name, args["metrics"]))
+            metrics[name] = {"values": values, "error": error}
+    out["metrics"] = metrics
+    out["reconcile"] = _read_json(os.path.join(root, "gate", "reconcile.json"))
+    return out
+
+
+def queue_copies(args: dict[str, Any]) -> dict[str, Any]:
+    """The FS copies of the launched queues (`queues/<q>.txt`): the roster a controller without
+    its local queue files (a lost or second laptop) rebuilds."""
+    qdir = os.path.join(args["root"], "queues")
+    queues = {}
+    for fn in _listdir(qdir):
+        if fn.endswith(".txt") and not fn.startswith("."):
+            try:
+                with open(os.path.join(qdir, fn), encoding="utf-8", errors="replace") as f:
+                    queues[fn[: -len(".txt")]] = f.read()
+            except OSError:
+                pass
+    return {"queues": queues}
+
+
+OPS = {"snapshot": snapshot, "verify": verify, "now": now, "report": report, "queues": queue_copies}
+
+
+def run(op: str, args: dict[str, Any]) -> Any:
+    if op not in OPS:
+        raise ValueError(f"unknown probe op {op!r}")
+    return OPS[op](args)
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(sys.argv[1], json.loads(sys.argv[2]))))

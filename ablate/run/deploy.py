@@ -1,0 +1,252 @@
+"""`ablate deploy`: place the wrappers and one run spec per host on the shared FS.
+
+Everything is content-addressed and immutable (rule 2): `wrappers/run_queue.<sha12>.sh`,
+`wrappers/run_one.<sha12>.sh` and `specs/<sha12>.env`, mode 0444. Deploying the same content again
+changes nothing; a changed wrapper is a new file, and queues already running keep reading the old
+one. `DEPLOYED.json` names what new launches use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+import shlex
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ablate import resources as packaged
+from ablate.config.project import Host, Project
+from ablate.errors import AblateError, CheckFailed
+from ablate.remote.layout import SweepLayout
+from ablate.sweep.lock import controller_lock
+from ablate.transport import SharedFS, shared_fs
+from ablate.util.fs import read_json_object
+from ablate.util.progress import transfer_progress
+
+Log = Callable[[str], None] | None
+WRAPPERS = ("run_queue", "run_one")
+
+
+def sha12(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+def packaged_wrappers() -> dict[str, bytes]:
+    """kind -> bytes of the wrappers shipped inside the package (`ablate.wrappers`)."""
+    return {kind: packaged.read("ablate.wrappers", f"{kind}.sh") for kind in WRAPPERS}
+
+
+def render_spec(project: Project, host: Host, run_one_path: str) -> bytes:
+    """The bash-sourceable run spec of one host (docs/ARCHITECTURE.md, "Run spec")."""
+    values = {
+        "ABLATE_ROOT": project.sweep_root(host),
+        "ABLATE_SWEEP": project.sweep,
+        "ABLATE_HOST": host.name,
+        "ABLATE_WORKDIR": project.workdir,
+        "ABLATE_CKPT_ROOT": host.ckpt_root,
+        "ABLATE_TRAIN": project.train,
+        "ABLATE_ENV": host.profile.env or "",
+        "ABLATE_CHECKPOINT": project.artifacts.checkpoint,
+        "ABLATE_METRICS": project.artifacts.metrics or "",
+        "ABLATE_TASK_EPOCHS": " ".join(f"{t.name}={t.epochs}" for t in project.tasks.values()),
+        "ABLATE_RUN_ONE": run_one_path,
+        "ABLATE_HEARTBEAT_SECS": str(project.heartbeat_secs),
+        "ABLATE_STEAL": "1" if project.steal else "0",
+    }
+    head = f"# ablate run spec: sweep {project.sweep}, host {host.name}. Content-addressed; never edited.\n"
+    return (head + "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())).encode()
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    version: str  # sha12 over both wrappers' contents
+    root: str  # the sweep root as the controller sees it
+    run_queue: str  # file names under wrappers/
+    run_one: str
+    specs: Mapping[str, str]  # host -> file name under specs/
+    created: tuple[str, ...] = field(default=())  # paths (relative to root) written by this call
+
+    def run_queue_path(self, layout: SweepLayout) -> str:
+        return posixpath.join(layout.wrappers, self.run_queue)
+
+    def spec_path(self, layout: SweepLayout, host: str) -> str:
+        return posixpath.join(layout.specs, self.specs[host])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "root": self.root, "run_queue": self.run_queue,
+                "run_one": self.run_one, "specs": dict(self.specs), "created": list(self.created)}
+
+    def lines(self) -> list[str]:
+        state = f"{len(self.created)} new file(s)" if self.created else "already in place"
+        out = [f"deployed version {self.version} ({state})",
+               f"  wrappers/{self.run_queue}  wrappers/{self.run_one}"]
+        out += [f"  {host}: specs/{spec}" for host, spec in self.specs.items()]
+        return out
+
+
+def deploy(project: Project, log: Log = None) -> DeployResult:
+    with controller_lock(project, "deploy", log=log):
+        return _deploy(project, log)
+
+
+def _deploy(project: Project, log: Log) -> DeployResult:
+    fs = shared_fs(project)
+    layout = SweepLayout(fs.root)
+    wrappers = packaged_wrappers()
+    names = {kind: f"{kind}.{sha12(data)}.sh" for kind, data in wrappers.items()}
+    version = sha12(b"".join(wrappers[k] for k in WRAPPERS))
+    created: list[str] = []
+
+    files = [(posixpath.join(layout.wrappers, names[kind]), wrappers[kind]) for kind in WRAPPERS]
+    specs: dict[str, str] = {}
+    for name, host in project.hosts.items():
+        run_one = posixpath.join(project.layout(host).wrappers, names["run_one"])
+        data = render_spec(project, host, run_one)
+        specs[name] = f"{sha12(data)}.env"
+        files.append((posixpath.join(layout.specs, specs[name]), data))
+    # One round trip per file over ssh: with many hosts, worth a bar (plain: a line per file).
+    with transfer_progress(log, sum(len(d) for _, d in files), len(files), label="deploy") as bar:
+        for i, (path, data) in enumerate(files, 1):
+            rel = posixpath.relpath(path, layout.root)
+            new = fs.create_immutable(path, data)
+            if new:
+                created.append(rel)
+            bar.advance(len(data))
+            bar.file_done()
+            bar.cell_done(i, len(files), rel, "placed" if new else "already in place")
+
+    record = {"version": version, "run_queue": names["run_queue"], "run_one": names["run_one"],
+              "specs": specs}
+    if _current(fs.read_bytes(layout.deployed)) != record:
+        fs.write_atomic(layout.deployed, (json.dumps({**record, "t": time.time()}) + "\n").encode())
+    return DeployResult(version, layout.root, names["run_queue"], names["run_one"], specs, tuple(created))
+
+
+def _current(raw: bytes | None) -> dict[str, Any] | None:
+    rec = read_json_object(raw)
+    if rec is not None:
+        rec.pop("t", None)
+    return rec
+
+
+# --------------------------------------------------------------------------- gc
+
+_OLD_WRAPPER = re.compile(r"^(?:run_queue|run_one)\.[0-9a-f]{12}\.sh$")
+_OLD_SPEC = re.compile(r"^[0-9a-f]{12}\.env$")
+
+
+@dataclass(frozen=True)
+class GcResult:
+    removed: tuple[str, ...]  # paths relative to the sweep root
+    kept: tuple[str, ...]  # what DEPLOYED.json names, and files gc does not own
+
+    def to_json(self) -> dict[str, Any]:
+        return {"removed": list(self.removed), "kept": list(self.kept)}
+
+    def lines(self) -> list[str]:
+        if not self.removed:
+            return [f"nothing to remove: only the deployed version is on the FS "
+                    f"({len(self.kept)} file(s) kept)"]
+        return [f"removed {len(self.removed)} old file(s), kept {len(self.kept)}:",
+                *(f"  removed {p}" for p in self.removed)]
+
+
+def gc(project: Project, log: Log = None) -> GcResult:
+    """Remove the wrappers and specs DEPLOYED.json does not name; refused (CheckFailed, nothing
+    removed) while any queue may still read one of them: a live tmux session or a fresh `running`
+    heartbeat that names it, or a host that cannot be asked while its heartbeat names it."""
+    with controller_lock(project, "deploy --gc", log=log):
+        fs = shared_fs(project)
+        layout = SweepLayout(fs.root)
+        current = read_json_object(fs.read_bytes(layout.deployed))
+        if current is None:
+            raise AblateError(f"nothing is deployed on {layout.root} (no DEPLOYED.json); "
+                              "`ablate deploy` first")
+        keep = {f"wrappers/{current.get('run_queue')}", f"wrappers/{current.get('run_one')}",
+                *(f"specs/{s}" for s in (current.get("specs") or {}).values())}
+        old: list[str] = []
+        kept: list[str] = []
+        for sub, pattern in (("wrappers", _OLD_WRAPPER), ("specs", _OLD_SPEC)):
+            for name in fs.listdir(posixpath.join(layout.root, sub)):
+                rel = f"{sub}/{name}"
+                (old if pattern.match(name) and rel not in keep else kept).append(rel)
+        if not old:
+            return GcResult((), tuple(sorted(kept)))
+        readers = old_readers(project, fs, layout, set(old))
+        if readers:
+            raise CheckFailed("deploy --gc refused: " + "; ".join(readers) + "; nothing removed. Wait "
+                              "for those queues to drain (`ablate status`) or stop them, then run it again")
+        for rel in old:
+            fs.remove(posixpath.join(layout.root, rel))
+            if log:
+                log(f"removed {rel}")
+        return GcResult(tuple(sorted(old)), tuple(sorted(kept)))
+
+
+def old_readers(project: Project, fs: SharedFS, layout: SweepLayout, old: set[str]) -> list[str]:
+    """One message per queue that may still read a file in `old` (paths relative to the root)."""
+    from ablate.remote.layout import session_name
+    from ablate.transport import fan_out, host_transport
+
+    snap = fs.probe("snapshot", {"root": layout.root, "touch": True})
+    now = float(snap.get("now") or time.time())
+    stale_after = max(3 * project.heartbeat_secs, 30)
+    # (host, queue) -> the files its run reads, and its heartbeat (state, age)
+    uses: dict[tuple[str, str], set[str]] = {}
+    beats: dict[tuple[str, str], tuple[str, float]] = {}
+    for hb in (snap.get("heartbeats") or {}).values():
+        data = hb.get("data") if isinstance(hb, dict) else None
+        host, queue = (data.get("host"), data.get("queue")) if isinstance(data, dict) else (None, None)
+        if isinstance(data, dict) and isinstance(host, str) and isinstance(queue, str):
+            key = (host, queue)
+            uses.setdefault(key, set()).update(_files_of(data))
+            beats[key] = (str(data.get("state")), now - float(hb.get("mtime") or 0))
+    for queue, ledger in (snap.get("ledgers") or {}).items():
+        last = ledger[-1] if ledger else None
+        if isinstance(last, dict) and isinstance(last.get("host"), str):
+            uses.setdefault((last["host"], queue), set()).update(_files_of(last))
+    run_one_of: dict[str, str | None] = {}  # a spec names the run_one its cells run
+    for files in uses.values():
+        for spec in [f for f in files if f.startswith("specs/")]:
+            if spec not in run_one_of:
+                run_one_of[spec] = _spec_run_one(fs.read_bytes(posixpath.join(layout.root, spec)))
+            if run_one_of[spec]:
+                files.add(f"wrappers/{run_one_of[spec]}")
+    suspects = {k: sorted(f & old) for k, f in uses.items() if f & old}
+    hosts = sorted({h for h, _ in suspects if h in project.hosts})
+    sessions = fan_out(hosts, lambda h: host_transport(project, project.hosts[h]).tmux_sessions())
+    out: list[str] = []
+    for (host, queue), names in sorted(suspects.items()):
+        state, age = beats.get((host, queue), ("", float("inf")))
+        live = sessions.get(host)
+        if isinstance(live, set) and session_name(project.sweep, host, queue) in live:
+            why = f"is live on {host} (tmux)"
+        elif state == "running" and age <= stale_after:
+            why = f"reported running on {host} {max(age, 0):.0f}s ago"
+        elif isinstance(live, Exception) and (host, queue) in beats:
+            why = f"may still run: {host} cannot be reached and its heartbeat names it"
+        else:
+            continue
+        out.append(f"queue {queue} {why}, reading {', '.join(names)}")
+    return out
+
+
+def _files_of(rec: Mapping[str, Any]) -> set[str]:
+    out = set()
+    if isinstance(rec.get("run_queue"), str):
+        out.add(f"wrappers/{rec['run_queue']}")
+    if isinstance(rec.get("spec"), str):
+        out.add(f"specs/{rec['spec']}")
+    return out
+
+
+def _spec_run_one(raw: bytes | None) -> str | None:
+    for line in (raw or b"").decode(errors="replace").splitlines():
+        if line.startswith("ABLATE_RUN_ONE="):
+            words = shlex.split(line.partition("=")[2])
+            return posixpath.basename(words[0]) if words else None
+    return None

@@ -1,0 +1,495 @@
+"""`ablate doctor`: preflight every host in parallel, each check ok/FAIL with a one-line reason.
+
+Per host one connection and one batched `sh -c` script (ablate/run/hostcheck.py); before it, one
+nonce written on the shared FS through the host that serves it, and after it the nonce removed.
+"Shared" is proved, not assumed: every host reads the nonce back through its own transport at the
+path its own profile gives (AutoDL file storage is per region; only this tells). `launch` runs
+`budget_check` and `drift_check` itself before it changes anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import secrets
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ablate.config.project import Host, Project, parse_size
+from ablate.errors import AblateError, ConfigError
+from ablate.remote.layout import SweepLayout
+from ablate.run.deploy import packaged_wrappers
+from ablate.run.hostcheck import Section, ask_text, fmt_count, fmt_size, measure, parse_df
+from ablate.sweep.cells import QueueFile, read_all_queues
+from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
+from ablate.transport.ssh import load_ssh_config
+
+Log = Callable[[str], None] | None
+RUNPOD_PROXY = "ssh.runpod.io"
+TMUX_FIX = "install it: apt-get install -y tmux"
+# Drivers report a little less memory than a card's nominal size (an "A10 24GB" shows 23028 MiB).
+GPU_MEMORY_SLACK = 0.95
+_ENV_PY = ('if [ -n "$1" ]; then eval "$1" >&2 || exit 98; fi\n'
+           'command -v -- "$2" >/dev/null 2>&1 || exit 97\n'
+           'exec "$2" -c "import sys; print(sys.version.split()[0])"')
+
+
+@dataclass(frozen=True)
+class Check:
+    check: str
+    ok: bool
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check": self.check, "ok": self.ok, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class HostReport:
+    host: str
+    checks: tuple[Check, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    hosts: Mapping[str, HostReport]
+
+    @property
+    def ok(self) -> bool:
+        return all(h.ok for h in self.hosts.values())
+
+    @property
+    def problems(self) -> int:
+        return sum(not c.ok for h in self.hosts.values() for c in h.checks)
+
+    def check(self, host: str, name: str) -> Check | None:
+        return next((c for c in self.hosts[host].checks if c.check == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "hosts": {name: {"ok": h.ok, "checks": [c.to_json() for c in h.checks]}
+                                         for name, h in self.hosts.items()}}
+
+    def lines(self) -> list[str]:
+        rows = [(h.host, c.check, "ok" if c.ok else "FAIL", c.reason)
+                for h in self.hosts.values() for c in h.checks]
+        wh = max((len(r[0]) for r in rows), default=4)
+        wc = max((len(r[1]) for r in rows), default=5)
+        out = [f"{host:<{wh}}  {check:<{wc}}  {state:<4}  {reason}" for host, check, state, reason in rows]
+        verdict = "all checks passed" if self.ok else f"{self.problems} problem(s)"
+        return [*out, f"doctor: {len(self.hosts)} host(s), {verdict}"]
+
+
+# --------------------------------------------------------------------------- cells and budget
+
+
+@dataclass(frozen=True)
+class Cells:
+    per_host: Mapping[str, int]  # cell lines of the queues that name the host
+    total: int  # distinct cells of the roster (they all land on the shared FS)
+    error: str | None = None  # the queue files could not be read
+
+
+def count_cells(project: Project, fs: SharedFS | None, also: tuple[str, str] | None = None) -> Cells:
+    """Cells per host from the local queue files: the `# ablate: host=` header names the host,
+    else the last ledger entry on the FS (when `fs` is given). `also` = (queue, host): a queue
+    about to be launched there counts for that host."""
+    try:
+        queues = read_all_queues(project)
+    except AblateError as e:
+        return Cells({}, 0, e.message)
+    per_host: dict[str, int] = {}
+    names: set[str] = set()
+    for q in queues:
+        names.update(ln.cell.name for ln in q.cells if ln.cell is not None)
+        host = q.host or (also[1] if also and also[0] == q.name else None) or _ledger_host(fs, q)
+        if host:
+            per_host[host] = per_host.get(host, 0) + len(q.cells)
+    return Cells(per_host, len(names))
+
+
+def _ledger_host(fs: SharedFS | None, q: QueueFile) -> str | None:
+    if fs is None:
+        return None
+    host = None
+    raw = fs.read_bytes(SweepLayout(fs.root).ledger(q.name)) or b""
+    for line in raw.decode(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("op") == "launch" and isinstance(entry.get("host"), str):
+            host = entry["host"]
+    return host
+
+
+def _disk(project: Project, host: Host, cells: Cells, sec: Section | None) -> Check:
+    b = project.budget
+    if cells.error:
+        return Check("disk", False, f"cannot count the cells: {cells.error}")
+    n = cells.per_host.get(host.name, 0)
+    need = b.ckpt_size * n + b.scratch
+    df = parse_df(sec) if sec else None
+    if df is None or df.free is None:
+        return Check("disk", False, f"cannot measure free space at {host.ckpt_root}: "
+                                    f"{sec.last if sec else 'no answer'}")
+    free = df.free * 1024
+    numbers = (f"need {fmt_size(need)} ({n} cell(s) x {fmt_size(b.ckpt_size)} + {fmt_size(b.scratch)} "
+               f"scratch), free {fmt_size(free)} on {df.mount} (ckpt_root {host.ckpt_root})")
+    if free < need:
+        return Check("disk", False, f"below budget: {numbers}")
+    want = project.resources.get("disk")
+    if want is not None and df.total is not None:
+        size = parse_size(str(want).rstrip("+"), f"{project.config_path}: resources.disk")
+        if df.total * 1024 < size:
+            return Check("disk", False, f"resources.disk asks for {want}; the disk at {df.mount} holds "
+                                        f"{fmt_size(df.total * 1024)}")
+    return Check("disk", True, numbers)
+
+
+def _inodes(project: Project, host: Host, cells: Cells, sec: Section | None) -> Check:
+    if cells.error:
+        return Check("inodes", False, f"cannot count the cells: {cells.error}")
+    need = cells.total * project.budget.inodes_per_cell
+    df = parse_df(sec) if sec else None
+    if df is None:
+        return Check("inodes", False, f"cannot measure free inodes at {project.sweep_root(host)}: "
+                                      f"{sec.last if sec else 'no answer'}")
+    if df.free is None or not df.total:
+        return Check("inodes", True, f"{df.mount} does not report inodes (need {fmt_count(need)})")
+    numbers = (f"need {fmt_count(need)} ({cells.total} cell(s) x {project.budget.inodes_per_cell}), "
+               f"free {fmt_count(df.free)} on {df.mount}")
+    return Check("inodes", df.free >= need, numbers if df.free >= need else f"below budget: {numbers}")
+
+
+def _budget_sections(project: Project, host: Host) -> list[tuple[str, Sequence[str]]]:
+    return [("disk", ["dfat", "-k", host.ckpt_root]), ("inodes", ["dfat", "-i", project.sweep_root(host)])]
+
+
+def budget_check(project: Project, host: Host, transport: HostTransport, *, queue: str | None = None,
+                 fs: SharedFS | None = None) -> str | None:
+    """None when `host` has the disk (ckpt_size x its queues' cells + scratch) and the shared FS the
+    inodes for the roster; else the refusal with the numbers. `queue` counts for `host`."""
+    cells = count_cells(project, fs, (queue, host.name) if queue else None)
+    got, why = measure(transport, _budget_sections(project, host))
+    checks = (_disk(project, host, cells, got.get("disk")), _inodes(project, host, cells, got.get("inodes")))
+    for check in checks:
+        if not check.ok:
+            return (f"{host.name}: {check.check} {check.reason}; free space or lower budget in ablate.yaml"
+                    + (f" ({why})" if why else ""))
+    return None
+
+
+# --------------------------------------------------------------------------- commit (drift)
+
+
+def controller_commit(project: Project) -> str | None:
+    try:
+        p = subprocess.run(["git", "-C", str(project.dir), "rev-parse", "HEAD"], capture_output=True,
+                           text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def _commit(project: Project, host: Host, ours: str | None, sec: Section | None) -> Check:
+    if sec is None:
+        return Check("commit", True, "not compared (no answer)")
+    if sec.rc == 127:
+        return Check("commit", True, "no git on the host: not compared")
+    if sec.rc != 0:
+        return Check("commit", True, f"{project.workdir} is not a git checkout there: not compared")
+    theirs = sec.last
+    if ours is None:
+        return Check("commit", True, f"at {theirs[:12]}; the controller's {project.dir} is not a git "
+                                     "checkout: not compared")
+    if theirs != ours:
+        return Check("commit", False, f"code drift: {project.workdir} on {host.name} is at {theirs[:12]}, "
+                                      f"the controller at {ours[:12]}; bring both to one commit")
+    return Check("commit", True, f"at {ours[:12]}, same as the controller")
+
+
+def drift_check(project: Project, host: Host, transport: HostTransport) -> str | None:
+    """None when the host's workdir runs the controller's commit (or either has no git); else
+    the refusal naming both commits."""
+    got, _ = measure(transport, [("git", ["git", "-C", project.workdir, "rev-parse", "HEAD"])])
+    check = _commit(project, host, controller_commit(project), got.get("git"))
+    return None if check.ok else f"{host.name}: {check.reason}"
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+def gpu_ask(project: Project) -> dict[str, Any] | None:
+    """resources.gpu as {count, name, memory (text), min_bytes}; None when no GPU is asked for."""
+    raw = project.resources.get("gpu")
+    where = f"{project.config_path}: resources.gpu"
+    if raw is None or raw is False or raw == 0:
+        return None
+    if isinstance(raw, bool):
+        return {"count": 1}
+    if isinstance(raw, int):
+        raw = {"count": raw}
+    elif isinstance(raw, str):
+        raw = {"name": raw}
+    if not isinstance(raw, dict) or set(raw) - {"name", "count", "memory"}:
+        raise ConfigError(f"{where}: expected a count, a name, or {{name, count, memory}} like "
+                          f"{{name: A100, count: 1, memory: 24GB+}}, got {raw!r}")
+    count = raw.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"{where}.count: must be a positive whole number, got {count!r}")
+    ask: dict[str, Any] = {"count": count, "name": raw.get("name"), "memory": raw.get("memory")}
+    if ask["memory"] is not None:
+        ask["min_bytes"] = parse_size(str(ask["memory"]).rstrip("+"), f"{where}.memory")
+    return ask
+
+
+def _gpu(host: Host, ask: dict[str, Any] | None, sec: Section | None) -> Check:
+    asked = f"resources.gpu asks for {ask_text(ask)}" if ask else ""
+    if sec is None or sec.rc != 0:
+        why = "nvidia-smi not found" if sec is None or sec.rc == 127 else f"nvidia-smi failed: {sec.last}"
+        return Check("gpu", not ask, f"{asked}; no GPU here ({why})" if ask else f"no GPU ({why})")
+    gpus: list[tuple[str, int | None]] = []
+    for line in sec.out.splitlines():
+        name, _, mem = line.partition(",")
+        if name.strip():
+            words = mem.split()
+            size = int(words[0]) * 2**20 if words and words[0].isdigit() else None
+            gpus.append((name.strip(), size))
+    found = ", ".join(f"{n} ({m // 2**20} MiB)" if m else n for n, m in gpus) or "none listed"
+    if host.gpus and max(host.gpus) >= len(gpus):
+        return Check("gpu", False, f"ablate.yaml gives {host.name} GPU slots "
+                                   f"{','.join(map(str, host.gpus))} but it has {len(gpus)} GPU(s): {found}")
+    if ask:
+        fit = [g for g in gpus if (not ask["name"] or str(ask["name"]).lower() in g[0].lower())
+               and ("min_bytes" not in ask or (g[1] or 0) >= ask["min_bytes"] * GPU_MEMORY_SLACK)]
+        if len(fit) < ask["count"]:
+            return Check("gpu", False, f"{asked}; {len(fit)} of the host's GPUs fit: {found}")
+    return Check("gpu", True, f"{len(gpus)} GPU(s): {found}")
+
+
+# --------------------------------------------------------------------------- one host
+
+
+def _proxy_host(project: Project, host: Host) -> str | None:
+    """The RunPod SSH proxy (no exec channel without a PTY, no SFTP) when the host goes through it."""
+    if host.transport != "ssh":
+        return None
+    target = host.ssh.rpartition("@")[2]
+    try:
+        path = os.path.expanduser(project.ssh_config) if project.ssh_config else None
+        if path and not os.path.isabs(path):
+            path = str(project.dir / path)
+        target = load_ssh_config(path).lookup(host.ssh).get("hostname", target)
+    except AblateError:
+        pass  # the transport reports an unreadable ssh config itself
+    return target if target.lower().rstrip(".") == RUNPOD_PROXY else None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every host's script needs from the controller's side."""
+
+    nonce_rel: str | None  # under each host's sweep root; None when it could not be written
+    nonce: str
+    writer: str
+    fs_error: str | None
+    deployed: dict[str, Any] | None
+    cells: Cells
+    commit: str | None
+    ask: dict[str, Any] | None
+
+
+def _sections(project: Project, host: Host, plan: _Plan) -> list[tuple[str, Sequence[str]]]:
+    root = project.sweep_root(host)
+    out: list[tuple[str, Sequence[str]]] = [
+        ("bash", ["command", "-v", "bash"]),
+        ("tmux", ["tmux", "-V"]),
+        ("env", ["bash", "-c", _ENV_PY, "bash", host.profile.env or "", host.profile.python]),
+    ]
+    if plan.nonce_rel:
+        out.append(("nonce", ["cat", "--", posixpath.join(root, plan.nonce_rel)]))
+    files = _deployed_files(plan.deployed, host.name)
+    if files:
+        out.append(("sha", ["sha256sum", "--", *(posixpath.join(root, f) for f in files)]))
+    out += _budget_sections(project, host)
+    out += [("gpu", ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"]),
+            ("workdir", ["test", "-d", project.workdir]),
+            ("git", ["git", "-C", project.workdir, "rev-parse", "HEAD"])]
+    return out
+
+
+def _deployed_files(deployed: dict[str, Any] | None, host: str) -> list[str]:
+    """Paths (relative to the sweep root) DEPLOYED.json says new launches on `host` use."""
+    if not deployed:
+        return []
+    files = [f"wrappers/{deployed[k]}" for k in ("run_queue", "run_one") if isinstance(deployed.get(k), str)]
+    spec = (deployed.get("specs") or {}).get(host)
+    if isinstance(spec, str):
+        files.append(f"specs/{spec}")
+    return files
+
+
+def _expected_sha(rel: str) -> str:
+    """The content address in a deployed file's name (`run_one.<sha12>.sh`, `<sha12>.env`), or the
+    full sha256 when it is this package's own wrapper."""
+    for kind, data in packaged_wrappers().items():
+        full = hashlib.sha256(data).hexdigest()
+        if rel == f"wrappers/{kind}.{full[:12]}.sh":
+            return full
+    base = posixpath.basename(rel)
+    return base.split(".")[-2] if base.startswith(("run_queue.", "run_one.")) else base.split(".")[0]
+
+
+def _deployed(project: Project, host: Host, plan: _Plan, sec: Section | None) -> Check:
+    if plan.fs_error:
+        return Check("deployed", False, f"cannot read DEPLOYED.json: {plan.fs_error}")
+    if not plan.deployed:
+        return Check("deployed", True, "not deployed yet (`ablate deploy` or the first launch places it)")
+    version = plan.deployed.get("version")
+    files = _deployed_files(plan.deployed, host.name)
+    seen: dict[str, str] = {}
+    for line in (sec.out if sec else "").splitlines():
+        digest, _, path = line.partition("  ")
+        if len(digest) == 64:
+            seen[posixpath.relpath(path, project.sweep_root(host))] = digest
+    for rel in files:
+        if rel not in seen:
+            return Check("deployed", False, f"version {version}: {rel} is missing under "
+                                            f"{project.sweep_root(host)} on {host.name}")
+        if not seen[rel].startswith(_expected_sha(rel)):
+            return Check("deployed", False, f"version {version}: {rel} has sha256 {seen[rel][:12]} there, "
+                                            "not its content address: the copy is damaged")
+    if not any(f.startswith("specs/") for f in files):
+        return Check("deployed", True, f"version {version} visible; no run spec for {host.name} yet "
+                                       "(the next deploy or launch writes it)")
+    return Check("deployed", True, f"version {version} visible, sha256 matches ({len(files)} files)")
+
+
+def _shared(project: Project, host: Host, plan: _Plan, sec: Section | None) -> Check:
+    if plan.nonce_rel is None:
+        return Check("shared_fs", False, f"could not write the nonce on the shared FS: {plan.fs_error}")
+    path = posixpath.join(project.sweep_root(host), plan.nonce_rel)
+    if sec is not None and sec.rc == 0 and sec.out.strip() == plan.nonce:
+        return Check("shared_fs", True, f"{host.profile.shared_fs} is shared: nonce written through "
+                                        f"{plan.writer} read back here")
+    seen = "is missing" if sec is None or sec.rc != 0 else "holds other bytes"
+    return Check("shared_fs", False, f"not the same shared FS as {plan.writer} (AutoDL file storage "
+                                     f"is per region?): the nonce {path} {seen} on {host.name}")
+
+
+def _check_host(project: Project, host: Host, plan: _Plan) -> HostReport:
+    proxy = _proxy_host(project, host)
+    if proxy:
+        return HostReport(host.name, (Check("reachable", False, f"{host.ssh} goes through the RunPod proxy "
+                                            f"{proxy} (no exec, no SFTP): use full SSH (root@IP -p PORT) "
+                                            "with the pod's public IP and exposed port 22"),))
+    t = host_transport(project, host)
+    try:
+        got, why = measure(t, _sections(project, host, plan))
+    except AblateError as e:
+        return HostReport(host.name, (Check("reachable", False, e.message),))
+    checks = [Check("reachable", True, "this machine (local transport)" if host.transport == "local"
+                    else f"ssh {host.ssh}")]
+
+    def sec(key: str) -> Section | None:
+        return got.get(key)
+
+    b = sec("bash")
+    checks.append(Check("bash", bool(b and b.rc == 0), b.last if b and b.rc == 0
+                        else "bash not found: the wrappers need it (apt-get install -y bash)"))
+    tm = sec("tmux")
+    tm_ok = bool(tm and tm.rc == 0 and tm.out.startswith("tmux"))
+    checks.append(Check("tmux", tm_ok, tm.last if tm and tm_ok else
+                        f"tmux missing or broken ({tm.last if tm else 'no answer'}); {TMUX_FIX}"))
+    checks.append(_env(host, sec("env")))
+    checks.append(_shared(project, host, plan, sec("nonce")))
+    checks.append(_deployed(project, host, plan, sec("sha")))
+    checks.append(_disk(project, host, plan.cells, sec("disk")))
+    checks.append(_inodes(project, host, plan.cells, sec("inodes")))
+    checks.append(_gpu(host, plan.ask, sec("gpu")))
+    wd = sec("workdir")
+    wd_ok = bool(wd and wd.rc == 0)
+    checks.append(Check("workdir", wd_ok, f"{project.workdir} exists" if wd_ok else
+                        f"{project.workdir} does not exist on {host.name} (the train command runs there)"))
+    checks.append(_commit(project, host, plan.commit, sec("git")) if wd_ok
+                  else Check("commit", True, "not compared (no workdir)"))
+    if why:
+        checks.append(Check("script", False, why))
+    return HostReport(host.name, tuple(checks))
+
+
+def _env(host: Host, sec: Section | None) -> Check:
+    env = host.profile.env
+    py = host.profile.python
+    if sec is None or sec.rc == 127:
+        return Check("env", False, "not checked: no bash to run the profile's env in")
+    if sec.rc == 98:
+        return Check("env", False, f"the profile's env `{env}` failed: {sec.last}")
+    if sec.rc == 97:
+        return Check("env", False, f"{py} not found after the profile's env (`{env or 'none'}`); the "
+                                   f"probe and verification run with it (profile key `python`)")
+    if sec.rc != 0:
+        return Check("env", False, f"{py} does not start: {sec.last}")
+    return Check("env", True, f"{py} {sec.last}" + (f" after `{env}`" if env else ""))
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def doctor(project: Project, hosts: list[str] | None = None, log: Log = None) -> DoctorReport:
+    names = list(dict.fromkeys(hosts)) if hosts else list(project.hosts)
+    chosen = [project.host(n) for n in names]
+    ask = gpu_ask(project)  # a malformed resources.gpu is bad config: refused before any host work
+    token = secrets.token_hex(16)
+    nonce_rel = f".doctor-nonce.{token[:12]}"
+    fs: SharedFS | None = None
+    writer = "the shared FS"
+    fs_error: str | None = None
+    deployed: dict[str, Any] | None = None
+    written = False
+    try:
+        fs = shared_fs(project)
+        fs.write_atomic(posixpath.join(fs.root, nonce_rel), token.encode())
+        written = True
+        writer = str(getattr(fs, "via", "this machine"))
+        raw = fs.read_bytes(SweepLayout(fs.root).deployed)
+        loaded = json.loads(raw) if raw else None
+        deployed = loaded if isinstance(loaded, dict) else None
+    except (AblateError, OSError, ValueError) as e:
+        fs_error = e.message if isinstance(e, AblateError) else f"{type(e).__name__}: {e}"
+    if log:
+        log(f"doctor: checking {len(chosen)} host(s) in parallel"
+            + (f"; nonce written through {writer}" if written else ""))
+    try:
+        plan = _Plan(nonce_rel if written else None, token, writer, fs_error, deployed,
+                     count_cells(project, fs if fs_error is None else None), controller_commit(project), ask)
+        results = fan_out(names, lambda name: _check_host(project, project.hosts[name], plan))
+    finally:
+        if written and fs is not None:
+            _remove_nonce(project, fs, writer, posixpath.join(fs.root, nonce_rel), log)
+    reports: dict[str, HostReport] = {}
+    for name in names:
+        r = results[name]
+        reports[name] = r if isinstance(r, HostReport) else HostReport(
+            name, (Check("reachable", False, f"doctor failed on this host: {type(r).__name__}: {r}"),))
+    return DoctorReport(reports)
+
+
+def _remove_nonce(project: Project, fs: SharedFS, writer: str, path: str, log: Log) -> None:
+    """Through the host that wrote it (SharedFS has no delete), or directly for a local FS."""
+    try:
+        if writer in project.hosts and project.hosts[writer].transport == "ssh":
+            host_transport(project, project.hosts[writer]).run(["rm", "-f", "--", path]).check()
+        else:
+            os.remove(path)
+    except (AblateError, OSError) as e:
+        if log:
+            log(f"doctor: could not remove the nonce {path}: {e}")

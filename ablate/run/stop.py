@@ -1,0 +1,123 @@
+"""`ablate stop QUEUE --host H [--after-current]`: end a queue's whole process group now, or let
+its current cell finish first (`control/<host>.<queue>.stop`, honoured by run_queue before each next
+line). The cut cell keeps its claim and is classified `interrupted`, never counted done.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ablate.config.project import Project
+from ablate.remote.layout import SweepLayout, session_name
+from ablate.run.launch import stop_request
+from ablate.sweep.cells import check_queue_name
+from ablate.sweep.lock import controller_lock, whoami
+from ablate.transport import HostTransport, host_transport, shared_fs
+from ablate.util.fs import read_json_object
+
+STOP_GRACE = 10.0  # seconds between TERM and KILL of a stopped queue's process group
+
+
+@dataclass(frozen=True)
+class StopResult:
+    queue: str
+    host: str
+    session: str
+    was_live: bool
+    pgid: int | None
+    signal: str | None  # TERM, KILL, or None when no process group was signalled
+    after_current: bool = False  # --after-current: a request was left for run_queue, nothing killed
+    cell: str | None = None  # with after_current: the cell that is let finish (None between cells)
+    request: str | None = None  # with after_current: the control file written
+
+    def to_json(self) -> dict[str, Any]:
+        return {"queue": self.queue, "host": self.host, "session": self.session, "was_live": self.was_live,
+                "pgid": self.pgid, "signal": self.signal, "after_current": self.after_current,
+                "cell": self.cell, "request": self.request}
+
+    def lines(self) -> list[str]:
+        if not self.was_live:
+            return [f"{self.queue} is not running on {self.host} (no tmux {self.session}); nothing to stop"]
+        if self.after_current:
+            when = f"after its current cell {self.cell}" if self.cell else "before its next cell"
+            return [f"{self.queue} on {self.host} will stop {when}; it starts nothing more "
+                    f"(`ablate launch {self.queue} --host {self.host}` clears the request)"]
+        group = f"process group {self.pgid} ({self.signal})" if self.pgid else "no recorded process group"
+        return [f"stopped {self.queue} on {self.host}: {group}, tmux {self.session} killed"]
+
+
+
+def _group_alive(ht: HostTransport, pgid: int) -> bool:
+    return ht.run(["kill", "-0", "--", f"-{pgid}"]).rc == 0
+
+
+def _recorded_group(ht: HostTransport, hb: Mapping[str, Any]) -> int | None:
+    """The heartbeat's process group, if its pid is still a run_queue leading that group: a pgid
+    recycled since must never be signalled."""
+    pid, pgid = hb.get("pid"), hb.get("pgid")
+    if not (isinstance(pid, int) and isinstance(pgid, int) and pgid > 1):
+        return None
+    r = ht.run(["ps", "-ww", "-o", "pgid=", "-o", "args=", "-p", str(pid)])  # -ww: never truncate
+    parts = r.stdout.split(None, 1)
+    if r.rc != 0 or len(parts) < 2 or parts[0] != str(pgid) or "run_queue" not in parts[1]:
+        return None
+    return pgid
+
+
+def stop(project: Project, queue: str, host: str, after_current: bool = False) -> StopResult:
+    """Kill the queue's process group now, or (`after_current`) ask run_queue to end once its
+    current cell is done: `control/<host>.<queue>.stop`, which it checks before each next line."""
+    project.host(host)
+    check_queue_name(queue)
+    op = f"stop {queue} --host {host}" + (" --after-current" if after_current else "")
+    with controller_lock(project, op):
+        return _stop_after_current(project, queue, host) if after_current else _stop(project, queue, host)
+
+
+def _stop_after_current(project: Project, queue: str, host: str) -> StopResult:
+    ht = host_transport(project, project.host(host))
+    fs = shared_fs(project)
+    layout = SweepLayout(fs.root)
+    session = session_name(project.sweep, host, queue)
+    if session not in ht.tmux_sessions():
+        return StopResult(queue, host, session, False, None, None, True)
+    path = stop_request(layout.root, host, queue)
+    fs.write_atomic(path, (json.dumps({"t": time.time(), "by": whoami()}) + "\n").encode())
+    hb = read_json_object(fs.read_bytes(layout.heartbeat(host, queue))) or {}
+    cell = hb.get("cell") if hb.get("state") == "running" and hb.get("cell_started") else None
+    return StopResult(queue, host, session, True, None, None, True,
+                      cell if isinstance(cell, str) else None, path)
+
+
+def _stop(project: Project, queue: str, host: str) -> StopResult:
+    h = project.host(host)
+    ht = host_transport(project, h)
+    fs = shared_fs(project)
+    layout = SweepLayout(fs.root)
+    session = session_name(project.sweep, host, queue)
+    live = session in ht.tmux_sessions()
+    if not live:
+        return StopResult(queue, host, session, False, None, None)
+    hb = read_json_object(fs.read_bytes(layout.heartbeat(host, queue))) or {}
+    pgid = _recorded_group(ht, hb)
+    signal: str | None = None
+    if pgid is not None:
+        # Never `pkill -f`: the pattern could match this very SSH session. The group is exact.
+        for sig, grace in (("TERM", STOP_GRACE), ("KILL", 5.0)):
+            ht.run(["kill", f"-{sig}", "--", f"-{pgid}"])
+            signal = sig
+            deadline = time.monotonic() + grace
+            while _group_alive(ht, pgid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not _group_alive(ht, pgid):
+                break
+    ht.tmux_kill(session)
+    # run_queue, the events file's writer, is gone now: this line cannot interleave with it.
+    fs.append_line(layout.events_file(host, queue), json.dumps(
+        {"t": time.time(), "ev": "stopped", "host": host, "queue": queue, "pgid": pgid, "signal": signal,
+         "by": "ablate stop"}))
+    return StopResult(queue, host, session, True, pgid, signal)

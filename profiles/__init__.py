@@ -1,0 +1,1 @@
+"""The shipped platform profiles (*.yaml), package data of ablate.profiles."""
