@@ -182,7 +182,7 @@ def launch(app: App, queue: str | None, host: str | None, start_index: int | Non
 @pass_app
 def append(app: App, queue: str, cfg: str, task: str, epochs: int | None, as_json: bool) -> None:
     """Append a cell to a queue; restarts it if drained.  Example: ablate append h1 cfgs/x.yaml recon 20"""
-    from ablate.run.launch import append as do_append
+    from ablate.run.append import append as do_append
 
     app.emit(do_append(app.project(), queue, cfg, task, epochs), as_json)
 
@@ -245,7 +245,7 @@ def logs(app: App, cell: str, follow: bool, lines: int) -> None:
 @pass_app
 def stop(app: App, queue: str, host: str, after_current: bool, as_json: bool) -> None:
     """Stop a queue and its process group.  Example: ablate stop h1 --host h1"""
-    from ablate.run.launch import stop as do_stop
+    from ablate.run.stop import stop as do_stop
 
     app.emit(do_stop(app.project(), queue, host, after_current=after_current), as_json)
 
@@ -316,7 +316,7 @@ def release(app: App, host: str, yes: bool, as_json: bool) -> None:
             raise AblateError("release needs confirmation: run it in a terminal or pass --yes")
         return click.confirm(question, default=False, err=True)
 
-    app.emit(do_release(app.project(), host, yes=yes, confirm=confirm), as_json)
+    app.emit(do_release(app.project(), host, yes=yes, confirm=confirm, log=app.log), as_json)
 
 
 @cli.command()

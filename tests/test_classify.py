@@ -14,7 +14,8 @@ import pytest
 
 from ablate.config.project import load_project
 from ablate.remote.layout import session_name
-from ablate.sweep.classify import Verification, all_queues, cfg_hashes, classify, idle_hosts
+from ablate.sweep.classify import Verification, cfg_hashes, classify, host_alarms
+from ablate.sweep.snapshot import SweepState, state_of
 from ablate.transport.local import LocalFS, LocalHost
 from tests.conftest import LocalProject, require_tmux, wait_for
 from tests.helpers_cli import cli, js
@@ -140,11 +141,14 @@ def test_lost_needs_both_signals(local_project: LocalProject, capsys: pytest.Cap
     wait_for(lambda: states(capsys, p)["slow"]["state"] == "running", timeout=20)
     project = load_project(p.root)
     snap = LocalFS(str(p.shared)).probe("snapshot", {"root": str(p.shared)})
-    queues = all_queues(project, snap)
+
+    def sweep_state(snapshot: dict[str, Any], sessions: dict[str, set[str] | None]) -> SweepState:
+        return state_of(project, snapshot, sessions)
 
     def state(snapshot: dict[str, Any], sessions: dict[str, set[str] | None]) -> str:
-        return classify(queues, snapshot, sessions, sweep="t1", cfg_sha=cfg_hashes(project, queues),
-                        verification=None, stale_after=30, hung_after=1800)["slow"].state
+        st = sweep_state(snapshot, sessions)
+        return classify(st, cfg_sha=cfg_hashes(project, st.queues), verification=None,
+                        hung_after=1800)["slow"].state
 
     live = {"h1": {session_name("t1", "h1", "q1")}, "h2": set()}
     assert state(snap, live) == "running"
@@ -154,7 +158,7 @@ def test_lost_needs_both_signals(local_project: LocalProject, capsys: pytest.Cap
     assert state(later, live) == "running"  # tmux answers: alive, whatever the heartbeat's age
     assert state(snap, {"h1": set(), "h2": set()}) == "interrupted"  # host up, its queue gone
     # No idle alarm for a host whose queue runs.
-    assert idle_hosts(["h1"], later, live, sweep="t1", stale_after=30, idle_after=1) == []
+    assert host_alarms(sweep_state(later, live), ["h1"], idle_after=1) == []
     js(capsys, p, "stop", "q1", "--host", "h1")
 
 

@@ -21,8 +21,11 @@ from ablate.plan import cost
 from ablate.plan.cost import Observation, fit, glob_match, learn, load_model, write_estimates
 from ablate.plan.planner import plan
 from ablate.remote.probe import snapshot
-from ablate.run.launch import append, launch, launch_all, stop
+from ablate.run.append import append
+from ablate.run.launch import launch, launch_all
+from ablate.run.stop import stop
 from ablate.sweep.cells import Cell, read_queue
+from ablate.sweep.snapshot import Snapshot
 from ablate.transport.local import LocalFS
 from tests.conftest import LocalProject, require_tmux, wait_for
 
@@ -280,7 +283,7 @@ def test_estimates_file_declared_and_learned(local_project: LocalProject) -> Non
 
     _synthetic_history(lp)  # hosts a, b, c, d now; qa, qb, qd with history
     project = load_project(lp.root)
-    snap = snapshot({"root": str(lp.shared), "touch": False})
+    snap = Snapshot.parse(snapshot({"root": str(lp.shared), "touch": False}))
     write_estimates(project, fs, snap)
     head, hosts, cells = estimates(lp)
     assert head[4] == "learned"
@@ -348,7 +351,7 @@ def test_eta_in_plan_and_status_before_and_after_history(
     st = wait_for(running_slow, timeout=30)
     assert isinstance(st, dict)
     rows = {q["queue"]: q for q in st["queues"]}
-    model = learn(project, snapshot({"root": str(lp.shared), "touch": False}))
+    model = learn(project, Snapshot.parse(snapshot({"root": str(lp.shared), "touch": False})))
     expect = model.seconds(Cell("cfgs/s/slow.yaml", "recon", 100), "h1")
     assert expect is not None and expect > 10
     assert rows["h1"]["eta"] == pytest.approx(expect - rows["h1"]["elapsed"], rel=0.05)

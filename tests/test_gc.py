@@ -19,7 +19,8 @@ from ablate.config.project import load_project
 from ablate.errors import AblateError, CheckFailed
 from ablate.remote.layout import session_name
 from ablate.run.deploy import deploy, gc
-from ablate.run.launch import launch, stop
+from ablate.run.launch import launch
+from ablate.run.stop import stop
 from ablate.transport import close_all
 from ablate.transport.local import LocalHost
 from tests.conftest import LocalProject, require_tmux, wait_for

@@ -16,8 +16,10 @@ import ablate.run.deploy as deploy_mod
 from ablate.config.project import load_project
 from ablate.errors import AblateError
 from ablate.remote.layout import session_name
+from ablate.run.append import append
 from ablate.run.deploy import deploy
-from ablate.run.launch import append, launch, launch_all, stop
+from ablate.run.launch import launch, launch_all
+from ablate.run.stop import stop
 from ablate.transport.local import LocalHost
 from tests.conftest import LocalProject, require_tmux, wait_for
 

@@ -21,7 +21,8 @@ from ablate.config.project import Project, load_project
 from ablate.errors import Busy
 from ablate.monitor.status import status
 from ablate.run.deploy import deploy
-from ablate.run.launch import launch, stop
+from ablate.run.launch import launch
+from ablate.run.stop import stop
 from ablate.sweep.lock import (
     controller_lock,
     held_here,

@@ -25,8 +25,10 @@ from ablate.report.table import build_tables
 from ablate.report.timeline import build_timeline
 from ablate.results.pull import pull
 from ablate.results.reconcile import reconcile
-from ablate.run.launch import launch, stop
+from ablate.run.launch import launch
+from ablate.run.stop import stop
 from ablate.sweep.cells import Cell
+from ablate.sweep.snapshot import Snapshot
 from ablate.transport import close_all
 from ablate.transport.local import LocalFS
 from ablate.transport.ssh import SSHFS
@@ -377,7 +379,8 @@ def test_timeline_marks_reruns_steals_interruptions_and_the_running_cell() -> No
     }
     hbs = {"b.q2": {"mtime": 129.0, "data": {"state": "running", "cell": "w"}}}
     tasks = {"x": "t1", "y": "t1", "z": "t2", "w": "t2"}
-    tl = build_timeline(evs, hbs, {"a": 2.0, "b": 1.0}, tasks, now=130.0)
+    snap = Snapshot.parse({"now": 130.0, "events": evs, "heartbeats": hbs})  # as the probe answers
+    tl = build_timeline(snap.events, snap.heartbeats, {"a": 2.0, "b": 1.0}, tasks, now=130.0)
     runs = [(r.cell, r.lane, r.outcome, r.attempt, r.attempts, r.stolen_from, r.start, r.end)
             for r in tl.runs]
     assert runs == [("x", "a.q1", "ok", 1, 1, None, 100, 110), ("z", "b.q2", "ok", 1, 1, None, 101, 121),
@@ -393,7 +396,8 @@ def test_timeline_marks_reruns_steals_interruptions_and_the_running_cell() -> No
 def test_an_open_cell_without_a_live_heartbeat_is_interrupted_at_its_last_beat() -> None:
     evs = {"a.q": [_ev(10, "start", "a", "q", idx=0, cell="x", resume=0)]}
     hbs = {"a.q": {"mtime": 17.5, "data": {"state": "stopped", "cell": "x"}}}
-    tl = build_timeline(evs, hbs, {}, {}, now=99.0)
+    snap = Snapshot.parse({"now": 99.0, "events": evs, "heartbeats": hbs})
+    tl = build_timeline(snap.events, snap.heartbeats, {}, {}, now=99.0)
     assert [(r.outcome, r.end) for r in tl.runs] == [("interrupted", 17.5)]
     assert tl.lower_bound is None and tl.lanes[0].speed == 1.0
 

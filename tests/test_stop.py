@@ -14,7 +14,8 @@ import pytest
 import ablate.run.stop as stop_mod
 from ablate.cli import main
 from ablate.config.project import load_project
-from ablate.run.launch import launch, launch_all, stop
+from ablate.run.launch import launch, launch_all
+from ablate.run.stop import stop
 from tests.conftest import TRAIN, LocalProject, require_tmux, wait_for
 from tests.test_launch import events, live
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import posixpath
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +25,12 @@ from ablate.config.project import Project
 from ablate.errors import AblateError, CheckFailed, RemoteError
 from ablate.remote.layout import SweepLayout
 from ablate.sweep.cells import load_roster
+from ablate.sweep.classify import warn
+from ablate.sweep.snapshot import Heartbeat, SweepState, load
 from ablate.transport import SharedFS, host_transport, shared_fs
-from ablate.util.fs import read_json_object
+from ablate.util.fmt import Log
 
 Out = Callable[[bytes], None]
-Log = Callable[[str], None]
 END_MARK = b"# ablate end "
 HEARTBEAT_EVERY = 2.0  # seconds between heartbeat reads while following
 END_GRACE = 1.0  # seconds to keep reading after the end line (a sync failure note follows it)
@@ -51,35 +52,28 @@ class LogSource:
         return f"{self.cell}: {what}: {self.path}"
 
 
-def locate(project: Project, cell: str) -> LogSource:
+def locate(project: Project, cell: str, log: Log | None = None) -> LogSource:
     fs = shared_fs(project)
     layout = SweepLayout(fs.root)
-    snap: Mapping[str, Any] = fs.probe("snapshot", {"root": layout.root})
+    state = load(project, fs)
+    warn(log, state.warnings)
+    snap = state.snap
     roster = load_roster(project)
-    events: Mapping[str, list[dict[str, Any]]] = snap.get("events") or {}
-    seen = {e.get("cell") for evs in events.values() for e in evs if isinstance(e.get("cell"), str)}
-    final = set(snap.get("final") or [])
-    claims: Mapping[str, str] = snap.get("claims") or {}
-    known = set(roster.cells) | final | set(claims) | {c for c in seen if isinstance(c, str)}
+    seen = {e.cell for evs in snap.events.values() for e in evs if e.cell is not None}
+    known = set(roster.cells) | set(snap.results) | set(snap.claims) | seen
     if cell not in known:
         close = difflib.get_close_matches(cell, sorted(known), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `ablate status` lists the queues"
         raise AblateError(f"no cell named {cell!r} in this sweep's queues or on the shared FS{hint}")
 
-    now = float(snap.get("now") or time.time())
-    stale_after = max(3 * project.heartbeat_secs, 30)
-    for hb in (snap.get("heartbeats") or {}).values():
-        data = hb.get("data") or {}
-        host = data.get("host")
-        if (isinstance(host, str) and host in project.hosts and data.get("cell") == cell
-                and data.get("state") == "running" and data.get("cell_started")
-                and now - float(hb.get("mtime") or 0) < stale_after):
-            return LogSource(cell, "running", _instance_path(project, host, cell), host, data.get("queue"))
-    if cell in final:
+    hb = state.running_cell(cell)  # a live queue (the one liveness rule) whose heartbeat is on it
+    if hb is not None and hb.host is not None and hb.host in project.hosts:
+        return LogSource(cell, "running", _instance_path(project, hb.host, cell), hb.host, hb.queue)
+    if cell in snap.results:
         return LogSource(cell, "durable", posixpath.join(layout.final_dir(cell), f"{cell}.log"))
-    host, queue = _ran_on(cell, claims, events)
+    host, queue = _ran_on(state, cell)
     if host is None:
-        raise CheckFailed(f"cell {cell} has not run yet: {_waiting(project, roster, snap, cell)}")
+        raise CheckFailed(f"cell {cell} has not run yet: {_waiting(state, roster, cell)}")
     return LogSource(cell, "instance", _instance_path(project, host, cell) if host in project.hosts
                      else "", host, queue)
 
@@ -88,30 +82,23 @@ def _instance_path(project: Project, host: str, cell: str) -> str:
     return posixpath.join(project.hosts[host].ckpt_root, f"{cell}.log")
 
 
-def _ran_on(cell: str, claims: Mapping[str, str],
-            events: Mapping[str, list[dict[str, Any]]]) -> tuple[str | None, str | None]:
+def _ran_on(state: SweepState, cell: str) -> tuple[str | None, str | None]:
     """The host (and queue) that last ran the cell: its claim's owner, else its last start event."""
-    owner = (claims.get(cell) or "").split()
-    if len(owner) >= 2:
-        return owner[0], owner[1]
-    last: dict[str, Any] | None = None
-    for evs in events.values():
-        for e in evs:
-            if e.get("ev") == "start" and e.get("cell") == cell and (last is None or
-                                                                    e.get("t", 0) >= last.get("t", 0)):
-                last = e
-    if last is None:
-        return None, None
-    return last.get("host"), last.get("queue")
+    claim = state.snap.claims.get(cell)
+    if claim is not None and claim.host is not None:
+        return claim.host, claim.queue
+    starts = [e for _, _, e in state.cell_events(cell) if e.ev == "start"]
+    last = max(starts, key=lambda e: e.t or 0.0, default=None)
+    return (None, None) if last is None else (last.host, last.queue)
 
 
-def _waiting(project: Project, roster: Any, snap: Mapping[str, Any], cell: str) -> str:
+def _waiting(state: SweepState, roster: Any, cell: str) -> str:
     for q in roster.queues:
         if any(ln.cell is not None and ln.cell.name == cell for ln in q.cells):
-            ledger = (snap.get("ledgers") or {}).get(q.name) or []
-            if not ledger:
+            view = state.queue(q.name)
+            if view.state == "not_launched":
                 return f"its queue {q.name} is not launched (`ablate launch {q.name} --host H`)"
-            return f"queue {q.name} on {ledger[-1].get('host')} has not reached it yet"
+            return f"queue {q.name} on {view.host} ({view.state}) has not reached it yet"
     return "no queue has reached it"
 
 
@@ -193,7 +180,7 @@ def read(project: Project, src: LogSource, n: int) -> tuple[LogSource, bytes]:
             why = f"the log is gone from {src.host}"
         if data is not None:
             return src, data
-    tail_path = posixpath.join(fs.root, "tails", f"{src.cell}.log")
+    tail_path = SweepLayout(fs.root).tail(src.cell)
     data = _fs_tail(project, fs, tail_path, n)
     if data is None:
         raise CheckFailed(f"{src.cell}: ran on {src.host} (queue {src.queue}) but its log cannot be "
@@ -228,12 +215,12 @@ def follow(project: Project, src: LogSource, n: int, out: Out) -> str:
             return bool(t - state["gone"] >= END_GRACE + 1.0)  # the end line had its chance
         if t - state["asked"] >= HEARTBEAT_EVERY:
             state["asked"] = t
-            hb = read_json_object(fs.read_bytes(hb_path)) or {}
-            if hb.get("cell") != src.cell or hb.get("state") != "running":
+            hb = Heartbeat.from_bytes(posixpath.basename(hb_path), fs.read_bytes(hb_path))
+            if hb is None or hb.cell != src.cell or hb.state != "running":
                 state["gone"] = t
-                state["why"] = (f"queue {src.queue} is {hb.get('state') or 'gone'}"
-                                if hb.get("state") != "running" else
-                                f"queue {src.queue} moved on to {hb.get('cell')}")
+                state["why"] = (f"queue {src.queue} is {(hb.state if hb else '') or 'gone'}"
+                                if hb is None or hb.state != "running" else
+                                f"queue {src.queue} moved on to {hb.cell}")
         return False
 
     ht = host_transport(project, project.hosts[src.host])
@@ -258,7 +245,7 @@ def logs(project: Project, cell: str, *, lines: int = 50, follow_: bool = False,
          log: Log | None = None) -> LogsResult:
     """Print the cell's log through `out` (bytes, as written); say where it is through `log`."""
     say = log or (lambda _m: None)
-    src = locate(project, cell)
+    src = locate(project, cell, log)
     if follow_ and src.where == "running":
         say(src.describe())
         why = follow(project, src, lines, out)

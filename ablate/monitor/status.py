@@ -14,12 +14,20 @@ from typing import Any
 
 from ablate.config.project import Project
 from ablate.monitor.hostinfo import attach_live, gather, live_lines
-from ablate.plan.cost import CostModel, eta_line, fmt_eta, learn, queue_eta
-from ablate.remote.layout import session_name
-from ablate.sweep.cells import Cell, QueueFile, parse_queue_text, read_all_queues
-from ablate.sweep.classify import CellState, IdleHost, for_status, state_counts, state_lines
-from ablate.transport import fan_out, host_transport, shared_fs
-from ablate.util.fs import read_json_object
+from ablate.plan.cost import CostModel, eta_line, learn, queue_eta
+from ablate.sweep.cells import Cell
+from ablate.sweep.classify import (
+    CellState,
+    HostAlarm,
+    classify_state,
+    host_alarms,
+    state_counts,
+    state_lines,
+    warning_lines,
+)
+from ablate.sweep.snapshot import Snapshot, load
+from ablate.transport import shared_fs
+from ablate.util.fmt import duration
 
 
 @dataclass
@@ -53,8 +61,9 @@ class StatusReport:
     via: str | None = None  # the host the shared FS was read through (ssh), None when local
     model: CostModel | None = None  # what the ETAs come from
     cells: dict[str, CellState] = field(default_factory=dict)  # every roster cell's state (classify)
-    idle: list[IdleHost] = field(default_factory=list)  # hosts idle and costing money
+    idle: list[HostAlarm] = field(default_factory=list)  # hosts idle and costing money, or approved
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)  # live: GPUs per host (hostinfo)
+    warnings: list[str] = field(default_factory=list)  # malformed files seen on the shared FS
 
     @property
     def eta(self) -> float | None:
@@ -70,7 +79,7 @@ class StatusReport:
             "model": self.model.to_json() if self.model else {"source": "declared", "cells": 0},
             "states": state_counts(self.cells.values()),
             "cells": {n: c.to_json() for n, c in self.cells.items()},
-            "idle_hosts": [i.to_json() for i in self.idle], "hosts": self.hosts,
+            "idle_hosts": [i.to_json() for i in self.idle], "hosts": self.hosts, "warnings": self.warnings,
         }
 
     def lines(self) -> list[str]:
@@ -79,8 +88,8 @@ class StatusReport:
         for r in self.rows:
             out.append(
                 f"{r.queue:<16} {(r.host or '-'):<12} {r.state:<12} {f'{r.index}/{r.total}':>7} "
-                f"{(r.current or '-'):<22} {_dur(r.elapsed):>8} {_dur(r.heartbeat_age):>7} "
-                f"{r.done:>5} {r.failed:>5} {r.synced:>6} {fmt_eta(r.eta):>8}"
+                f"{(r.current or '-'):<22} {duration(r.elapsed):>8} {duration(r.heartbeat_age):>7} "
+                f"{r.done:>5} {r.failed:>5} {r.synced:>6} {duration(r.eta):>8}"
             )
         verified = "not reconciled" if self.verified is None else f"{self.verified} verified by load"
         out.append(f"sweep {self.sweep}: {self.synced}/{self.roster} cells synced to the shared FS, "
@@ -92,103 +101,54 @@ class StatusReport:
             note = (f"; its queue(s) {', '.join(alive)} alive (fresh heartbeat read through "
                     f"{self.via or 'the shared FS'})" if alive else "")
             out.append(f"host {host} unreachable: {why}{note}")
-        return out + state_lines(self.cells, self.idle) + live_lines(self)
+        return out + state_lines(self.cells, self.idle) + live_lines(self) + warning_lines(self.warnings)
 
-
-def _dur(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
 def status(project: Project, live_info: bool = False) -> StatusReport:
     """`live_info`: also each host's GPUs and the running cells' log progress (one more command per host,
     hosts in parallel; `ablate.monitor.hostinfo`)."""
-    layout = project.layout()
     fs = shared_fs(project)
-
-    def ask_tmux(name: str) -> set[str]:
-        return host_transport(project, project.hosts[name]).tmux_sessions()
-
-    # The hosts' tmux and the FS probe at once: the slowest host, not the sum, sets the wall time.
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        asked = pool.submit(fan_out, list(project.hosts), ask_tmux)
-        gathered = pool.submit(gather, project) if live_info else None  # GPUs, running logs' tails
-        snap: Mapping[str, Any] = fs.probe("snapshot", {"root": layout.root})
-        answers = asked.result()
+    # The FS probe, the hosts' tmux and (live_info) their GPUs and log tails, all at once.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        gathered = pool.submit(gather, project) if live_info else None
+        state = load(project, fs)
         host_data = gathered.result() if gathered is not None else None
-    now = float(snap["now"])
-    local = {q.name: q for q in read_all_queues(project)}
-    fs_queues = {name: parse_queue_text(name, text, project.tasks, project.queues_dir / f"{name}.txt")
-                 for name, text in snap.get("queues", {}).items() if name not in local}
-    queues: dict[str, QueueFile] = {**fs_queues, **local}
-    final = set(snap["final"])
-    known = {ln.cell.name: ln.cell for q in queues.values() for ln in q.cells if ln.cell is not None}
+    got = classify_state(project, state)
+    snap = state.snap
+    known = {ln.cell.name: ln.cell for q in state.queues.values() for ln in q.cells if ln.cell is not None}
     model = learn(project, snap, known)
-
-    sessions: dict[str, set[str] | None] = {}
-    unreachable: dict[str, str] = {}
-    for name in project.hosts:
-        got = answers[name]
-        if isinstance(got, Exception):  # one host failing never hides the others
-            sessions[name] = None
-            unreachable[name] = str(got).splitlines()[0] if str(got) else type(got).__name__
-        else:
-            sessions[name] = got
-
-    stale_after = max(3 * project.heartbeat_secs, 30)
     rows = []
     roster: set[str] = set()
-    for qname in sorted(queues):
-        q = queues[qname]
+    for qname in sorted(state.queues):
+        q = state.queues[qname]
+        view = state.queue(qname)
         names = [ln.cell.name for ln in q.cells if ln.cell is not None]
         roster.update(names)
-        ledger = snap["ledgers"].get(qname) or []
-        host: str | None = ledger[-1].get("host") if ledger else q.host
-        slot = ledger[-1].get("slot") if ledger else q.slot
-        events = snap["events"].get(f"{host}.{qname}", []) if host else []
-        hb = snap["heartbeats"].get(f"{host}.{qname}") if host else None
-        hb_data = (hb or {}).get("data") or {}
-        outcome = {e.get("cell"): e for e in events if e.get("ev") in ("end", "skip")}
-        done = sum(1 for e in outcome.values() if e.get("ev") == "end" and e.get("rc") == 0)
-        failed = sum(1 for e in outcome.values() if e.get("ev") == "end" and e.get("rc") != 0)
-        host_sessions = sessions.get(host) if host else set()
-        session = session_name(project.sweep, host or "", qname)
-        live = None if host_sessions is None else session in host_sessions
-        age = now - float(hb["mtime"]) if hb else None
-        if not ledger:
-            state = "not_launched"
-        elif live or (live is None and age is not None and age < stale_after):
-            state = "stale" if age is not None and age > stale_after else "running"
-        elif hb_data.get("state") == "drained":
-            state = "drained"
-        else:
-            state = "stopped"
-        current = hb_data.get("cell") if state in ("running", "stale") else None
-        started = hb_data.get("cell_started")
-        elapsed = (now - float(started)) if current and started else None
-        eta = _eta(model, host, qname, state, names, outcome, final, snap.get("claims") or {}, known,
-                   current, elapsed)
+        host = view.host
+        events = snap.events.get(f"{host}.{qname}", ()) if host else ()
+        outcome = {e.cell: e for e in events if e.ev in ("end", "skip")}
+        done = sum(1 for e in outcome.values() if e.ev == "end" and e.rc == 0)
+        failed = sum(1 for e in outcome.values() if e.ev == "end" and e.rc != 0)
+        hb = view.heartbeat
+        current = hb.cell if hb is not None and view.state in ("running", "stale") else None
+        started = hb.cell_started if hb is not None else None
+        elapsed = (state.now - started) if current and started else None
+        eta = _eta(model, host, qname, view.state, names, outcome, snap, known, current, elapsed)
+        reachable = state.reachable(host) if host else True
         rows.append(QueueRow(
-            queue=qname, host=host, slot=slot, state=state,
+            queue=qname, host=host, slot=view.slot, state=view.state,
             index=min(len(names), sum(1 for n in names if n in outcome)), total=len(names),
-            current=current,
-            elapsed=elapsed,
-            heartbeat_age=age, done=done, failed=failed,
-            synced=sum(1 for n in names if n in final), live=live, cells=names, eta=eta,
+            current=current, elapsed=elapsed, heartbeat_age=view.heartbeat_age, done=done, failed=failed,
+            synced=sum(1 for n in names if n in snap.results), live=view.live if reachable else None,
+            cells=names, eta=eta,
         ))
-    record = fs.read_bytes(layout.reconcile_record)
-    cells, idle = for_status(project, queues, snap, sessions, record)
     report = StatusReport(
-        sweep=project.sweep, roster=len(roster), synced=len(roster & final),
-        verified=_last_verified(record, roster),
-        rows=rows, unreachable=unreachable, via=getattr(fs, "via", None), model=model,
-        cells=cells, idle=idle,
+        sweep=project.sweep, roster=len(roster), synced=len(roster & set(snap.results)),
+        verified=_last_verified(snap.reconcile, roster),
+        rows=rows, unreachable=state.unreachable, via=getattr(fs, "via", None), model=model,
+        cells=got.cells, idle=host_alarms(state, list(project.hosts), project.monitor.idle_after),
+        warnings=list(state.warnings),
     )
     if host_data is not None:
         attach_live(project, report, host_data)
@@ -196,8 +156,8 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
 
 
 def _eta(model: CostModel, host: str | None, queue: str, state: str, names: list[str],
-         outcome: Mapping[Any, Any], final: set[str], claims: Mapping[str, str],
-         known: Mapping[str, Cell], current: Any, elapsed: float | None) -> float | None:
+         outcome: Mapping[Any, Any], snap: Snapshot, known: Mapping[str, Cell], current: str | None,
+         elapsed: float | None) -> float | None:
     """Remaining seconds of a running queue: its cells with no outcome here, no durable result and
     no claim by another queue (a stolen cell counts for its thief), plus the current cell's
     expected remainder. 0 once drained; None when it is not moving or nothing is learned yet."""
@@ -207,23 +167,22 @@ def _eta(model: CostModel, host: str | None, queue: str, state: str, names: list
         return 0.0
     if state not in ("running", "stale"):
         return None
-    cur = known.get(current) if isinstance(current, str) else None
+    cur = known.get(current) if current is not None else None
 
     def ours(name: str) -> bool:
-        owner = (claims.get(name) or "").split()
-        return not owner or owner[:2] == [host, queue]
+        claim = snap.claims.get(name)
+        return claim is None or claim.host is None or (claim.host, claim.queue) == (host, queue)
 
     left = [known[n] for n in names
-            if n in known and n not in outcome and n not in final and n != current and ours(n)]
+            if n in known and n not in outcome and n not in snap.results and n != current and ours(n)]
     return queue_eta(model, host, left, cur, elapsed)
 
 
-def _last_verified(raw: bytes | None, roster: set[str]) -> int | None:
-    rec = read_json_object(raw)
+def _last_verified(rec: Mapping[str, Any] | None, roster: set[str]) -> int | None:
     if rec is None:
         return None
-    cells = rec.get("cells") or {}
-    return sum(1 for n in cells if n in roster)
+    cells = rec.get("cells")
+    return sum(1 for n in cells if n in roster) if isinstance(cells, dict) else 0
 
 
 def watch(project: Project, interval: float) -> None:

@@ -25,20 +25,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ablate.monitor.hostinfo import gpu_text, progress_text
+from ablate.util.fmt import duration
 from ablate.util.progress import console as make_console
 
 STATE_STYLE = {
     "running": "green", "hung": "bold yellow", "lost": "bold red", "stale": "red", "stopped": "red",
     "drained": "blue", "done_unverified": "cyan", "verified": "bold green", "not_launched": "dim",
     "idle_costing_money": "bold magenta", "unreachable": "bold red", "busy": "green",
+    "released": "bold green", "release_approved": "bold cyan",
 }
 ATTENTION = ("hung", "lost", "oom", "crashed", "sync_failed", "corrupt", "stale", "interrupted")
-
-
-def _dur(seconds: float | None) -> str:
-    from ablate.monitor.status import _dur as dur
-
-    return dur(seconds)
 
 
 def row_state(report: Any, row: Any) -> str:
@@ -92,8 +88,9 @@ def render(report: Any, *, age: float = 0.0, error: str | None = None, interval:
         queues.add_row(
             escape(r.queue), escape(host), _styled(state, state), _bar(r.index, r.total),
             f"{r.index}/{r.total}", escape(r.current or "-"),
-            _dur(tick(r.elapsed)), _dur(eta if eta is None or state != "running" else max(0.0, eta - age)),
-            _dur(hb), escape(progress_text(getattr(r, "progress", None)) or "-"),
+            duration(tick(r.elapsed)),
+            duration(eta if eta is None or state != "running" else max(0.0, eta - age)),
+            duration(hb), escape(progress_text(getattr(r, "progress", None)) or "-"),
             _styled(str(r.failed), "lost") if r.failed else "0")
 
     parts: list[Any] = [_title(report, age, interval), queues]
@@ -119,7 +116,7 @@ def _title(report: Any, age: float, interval: float) -> str:
 
     verified = "not reconciled" if report.verified is None else f"{report.verified} verified"
     eta = getattr(report, "eta", None)
-    eta_text = f" · sweep ETA {_dur(max(0.0, eta - age))}" if eta else ""
+    eta_text = f" · sweep ETA {duration(max(0.0, eta - age))}" if eta else ""
     when = time.strftime("%H:%M:%S", time.localtime(time.time() - age))
     return (f"[bold]ablate · sweep {escape(report.sweep)}[/] · {report.synced}/{report.roster} synced · "
             f"{verified}{eta_text} · updated {when} (every {interval:g}s)")
@@ -143,7 +140,9 @@ def _hosts_table(report: Any) -> Any:
         if h in unreachable:
             state, note = "unreachable", unreachable[h]
         elif h in idle:
-            state, note = "idle_costing_money", f"idle {_dur(idle[h].idle_for)}: {idle[h].next_step}"
+            alarm = idle[h]
+            idle_for = f"idle {duration(alarm.idle_for)}: " if alarm.state == "idle_costing_money" else ""
+            state, note = alarm.state, f"{idle_for}{alarm.next_step}"
         else:
             busy = any(r.host == h and r.state in ("running", "stale") for r in report.rows)
             state, note = ("busy" if busy else "-"), ""

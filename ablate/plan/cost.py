@@ -37,8 +37,11 @@ from typing import Any
 
 from ablate.config.project import Project
 from ablate.errors import AblateError
+from ablate.remote.layout import SweepLayout
 from ablate.sweep.cells import Cell, parse_queue_text, read_all_queues
+from ablate.sweep.snapshot import Snapshot
 from ablate.transport import SharedFS
+from ablate.util.fmt import duration
 
 ESTIMATES_FILE = "estimates.tsv"
 MAX_SWEEPS = 2000  # alternating-means iterations; converges in a few dozen on real histories
@@ -112,7 +115,7 @@ class Observation:
     seconds: float
 
 
-def known_cells(project: Project, snapshot: Mapping[str, Any] | None = None,
+def known_cells(project: Project, snapshot: Snapshot | None = None,
                 extra: Iterable[Cell] = ()) -> dict[str, Cell]:
     """name -> cell over the local queue files, the FS copies in `snapshot` (queues another
     controller launched or appended to) and `extra`; an unreadable copy is skipped."""
@@ -121,7 +124,7 @@ def known_cells(project: Project, snapshot: Mapping[str, Any] | None = None,
         for ln in qf.cells:
             assert ln.cell is not None
             out.setdefault(ln.cell.name, ln.cell)
-    for qname, text in sorted(((snapshot or {}).get("queues") or {}).items()):
+    for qname, text in sorted((snapshot.queue_copies if snapshot else {}).items()):
         try:
             qf = parse_queue_text(qname, text, project.tasks, project.queues_dir / f"{qname}.txt")
         except AblateError:
@@ -132,30 +135,28 @@ def known_cells(project: Project, snapshot: Mapping[str, Any] | None = None,
     return out
 
 
-def observations(project: Project, snapshot: Mapping[str, Any],
-                 cells: Mapping[str, Cell]) -> list[Observation]:
+def observations(project: Project, snapshot: Snapshot, cells: Mapping[str, Cell]) -> list[Observation]:
     """One observation per cell: its latest successful, non-resumed run in the events."""
     latest: dict[str, tuple[float, Observation]] = {}
-    for key, events in sorted((snapshot.get("events") or {}).items()):
+    for key, events in sorted(snapshot.events.items()):
         resumed: dict[str, bool] = {}
         for e in events:
-            cell = e.get("cell")
-            if not isinstance(cell, str):
+            cell = e.cell
+            if cell is None:
                 continue
-            if e.get("ev") == "start":
-                resumed[cell] = bool(e.get("resume"))
+            if e.ev == "start":
+                resumed[cell] = e.resume
                 continue
-            dur = e.get("dur")
-            if (e.get("ev") != "end" or e.get("rc") != 0 or resumed.get(cell, False)
-                    or isinstance(dur, bool) or not isinstance(dur, (int, float)) or not dur > 0
-                    or not math.isfinite(dur) or cell not in cells):
+            dur = e.dur
+            if e.ev != "end" or e.rc != 0 or resumed.get(cell, False) or dur is None or not dur > 0 \
+                    or cell not in cells:
                 continue
-            host = e.get("host") if isinstance(e.get("host"), str) else key.split(".", 1)[0]
+            host = e.host if e.host is not None else key.split(".", 1)[0]
             c = cells[cell]
-            t = e.get("t") if isinstance(e.get("t"), (int, float)) else 0.0
-            obs = Observation(cell, c.task, str(host), declared_cost(project, c), float(dur))
+            t = e.t if e.t is not None else 0.0
+            obs = Observation(cell, c.task, host, declared_cost(project, c), dur)
             if cell not in latest or t >= latest[cell][0]:
-                latest[cell] = (float(t), obs)
+                latest[cell] = (t, obs)
     return [latest[n][1] for n in sorted(latest)]
 
 
@@ -292,10 +293,10 @@ def declared_model(project: Project, note: str | None = None) -> CostModel:
     return CostModel(project, note=note)
 
 
-def learn(project: Project, snapshot: Mapping[str, Any] | None,
+def learn(project: Project, snapshot: Snapshot | None,
           cells: Mapping[str, Cell] | None = None) -> CostModel:
     """The model from one FS snapshot (the `snapshot` probe); declared when it holds no history."""
-    if not snapshot:
+    if snapshot is None:
         return declared_model(project)
     known = dict(cells) if cells is not None else known_cells(project, snapshot)
     obs = observations(project, snapshot, known)
@@ -310,8 +311,8 @@ def learn(project: Project, snapshot: Mapping[str, Any] | None,
                      f.used, f.outliers, dict(f.task_cells), dict(f.host_cells))
 
 
-def read_snapshot(fs: SharedFS) -> Mapping[str, Any]:
-    return fs.probe("snapshot", {"root": fs.root, "touch": False})  # type: ignore[no-any-return]
+def read_snapshot(fs: SharedFS) -> Snapshot:
+    return Snapshot.parse(fs.probe("snapshot", {"root": fs.root, "touch": False}))
 
 
 def load_model(project: Project, extra: Iterable[Cell] = ()) -> CostModel:
@@ -343,32 +344,15 @@ def queue_eta(model: CostModel, host: str, remaining: Iterable[Cell], current: C
     return total
 
 
-def fmt_eta(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
-
-
 def eta_line(model: CostModel, eta: float | None, what: str = "sweep") -> str:
     if not model.learned:
         return f"{what} ETA unknown: no cell has finished yet ({model.describe()})"
     if eta is None:
         return f"{what} ETA unknown: no queue is running ({model.describe()})"
-    return f"{what} ETA {fmt_eta(eta)} ({model.describe()})"
+    return f"{what} ETA {duration(eta)} ({model.describe()})"
 
 
 # --------------------------------------------------------------------------- estimates.tsv
-
-
-def estimates_path(root: str) -> str:
-    return posixpath.join(root, ESTIMATES_FILE)
 
 
 def estimates_text(project: Project, model: CostModel, cells: Iterable[Cell], now: float) -> str:
@@ -389,18 +373,18 @@ class Estimates:
     cells: int
 
 
-def write_estimates(project: Project, fs: SharedFS, snapshot: Mapping[str, Any] | None = None) -> Estimates:
+def write_estimates(project: Project, fs: SharedFS, snapshot: Snapshot | None = None) -> Estimates:
     """Write `<root>/estimates.tsv` (one atomic FS write) for the roster: the local queue files and
     the FS copies. `snapshot`: the `snapshot` probe the caller already read (else read here)."""
     snap = snapshot if snapshot is not None else read_snapshot(fs)
     known = known_cells(project, snap)
     model = learn(project, snap, known)
-    path = estimates_path(fs.root)
+    path = SweepLayout(fs.root).estimates
     fs.write_atomic(path, estimates_text(project, model, known.values(), time.time()).encode())
     return Estimates(path, model, len(known))
 
 
-def refresh_estimates(project: Project, fs: SharedFS, snapshot: Mapping[str, Any] | None = None,
+def refresh_estimates(project: Project, fs: SharedFS, snapshot: Snapshot | None = None,
                       log: Callable[[str], None] | None = None) -> Estimates | None:
     """`write_estimates` for launch and append: a failure is reported, never fatal (the runners
     then steal by the previous file, or not at all)."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -52,14 +52,14 @@ from typing import Any
 from ablate.config.project import CONFIG_NAME, Project
 from ablate.errors import AblateError, Busy, ConfigError
 from ablate.plan.balance import balance, lower_bound
-from ablate.plan.cost import CostModel, declared_cost, eta_line, fmt_eta, load_model
+from ablate.plan.cost import CostModel, declared_cost, eta_line, load_model
 from ablate.sweep import cells as cellmod
 from ablate.sweep.cells import Cell, QueueFile
 from ablate.sweep.lock import controller_lock
 from ablate.transport import shared_fs
+from ablate.util.fmt import Log, duration
 from ablate.util.fs import atomic_write
 
-Log = Callable[[str], None]
 ASIDE_SUFFIX = ".replaced"
 
 
@@ -143,7 +143,7 @@ class PlanResult:
         for q in self.queues:
             slot = "-" if q.machine.slot is None else str(q.machine.slot)
             out.append(f"{q.queue:<{width}}  {q.machine.host:<12} {slot:>4} {len(q.cells):>6} "
-                       f"{q.cost:>10.2f} {q.finish:>10.2f} {fmt_eta(q.eta_seconds):>8}")
+                       f"{q.cost:>10.2f} {q.finish:>10.2f} {duration(q.eta_seconds):>8}")
         ratio = self.makespan / self.lower_bound if self.lower_bound > 0 else 1.0
         n = sum(len(q.cells) for q in self.queues)
         out.append(f"{n} cells on {len(self.queues)} queues: makespan {self.makespan:.2f}, "

@@ -1,12 +1,19 @@
 """Where things live on the shared FS under one sweep root: `<shared_fs>/ablate/<sweep>/`.
 
-Pure path arithmetic on POSIX strings (the root may be a remote path), no I/O.
+The one source of these paths for the controller and for the probe that runs on the hosts (this
+module is shipped with it, content-addressed, so the two cannot drift). Pure path arithmetic on
+POSIX strings (the root may be a remote path), stdlib only, no I/O. The formats are described in
+docs/ARCHITECTURE.md; the bash wrappers build the same paths (they cannot import this).
 """
 
 from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
+
+MANIFEST = "MANIFEST.json"
+STAGING_PREFIX = ".staging."  # final_ckpts/.staging.<name>.<host>.<pid>/: a copy in flight
+ASIDE_PREFIX = ".aside."  # final_ckpts/.aside.<name>.<t>[.staging-<k>]/: set aside by remediate
 
 
 @dataclass(frozen=True)
@@ -15,6 +22,8 @@ class SweepLayout:
 
     def _j(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
+
+    # ------------------------------------------------------------------ directories
 
     @property
     def wrappers(self) -> str:
@@ -45,17 +54,37 @@ class SweepLayout:
         return self._j("final_ckpts")
 
     @property
+    def tails(self) -> str:
+        """`tails/<name>.log`: the last lines of a cell that failed (run_queue)."""
+        return self._j("tails")
+
+    @property
+    def released(self) -> str:
+        """`released/<name>.<t>/`: claims remediate released (renamed, never deleted)."""
+        return self._j("released")
+
+    @property
+    def control(self) -> str:
+        return self._j("control")
+
+    @property
     def gate(self) -> str:
         return self._j("gate")
 
     @property
-    def lib(self) -> str:
-        """Content-addressed copies of the stdlib-only verification code (for hosts)."""
-        return self._j("lib")
+    def remediation(self) -> str:
+        return self._j("remediation")
 
     @property
-    def lock(self) -> str:
-        return self._j(".lock")
+    def locks(self) -> str:
+        return self._j("locks")
+
+    @property
+    def lib(self) -> str:
+        """Content-addressed copies of the host-side package `ablate.remote` (the probe)."""
+        return self._j("lib")
+
+    # ------------------------------------------------------------------ files
 
     def queue_file(self, queue: str) -> str:
         return self._j("queues", f"{queue}.txt")
@@ -66,6 +95,9 @@ class SweepLayout:
     def claim(self, name: str) -> str:
         return self._j("claims", name)
 
+    def claim_owner(self, name: str) -> str:
+        return self._j("claims", name, "owner")
+
     def events_file(self, host: str, queue: str) -> str:
         return self._j("events", f"{host}.{queue}.jsonl")
 
@@ -74,6 +106,24 @@ class SweepLayout:
 
     def final_dir(self, name: str) -> str:
         return self._j("final_ckpts", name)
+
+    def manifest(self, name: str) -> str:
+        return self._j("final_ckpts", name, MANIFEST)
+
+    def aside_dir(self, name: str, t: str, staging: int | None = None) -> str:
+        suffix = "" if staging is None else f".staging-{staging}"
+        return self._j("final_ckpts", f"{ASIDE_PREFIX}{name}.{t}{suffix}")
+
+    def tail(self, name: str) -> str:
+        return self._j("tails", f"{name}.log")
+
+    def released_claim(self, name: str, t: str) -> str:
+        return self._j("released", f"{name}.{t}")
+
+    def stop_request(self, host: str, queue: str) -> str:
+        """`control/<host>.<queue>.stop`: `ablate stop --after-current` asks run_queue to end after
+        its current cell; a launch of that queue removes it first."""
+        return self._j("control", f"{host}.{queue}.stop")
 
     def wrapper(self, kind: str, version: str) -> str:
         return self._j("wrappers", f"{kind}.{version}.sh")
@@ -87,11 +137,39 @@ class SweepLayout:
         return self._j("DEPLOYED.json")
 
     @property
+    def estimates(self) -> str:
+        """`estimates.tsv`: what a draining runner steals by (ablate.plan.cost)."""
+        return self._j("estimates.tsv")
+
+    @property
+    def clock(self) -> str:
+        """The probe's FS-clock file: touched, then its mtime read (hosts' clocks disagree)."""
+        return self._j(".clock")
+
+    @property
     def reconcile_record(self) -> str:
         return self._j("gate", "reconcile.json")
 
     def release_record(self, host: str) -> str:
         return self._j("gate", f"release.{host}.json")
+
+    def remediation_record(self, t: str) -> str:
+        return self._j("remediation", f"{t}.json")
+
+    @property
+    def lock_file(self) -> str:
+        """The controller lock (flock(2) on this file; ablate.sweep.lock)."""
+        return self._j("locks", "controller.lock")
+
+    @property
+    def lock_holder(self) -> str:
+        return self._j("locks", "controller.holder")
+
+    def lib_dir(self, digest: str) -> str:
+        return self._j("lib", digest)
+
+
+RELEASE_PREFIX, RELEASE_SUFFIX = "release.", ".json"  # gate/release.<host>.json
 
 
 def session_name(sweep: str, host: str, queue: str) -> str:

@@ -14,10 +14,12 @@ import sys
 import time
 from typing import Any
 
+from ablate.remote.layout import RELEASE_PREFIX, RELEASE_SUFFIX, STAGING_PREFIX, SweepLayout
+
 
 def fs_now(root: str) -> float:
     """The FS's own clock: touch a probe file and read its mtime (hosts' clocks disagree)."""
-    path = os.path.join(root, ".clock")
+    path = SweepLayout(root).clock
     os.makedirs(root, exist_ok=True)
     with open(path, "w") as f:
         f.write(str(time.time()))
@@ -56,38 +58,39 @@ def _listdir(path: str) -> list[str]:
 
 
 def snapshot(args: dict[str, Any]) -> dict[str, Any]:
-    """Everything `status` needs from the FS in one read: events, heartbeats, claims, results."""
+    """Everything a reader of the sweep needs from the FS in one read (parsed by
+    `ablate.sweep.snapshot.Snapshot.parse`): events, heartbeats, claims, results, ledgers, the FS
+    copies of the queues, failure details, release approvals and the last reconcile record."""
     root = args["root"]
+    lay = SweepLayout(root)
     now = fs_now(root) if args.get("touch", True) else time.time()
     events = {}
-    for fn in _listdir(os.path.join(root, "events")):
+    for fn in _listdir(lay.events):
         if fn.endswith(".jsonl"):
-            events[fn[: -len(".jsonl")]] = _read_jsonl(os.path.join(root, "events", fn))
+            events[fn[: -len(".jsonl")]] = _read_jsonl(os.path.join(lay.events, fn))
     heartbeats = {}
-    for fn in _listdir(os.path.join(root, "heartbeats")):
+    for fn in _listdir(lay.heartbeats):
         if fn.startswith("."):
             continue
-        path = os.path.join(root, "heartbeats", fn)
+        path = os.path.join(lay.heartbeats, fn)
         try:
             mtime = os.stat(path).st_mtime
         except OSError:
             continue
         heartbeats[fn] = {"mtime": mtime, "data": _read_json(path)}
     claims = {}
-    for name in _listdir(os.path.join(root, "claims")):
+    for name in _listdir(lay.claims):
         try:
-            with open(os.path.join(root, "claims", name, "owner"), encoding="utf-8") as f:
+            with open(lay.claim_owner(name), encoding="utf-8") as f:
                 claims[name] = f.read().strip()
         except OSError:
             claims[name] = ""
-    final_dir = os.path.join(root, "final_ckpts")
-    final_entries = _listdir(final_dir)
-    final = [n for n in final_entries
-             if not n.startswith(".") and os.path.exists(os.path.join(final_dir, n, "MANIFEST.json"))]
+    final_entries = _listdir(lay.final)
+    final = [n for n in final_entries if not n.startswith(".") and os.path.exists(lay.manifest(n))]
     ledgers = {}
     queues = {}
-    for fn in _listdir(os.path.join(root, "queues")):
-        path = os.path.join(root, "queues", fn)
+    for fn in _listdir(lay.queues):
+        path = os.path.join(lay.queues, fn)
         if fn.endswith(".ledger"):
             ledgers[fn[: -len(".ledger")]] = _read_jsonl(path)
         elif fn.endswith(".txt") and not fn.startswith("."):
@@ -96,9 +99,21 @@ def snapshot(args: dict[str, Any]) -> dict[str, Any]:
                     queues[fn[: -len(".txt")]] = f.read()
             except OSError:
                 pass
+    approvals = {}
+    for fn in _listdir(lay.gate):
+        if fn.startswith(RELEASE_PREFIX) and fn.endswith(RELEASE_SUFFIX):
+            path = os.path.join(lay.gate, fn)
+            rec = _read_json(path)
+            try:
+                mtime = os.stat(path).st_mtime
+            except OSError:
+                continue
+            host = fn[len(RELEASE_PREFIX): -len(RELEASE_SUFFIX)]
+            approvals[host] = {**rec, "mtime": mtime} if isinstance(rec, dict) else None
     return {"now": now, "events": events, "heartbeats": heartbeats, "claims": claims,
-            "final": final, "ledgers": ledgers, "queues": queues,
-            **_failure_details(root, final_entries, final, int(args.get("tail_lines", TAIL_LINES)))}
+            "final": final, "ledgers": ledgers, "queues": queues, "approvals": approvals,
+            "reconcile": _read_json(lay.reconcile_record),
+            **_failure_details(lay, final_entries, final, int(args.get("tail_lines", TAIL_LINES)))}
 
 
 TAIL_LINES = 40
@@ -107,18 +122,18 @@ TAIL_LINES = 40
 OOM_RE = re.compile(r"(?i:out of memory)|OutOfMemoryError|\bMemoryError\b|\bKilled\b|\boom[-_ ]kill")
 
 
-def _failure_details(root: str, entries: list[str], final: list[str], tail_lines: int) -> dict[str, Any]:
-    """What `ablate.sweep.classify` needs beyond status, in the same round trip: each published result's
-    manifest identity, result dirs without a MANIFEST.json (partial), leftover staging dirs, the
-    failed cells' log tails (`tails/<name>.log`), each events file's mtime (FS clock: a host's last
-    event) and the claims remediate released."""
+def _failure_details(lay: SweepLayout, entries: list[str], final: list[str],
+                     tail_lines: int) -> dict[str, Any]:
+    """What `ablate.sweep.classify` needs beyond status, in the same round trip: each published
+    result's manifest identity, result dirs without a MANIFEST.json (partial), leftover staging
+    dirs, the failed cells' log tails (`tails/<name>.log`), each events file's mtime (FS clock: a
+    host's last event) and the claims remediate released."""
     import hashlib
 
-    final_dir = os.path.join(root, "final_ckpts")
     manifests: dict[str, Any] = {}
     for name in final:
         try:
-            with open(os.path.join(final_dir, name, "MANIFEST.json"), "rb") as f:
+            with open(lay.manifest(name), "rb") as f:
                 raw = f.read()
         except OSError:
             manifests[name] = None
@@ -132,13 +147,13 @@ def _failure_details(root: str, entries: list[str], final: list[str], tail_lines
                            **{k: m.get(k) for k in ("cfg", "task", "epochs", "cfg_sha256", "host", "queue")}}
     published = set(final)
     partial = [n for n in entries if not n.startswith(".") and n not in published
-               and os.path.isdir(os.path.join(final_dir, n))]
-    staging = [n for n in entries if n.startswith(".staging.")]
+               and os.path.isdir(lay.final_dir(n))]
+    staging = [n for n in entries if n.startswith(STAGING_PREFIX)]
     tails: dict[str, Any] = {}
-    for fn in _listdir(os.path.join(root, "tails")):
+    for fn in _listdir(lay.tails):
         if fn.startswith(".") or not fn.endswith(".log"):
             continue
-        path = os.path.join(root, "tails", fn)
+        path = os.path.join(lay.tails, fn)
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
                 lines = [ln[:500] for ln in f.read(1 << 20).splitlines()]
@@ -149,15 +164,15 @@ def _failure_details(root: str, entries: list[str], final: list[str], tail_lines
         tails[fn[: -len(".log")]] = {"lines": lines[-tail_lines:] if tail_lines > 0 else [],
                                      "oom": oom, "mtime": mtime}
     events_mtime: dict[str, float] = {}
-    for fn in _listdir(os.path.join(root, "events")):
+    for fn in _listdir(lay.events):
         if fn.endswith(".jsonl"):
             try:
-                st = os.stat(os.path.join(root, "events", fn))
+                st = os.stat(os.path.join(lay.events, fn))
             except OSError:
                 continue
             events_mtime[fn[: -len(".jsonl")]] = st.st_mtime
     released: dict[str, list[str]] = {}
-    for entry in _listdir(os.path.join(root, "released")):
+    for entry in _listdir(lay.released):
         m2 = RELEASED_RE.match(entry)
         if m2:
             released.setdefault(m2.group(1), []).append(entry)
@@ -216,23 +231,22 @@ def read_metrics(path: str) -> tuple[dict[str, int | float] | None, str | None]:
 def report(args: dict[str, Any]) -> dict[str, Any]:
     """`snapshot` plus what `ablate report` reads beyond it: the numbers of every published result's
     metrics file (args["metrics"], its path inside the result dir) as `metrics: {name: {"values",
-    "error"}}`, and the last reconcile record as `reconcile`: the whole report in one round trip."""
+    "error"}}`: the whole report in one round trip."""
     out = snapshot(args)
-    root = args["root"]
+    lay = SweepLayout(args["root"])
     metrics: dict[str, Any] = {}
     if args.get("metrics"):
         for name in out["final"]:
-            values, error = read_metrics(os.path.join(root, "final_ckpts", name, args["metrics"]))
+            values, error = read_metrics(os.path.join(lay.final_dir(name), args["metrics"]))
             metrics[name] = {"values": values, "error": error}
     out["metrics"] = metrics
-    out["reconcile"] = _read_json(os.path.join(root, "gate", "reconcile.json"))
     return out
 
 
 def queue_copies(args: dict[str, Any]) -> dict[str, Any]:
     """The FS copies of the launched queues (`queues/<q>.txt`): the roster a controller without
     its local queue files (a lost or second laptop) rebuilds."""
-    qdir = os.path.join(args["root"], "queues")
+    qdir = SweepLayout(args["root"]).queues
     queues = {}
     for fn in _listdir(qdir):
         if fn.endswith(".txt") and not fn.startswith("."):

@@ -33,7 +33,8 @@ import zipfile
 from collections.abc import Callable
 from typing import Any
 
-MANIFEST = "MANIFEST.json"
+from ablate.remote.layout import MANIFEST
+
 TORCH_EXT = (".pt", ".pth", ".ckpt", ".bin")
 NUMPY_EXT = (".npy", ".npz")
 # Below this many dirs, the thread pool costs more than it saves.

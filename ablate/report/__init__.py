@@ -18,7 +18,6 @@ bound), `table` (ablation table, baselines, best, CSV), `svg` / `plot` (the time
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,9 @@ from ablate.report.svg import human_secs
 from ablate.report.table import TaskTable, build_tables, to_csv
 from ablate.report.timeline import Timeline, build_timeline, rerun_cells, steal_count, task_colors
 from ablate.sweep.classify import state_counts
+from ablate.util.fmt import Log
 from ablate.util.fs import atomic_write
 
-Log = Callable[[str], None]
 HTML_NAME = "report.html"
 PNG_NAME = "timeline.png"
 CSV_NAME = "ablation.csv"
@@ -70,7 +69,7 @@ class ReportResult:
                f"timeline: {self.png} ({self.runs} runs on {self.lanes} queues, makespan "
                f"{human_secs(self.makespan)}{bound})",
                f"ablation table: {self.csv} ({self.roster} cells: {states})"]
-        return out + [f"note: {n}" for n in self.notes]
+        return out + [n if n.startswith("warning: ") else f"note: {n}" for n in self.notes]
 
 
 def default_out(project: Project) -> Path:
@@ -113,7 +112,7 @@ def _notes(project: Project, data: SweepData, tables: list[TaskTable]) -> list[s
                      f"tables: {', '.join(extra[:10])}{' ...' if len(extra) > 10 else ''}")
     for host, why in data.unreachable.items():
         notes.append(f"host {host} did not answer ({why}): its cells' states rest on the shared FS alone")
-    return notes
+    return notes + [f"warning: {w}" for w in data.warnings]
 
 
 def report(project: Project, out: Path | None = None, log: Log | None = None) -> ReportResult:
@@ -126,8 +125,8 @@ def report(project: Project, out: Path | None = None, log: Log | None = None) ->
     tasks = {name: data.task_of(name) for name in set(data.roster) | set(data.manifests)}
     for evs in data.events.values():
         for e in evs:
-            if isinstance(e.get("cell"), str):
-                tasks.setdefault(e["cell"], data.task_of(e["cell"]))
+            if e.cell is not None:
+                tasks.setdefault(e.cell, data.task_of(e.cell))
     tl = build_timeline(data.events, data.heartbeats, data.speeds, tasks, data.now)
     colors = task_colors(sorted({t for t in tasks.values() if t} | set(project.tasks)))
     tables = build_tables(data.roster, data.states, data.metrics, project.report,

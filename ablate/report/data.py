@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,8 @@ from ablate.remote.probe import read_metrics
 from ablate.results.reconcile import default_results_dir
 from ablate.sweep import classify as cls
 from ablate.sweep.cells import Cell
+from ablate.sweep.classify import classify_state
+from ablate.sweep.snapshot import Event, Heartbeat, Result, load
 
 Number = int | float
 
@@ -47,27 +48,28 @@ class SweepData:
     sweep: str
     now: float  # the FS's clock at the probe
     roster: dict[str, RosterCell]  # name -> cell, roster order
-    events: dict[str, list[dict[str, Any]]]  # "<host>.<queue>" -> events
-    heartbeats: dict[str, Any]
-    manifests: dict[str, Any]  # name -> the snapshot's manifest identity ({"sha256", "task", ...})
+    events: Mapping[str, tuple[Event, ...]]  # "<host>.<queue>" -> events
+    heartbeats: Mapping[str, Heartbeat]
+    manifests: Mapping[str, Result]  # name -> the published result's manifest identity
     fs_metrics: dict[str, Any]  # name -> {"values", "error"} read next to the durable copy
-    record: dict[str, Any] | None  # gate/reconcile.json
+    record: Mapping[str, Any] | None  # gate/reconcile.json
     states: dict[str, str] = field(default_factory=dict)
     details: dict[str, cls.CellState] = field(default_factory=dict)
     metrics: dict[str, CellResult] = field(default_factory=dict)
     speeds: dict[str, float] = field(default_factory=dict)  # host -> speed
     unreachable: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # malformed files seen on the shared FS
 
     def task_of(self, name: str) -> str | None:
         rc = self.roster.get(name)
         if rc is not None:
             return rc.cell.task
-        task = (self.manifests.get(name) or {}).get("task")
-        return task if isinstance(task, str) else None
+        result = self.manifests.get(name)
+        return result.task if result is not None else None
 
 
 def roster_cells(queues: Mapping[str, Any]) -> dict[str, RosterCell]:
-    """Every cell line of the queues (`classify.all_queues`), first occurrence wins."""
+    """Every cell line of the queues (`SweepState.queues`), first occurrence wins."""
     out: dict[str, RosterCell] = {}
     for qname, q in queues.items():
         for ln in q.cells:
@@ -91,7 +93,8 @@ def cell_metrics(project: Project, data: SweepData) -> dict[str, CellResult]:
     out: dict[str, CellResult] = {}
     for name in data.roster:
         fs = data.fs_metrics.get(name)
-        fs_sha = (data.manifests.get(name) or {}).get("sha256")
+        result = data.manifests.get(name)
+        fs_sha = result.sha256 if result is not None else None
         local_dir = results_dir / name
         local_ok = metrics_file is not None and (local_dir / metrics_file).is_file()
         if local_ok and fs is not None and _sha256(local_dir / "MANIFEST.json") != fs_sha:
@@ -110,24 +113,16 @@ def gather(project: Project) -> SweepData:
     """One probe round trip for the shared FS, each host's tmux asked alongside (as status)."""
     from ablate.transport import shared_fs
 
-    fs = shared_fs(project)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        asked = pool.submit(cls.ask_hosts, project, list(project.hosts))
-        snap: Mapping[str, Any] = fs.probe("report", {"root": fs.root, "metrics": project.artifacts.metrics})
-        sessions, unreachable = asked.result()
-    record = snap.get("reconcile") if isinstance(snap.get("reconcile"), dict) else None
-    queues = cls.all_queues(project, snap)
-    details = cls.classify(queues, snap, sessions, sweep=project.sweep,
-                           cfg_sha=cls.cfg_hashes(project, queues),
-                           verification=cls.Verification.from_record(record),
-                           stale_after=cls.stale_after(project), hung_after=project.monitor.hung_after)
+    state = load(project, shared_fs(project), op="report", args={"metrics": project.artifacts.metrics})
+    got = classify_state(project, state)
+    snap = state.snap
     data = SweepData(
-        sweep=project.sweep, now=float(snap["now"]), roster=roster_cells(queues),
-        events=dict(snap.get("events") or {}), heartbeats=dict(snap.get("heartbeats") or {}),
-        manifests={n: m for n, m in (snap.get("manifests") or {}).items() if isinstance(m, dict)},
-        fs_metrics=dict(snap.get("metrics") or {}), record=record,
-        states={n: st.state for n, st in details.items()}, details=details,
-        speeds={h.name: h.speed for h in project.hosts.values()}, unreachable=unreachable,
+        sweep=project.sweep, now=snap.now, roster=roster_cells(state.queues),
+        events=snap.events, heartbeats=snap.heartbeats, manifests=snap.results,
+        fs_metrics=dict(snap.extra.get("metrics") or {}), record=snap.reconcile,
+        states={n: st.state for n, st in got.cells.items()}, details=got.cells,
+        speeds={h.name: h.speed for h in project.hosts.values()}, unreachable=state.unreachable,
+        warnings=list(state.warnings),
     )
     data.metrics = cell_metrics(project, data)
     return data

@@ -15,11 +15,12 @@ hosts' clocks as the wrappers wrote them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ablate.plan.balance import lower_bound
+from ablate.sweep.snapshot import Event, Heartbeat
 
 OUTCOMES = ("ok", "failed", "interrupted", "running")
 
@@ -78,23 +79,15 @@ class Timeline:
         return self.makespan / self.lower_bound
 
 
-def _f(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _lane_runs(lane: Lane, events: list[dict[str, Any]], hb: Mapping[str, Any] | None,
-               now: float) -> list[dict[str, Any]]:
+def _lane_runs(lane: Lane, events: Sequence[Event], hb: Heartbeat | None, now: float) -> list[dict[str, Any]]:
     """The lane's runs as dicts (attempt numbers are set later, across lanes)."""
     runs: list[dict[str, Any]] = []
     open_run: dict[str, Any] | None = None
-    hb_data = (hb or {}).get("data") or {}
-    for e in sorted((e for e in events if _f(e.get("t")) is not None), key=lambda e: float(e["t"])):
-        ev, t = e.get("ev"), float(e["t"])
+    for e in sorted((e for e in events if e.t is not None), key=lambda e: e.t or 0.0):
+        ev, t = e.ev, float(e.t or 0.0)
         if open_run is not None:
-            if ev == "end" and e.get("cell") == open_run["cell"]:
-                rc = e.get("rc")
-                open_run.update(end=t, rc=rc if isinstance(rc, int) else None,
-                                outcome="ok" if rc == 0 else "failed", measured=_f(e.get("dur")))
+            if ev == "end" and e.cell == open_run["cell"]:
+                open_run.update(end=t, rc=e.rc, outcome="ok" if e.rc == 0 else "failed", measured=e.dur)
                 runs.append(open_run)
                 open_run = None
                 continue
@@ -102,13 +95,13 @@ def _lane_runs(lane: Lane, events: list[dict[str, Any]], hb: Mapping[str, Any] |
                 open_run.update(end=t, outcome="interrupted")
                 runs.append(open_run)
                 open_run = None
-        if ev == "start" and isinstance(e.get("cell"), str):
-            open_run = {"lane": lane.key, "cell": e["cell"], "idx": e.get("idx"), "start": t, "end": t,
-                        "rc": None, "outcome": "interrupted", "resume": bool(e.get("resume")),
-                        "stolen_from": e.get("from_queue") or None}
+        if ev == "start" and e.cell is not None:
+            open_run = {"lane": lane.key, "cell": e.cell, "idx": e.idx, "start": t, "end": t,
+                        "rc": None, "outcome": "interrupted", "resume": e.resume,
+                        "stolen_from": e.from_queue or None}
     if open_run is not None:
-        beat = _f((hb or {}).get("mtime"))
-        if hb_data.get("state") == "running" and hb_data.get("cell") == open_run["cell"]:
+        beat = hb.mtime if hb is not None else None
+        if hb is not None and hb.state == "running" and hb.cell == open_run["cell"]:
             open_run.update(end=max(now, open_run["start"]), outcome="running")
         else:
             open_run["end"] = max(beat or open_run["start"], open_run["start"])
@@ -116,21 +109,21 @@ def _lane_runs(lane: Lane, events: list[dict[str, Any]], hb: Mapping[str, Any] |
     return runs
 
 
-def _lanes(events: Mapping[str, list[dict[str, Any]]], speeds: Mapping[str, float]) -> list[Lane]:
+def _lanes(events: Mapping[str, Sequence[Event]], speeds: Mapping[str, float]) -> list[Lane]:
     lanes = []
     for key, evs in events.items():
-        first = next((e for e in evs if e.get("host") and e.get("queue")), None)
+        first = next((e for e in evs if e.host and e.queue), None)
         host, _, queue = key.partition(".")  # fallback only: names may hold dots
         if first is not None:
-            host, queue = str(first["host"]), str(first["queue"])
-        slot = next((e.get("slot") for e in reversed(evs) if e.get("ev") == "queue_start"), None)
-        lanes.append(Lane(key, host, queue, slot if isinstance(slot, int) else None, speeds.get(host, 1.0)))
+            host, queue = str(first.host), str(first.queue)
+        slot = next((e.slot for e in reversed(evs) if e.ev == "queue_start"), None)
+        lanes.append(Lane(key, host, queue, slot, speeds.get(host, 1.0)))
     return sorted(lanes, key=lambda ln: (ln.host, ln.queue))
 
 
-def build_timeline(events: Mapping[str, list[dict[str, Any]]], heartbeats: Mapping[str, Any],
+def build_timeline(events: Mapping[str, Sequence[Event]], heartbeats: Mapping[str, Heartbeat],
                    speeds: Mapping[str, float], tasks: Mapping[str, str | None], now: float) -> Timeline:
-    """`events`/`heartbeats` as the probe returns them; `tasks` maps cell -> task."""
+    """`events`/`heartbeats` of a `Snapshot`; `tasks` maps cell -> task."""
     lanes = _lanes(events, speeds)
     raw = [r for ln in lanes for r in _lane_runs(ln, events[ln.key], heartbeats.get(ln.key), now)]
     raw.sort(key=lambda r: (r["start"], r["lane"]))

@@ -18,21 +18,22 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ablate.remote import verify
+from ablate.remote.layout import MANIFEST
+from ablate.remote.verify import sha256_file  # the one hash helper (stdlib-only, runs on hosts too)
 from ablate.sweep.classify import sweep_roster
 from ablate.config.project import Project
-from ablate.util.fs import sha256_file
 from ablate.remote.layout import SweepLayout
-from ablate.util.progress import TransferProgress, human, transfer_progress
+from ablate.util.fmt import size
+from ablate.util.progress import TransferProgress, transfer_progress
 from ablate.results.reconcile import artifacts_arg, default_results_dir
 from ablate.transport import SharedFS, shared_fs
+from ablate.util.fmt import Log
 
-Log = Callable[[str], None]
 
 
 @dataclass
@@ -59,7 +60,7 @@ class PullResult:
         out += [f"not on the shared FS yet: {n}" for n in self.missing]
         out += [f"unexpected: {n} (not in the roster; pulled anyway)" for n in self.unexpected]
         out.append(f"pulled {self.cells} result dirs to {self.to}: {self.copied} files copied "
-                   f"({human(self.bytes)}), {self.skipped} already up to date"
+                   f"({size(self.bytes)}), {self.skipped} already up to date"
                    + (f", {len(self.failed)} failed" if self.failed else ""))
         return out
 
@@ -70,7 +71,7 @@ def pull(project: Project, to: Path | str | None = None, log: Log | None = None,
     terminal and `log` is given); otherwise one line per cell through `log`."""
     dest = Path(to).resolve() if to else default_results_dir(project)
     sfs = shared_fs(project)
-    roster = sweep_roster(project, sfs)
+    roster = sweep_roster(project, sfs, log)
     layout = SweepLayout(sfs.root)
     # One round trip: the listing and every manifest; no hashing or loading on the FS side.
     tree = sfs.probe("verify", {"dir": layout.final, "artifacts": artifacts_arg(project), "names": [],
@@ -88,7 +89,7 @@ def pull(project: Project, to: Path | str | None = None, log: Log | None = None,
             result.cells += ok
             copied, skipped, nbytes = (result.copied - before[0], result.skipped - before[1],
                                        result.bytes - before[2])
-            note = (f"{copied} file(s) copied ({human(nbytes)}), {skipped} up to date" if ok else
+            note = (f"{copied} file(s) copied ({size(nbytes)}), {skipped} up to date" if ok else
                     f"FAILED: {'; '.join(f['file'] + ': ' + f['error'] for f in result.failed[before[3]:])}")
             progress.cell_done(i, len(published), name, note)
     return result
@@ -105,7 +106,7 @@ def _totals(tree: dict[str, Any], published: list[str]) -> tuple[int, int]:
             if isinstance(entry, dict) and isinstance(entry.get("size"), int):
                 nbytes += entry["size"]
                 files += 1
-        listed = (info.get("files") or {}).get(verify.MANIFEST)
+        listed = (info.get("files") or {}).get(MANIFEST)
         nbytes += int(listed[0]) if isinstance(listed, list) and listed else 0
         files += 1
     return nbytes, files
@@ -115,7 +116,7 @@ def _pull_dir(sfs: SharedFS, remote: str, local: Path, name: str, info: dict[str
               result: PullResult, progress: TransferProgress) -> bool:
     manifest = info["manifest"]
     if not isinstance(manifest, dict):
-        result.failed.append({"name": name, "file": verify.MANIFEST, "error": "MANIFEST.json on the "
+        result.failed.append({"name": name, "file": MANIFEST, "error": "MANIFEST.json on the "
                               "shared FS is unreadable; run `ablate reconcile --fs`"})
         return False
     local.mkdir(parents=True, exist_ok=True)
@@ -131,7 +132,7 @@ def _pull_dir(sfs: SharedFS, remote: str, local: Path, name: str, info: dict[str
         all_ok &= _pull_file(sfs, f"{remote}/{file}", local / str(file), entry["size"], entry["sha256"],
                              name, result, progress)
     if all_ok:
-        all_ok = _pull_file(sfs, f"{remote}/{verify.MANIFEST}", local / verify.MANIFEST, None,
+        all_ok = _pull_file(sfs, f"{remote}/{MANIFEST}", local / MANIFEST, None,
                             info["manifest_sha256"], name, result, progress)
     return all_ok
 

@@ -26,12 +26,12 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ablate.remote import verify
+from ablate.remote.layout import MANIFEST
 from ablate.sweep.cells import Cell, Roster
 from ablate.sweep.classify import CellState, Verification, cell_lines, collect, count_line, sweep_roster
 from ablate.config.project import Project
@@ -39,9 +39,9 @@ from ablate.errors import AblateError
 from ablate.remote.layout import SweepLayout
 from ablate.util.progress import steps
 from ablate.transport import shared_fs
+from ablate.util.fmt import Log
 
 STALE = "stale: config changed since the result was made"
-Log = Callable[[str], None]
 
 
 @dataclass
@@ -127,7 +127,7 @@ def reconcile(project: Project, fs: bool = False, host: str | None = None, load:
     if fs and results_dir is not None:
         raise AblateError("results_dir is for local copies; --fs verifies final_ckpts/ on the shared FS")
     sfs = shared_fs(project, via=host)
-    roster = sweep_roster(project, sfs)
+    roster = sweep_roster(project, sfs, log)
     layout = SweepLayout(sfs.root)
     args: dict[str, Any] = {"artifacts": artifacts_arg(project), "names": roster.names, "load": load}
     verb = "loading" if load else "hashing"
@@ -171,9 +171,9 @@ def _classify_cells(project: Project, sfs: Any, report: ReconcileReport, record:
     # A pulled copy that failed often lacks its MANIFEST.json (pull refuses a damaged FS copy):
     # key its verdict to the durable manifest it came from, so a re-made result is not `corrupt`.
     for name, entry in record["corrupt"].items():
-        durable = (got.snap.get("manifests") or {}).get(name)
-        if entry.get("manifest_sha256") is None and isinstance(durable, dict):
-            entry["manifest_sha256"] = durable.get("sha256")
+        durable = got.state.snap.results.get(name)
+        if entry.get("manifest_sha256") is None and durable is not None:
+            entry["manifest_sha256"] = durable.sha256
 
 
 def classify(project: Project, roster: Roster, tree: dict[str, Any], hosts: list[str]) -> ReconcileReport:
@@ -242,7 +242,7 @@ def _identity(project: Project, cell: Cell, manifest: dict[str, Any]) -> list[di
     """A result must come from this roster cell's (cfg, task, epochs) and its config as it is now."""
     recorded = (manifest.get("cfg"), manifest.get("task"), manifest.get("epochs"))
     if recorded != (cell.cfg, cell.task, cell.epochs):
-        return [{"file": verify.MANIFEST,
+        return [{"file": MANIFEST,
                  "error": f"MANIFEST.json records cfg={recorded[0]} task={recorded[1]} epochs={recorded[2]}, "
                           f"the roster has cfg={cell.cfg} task={cell.task} epochs={cell.epochs}: "
                           "a result of another config; remediate the cell"}]

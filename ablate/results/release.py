@@ -26,12 +26,14 @@ from typing import Any
 
 from ablate.sweep.cells import Roster
 from ablate.sweep.classify import sweep_roster
+from ablate.util.fmt import Log
+from ablate.sweep.snapshot import load
 from ablate.config.project import Host, Project
 from ablate.errors import AblateError, CheckFailed, ConfigError, RemoteError
 from ablate.util.fs import read_json_object
 from ablate.remote.layout import SweepLayout, session_name
 from ablate.transport import SharedFS, host_transport, shared_fs
-from ablate.remote.verify import MANIFEST
+from ablate.remote.layout import MANIFEST
 
 RELEASE_TIMEOUT = 600.0
 Confirm = Callable[[str], bool]
@@ -53,23 +55,24 @@ class ReleaseResult:
         return [self.message]
 
 
-def release(project: Project, host: str, yes: bool = False, confirm: Confirm | None = None) -> ReleaseResult:
+def release(project: Project, host: str, yes: bool = False, confirm: Confirm | None = None,
+            log: Log | None = None) -> ReleaseResult:
     from ablate.sweep.lock import controller_lock
 
     project.host(host)  # unknown host: ConfigError, exit 2, before touching the FS
     with controller_lock(project, f"release {host}"):  # nothing may launch between check and release
-        return _release(project, host, yes, confirm)
+        return _release(project, host, yes, confirm, log)
 
 
-def _release(project: Project, host: str, yes: bool, confirm: Confirm | None) -> ReleaseResult:
+def _release(project: Project, host: str, yes: bool, confirm: Confirm | None, log: Log | None) -> ReleaseResult:
     h = project.host(host)
     argv = release_argv(h)
     sfs = shared_fs(project)
-    roster = sweep_roster(project, sfs)
+    roster = sweep_roster(project, sfs, log)
     layout = SweepLayout(sfs.root)
 
     unmet = reconcile_conditions(sfs, layout, roster)
-    unmet += live_queues(project, h, sfs, layout, roster)
+    unmet += live_queues(project, h, sfs)
     if unmet:
         raise CheckFailed(f"release {host} refused: " + "; ".join(unmet))
 
@@ -234,59 +237,10 @@ def _sha256(path: Path) -> str | None:
     return h.hexdigest()
 
 
-def live_queues(project: Project, h: Host, sfs: SharedFS, layout: SweepLayout, roster: Roster) -> list[str]:
-    """One message per queue of this sweep still live on host h."""
-    snap = sfs.probe("snapshot", {"root": sfs.root})
-    queues = {q.name for q in roster.queues} | set(snap.get("ledgers") or {})
-    heartbeats: dict[str, Any] = snap.get("heartbeats") or {}
-    for hb in heartbeats.values():
-        data = hb.get("data") if isinstance(hb, dict) else None
-        if isinstance(data, dict) and data.get("host") == h.name and isinstance(data.get("queue"), str):
-            queues.add(data["queue"])
-
-    live: dict[str, str] = {}
-    for session in _tmux_sessions(project, h):
-        if not _session_of(session, project, h):
-            continue
-        queue = next((q for q in sorted(queues) if session_name(project.sweep, h.name, q) == session),
-                     session[len(session_name(project.sweep, h.name, "")):])
-        live[queue] = (f"queue {queue} is live on {h.name} (tmux session {session}); wait for it to drain "
-                       f"or run `ablate stop {queue} --host {h.name}`")
-
-    stale_after = max(3 * project.heartbeat_secs, 30)
-    for fn, hb in sorted(heartbeats.items()):
-        data = hb.get("data") if isinstance(hb, dict) else None
-        if not isinstance(data, dict) or data.get("host") != h.name or data.get("state") != "running":
-            continue
-        queue = str(data.get("queue") or fn)
-        age = float(snap.get("now", time.time())) - float(hb.get("mtime", 0))
-        if queue not in live and age <= stale_after:
-            live[queue] = (f"queue {queue} on {h.name} reported running {max(age, 0):.0f}s ago (heartbeat "
-                           f"{fn}); wait for it to drain or run `ablate stop {queue} --host {h.name}`")
-    return [live[q] for q in sorted(live)]
-
-
-def _tmux_sessions(project: Project, h: Host) -> set[str]:
-    try:
-        t = host_transport(project, h)
-    except AblateError:
-        return set()  # no transport to reach the host: the heartbeat is the evidence left
-    try:
-        # Not closed here: over SSH the connection is shared for the command (and may carry the
-        # controller lock's channel); `close_all()` ends it.
-        return t.tmux_sessions()
-    except AblateError:
-        # Unreachable is not "instance lost" on one signal; the FS heartbeat still speaks for it.
-        return set()
-
-
-def _session_of(session: str, project: Project, h: Host) -> bool:
-    """Is `session` a queue session of this sweep on h (and not of a host whose name extends h's)?"""
-    prefix = session_name(project.sweep, h.name, "")
-    if not session.startswith(prefix):
-        return False
-    for other in project.hosts:
-        other_prefix = session_name(project.sweep, other, "")
-        if other != h.name and len(other_prefix) > len(prefix) and session.startswith(other_prefix):
-            return False
-    return True
+def live_queues(project: Project, h: Host, sfs: SharedFS) -> list[str]:
+    """One message per queue of this sweep still busy on host h (`SweepState.busy`: a tmux session
+    of this sweep there, or a fresh heartbeat that says running)."""
+    state = load(project, sfs)
+    busy = state.busy_queues_on(h.name, list(project.hosts))
+    return [f"queue {q} {why}; wait for it to drain or run `ablate stop {q} --host {h.name}`"
+            for q, why in sorted(busy.items())]

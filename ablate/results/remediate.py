@@ -25,16 +25,17 @@ launched. Nothing changed and nothing launched: "nothing new" (idempotent).
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ablate.plan.balance import balance
 from ablate.sweep.cells import QueueFile, check_queue_name, load_roster
-from ablate.sweep.classify import TARGETS, CellState, Classification, cell_lines, collect, count_line
+from ablate.sweep.classify import TARGETS, warn, CellState, Classification, cell_lines, collect, count_line
 from ablate.config.project import Project
 from ablate.plan.cost import known_cells, learn
 from ablate.errors import AblateError, CheckFailed
@@ -43,11 +44,11 @@ from ablate.remote.layout import SweepLayout
 from ablate.sweep.lock import controller_lock, whoami
 from ablate.util.progress import steps
 from ablate.transport import SharedFS, shared_fs
+from ablate.util.fmt import Log
 
 if TYPE_CHECKING:  # launch is imported when --launch needs it
     from ablate.run.launch import LaunchResult
 
-Log = Callable[[str], None] | None
 PREFIX = "remediate-"
 _NUMBERED = re.compile(r"^remediate-(\d+)-")
 OOM_ADVICE = ("the identical config will most likely run out of memory again unless you fixed the "
@@ -156,12 +157,13 @@ def _counts(cells: Any) -> dict[str, int]:
 
 
 def remediate(project: Project, hosts: Sequence[str] | None = None, launch: bool = False,
-              log: Log = None) -> RemediateResult:
+              log: Log | None = None) -> RemediateResult:
     selected = _selected(project, hosts)
     with controller_lock(project, "remediate --launch" if launch else "remediate", log=log):
         load_roster(project)  # a name collision anywhere is refused before anything changes
         fs = shared_fs(project)
         got = collect(project, fs)
+        warn(log, got.state.warnings)
         return _remediate(project, fs, got, selected, launch, log)
 
 
@@ -177,12 +179,12 @@ def _selected(project: Project, hosts: Sequence[str] | None) -> list[str]:
 
 
 def _remediate(project: Project, fs: SharedFS, got: Classification, selected: list[str], launch: bool,
-               log: Log) -> RemediateResult:
+               log: Log | None) -> RemediateResult:
     t = f"{time.time():.3f}"
     layout = SweepLayout(fs.root)
-    snap = got.snap
-    ledgers: Mapping[str, Any] = snap.get("ledgers") or {}
-    live = [h for h in selected if got.sessions.get(h) is not None]
+    snap = got.state.snap
+    ledgers = snap.ledgers
+    live = [h for h in selected if got.state.reachable(h)]
     down = {h: got.lost_hosts.get(h) or f"not answering ({got.unreachable.get(h, 'unreachable')})"
             for h in selected if h not in live}
     result = RemediateResult(t, dict(got.cells), down=down)
@@ -192,7 +194,7 @@ def _remediate(project: Project, fs: SharedFS, got: Classification, selected: li
     pending_of: dict[str, str] = {}
     for q in got.queues.values():
         if not q.name.startswith(PREFIX) or ledgers.get(q.name) or not q.host \
-                or got.sessions.get(q.host) is None:
+                or not got.state.reachable(q.host):
             continue
         waiting[q.name] = q
         for ln in q.cells:
@@ -217,8 +219,8 @@ def _remediate(project: Project, fs: SharedFS, got: Classification, selected: li
             raise AblateError(f"queues/{nq.queue}.txt exists already; remove it or re-run remediate")
 
     # 1 and 2: results set aside and claims released before any queue could claim the cells.
-    claims: Mapping[str, str] = snap.get("claims") or {}
-    staging: list[str] = list(snap.get("staging") or [])
+    claims = snap.claims
+    staging = list(snap.staging)
     with steps(log, len(targets), "remediate: set aside + release") as bar:
         for name, c in targets.items():
             result.aside += _set_aside(fs, layout, name, c, t, staging, list(project.hosts))
@@ -232,7 +234,7 @@ def _remediate(project: Project, fs: SharedFS, got: Classification, selected: li
             log(f"wrote queues/{nq.queue}.txt: {len(nq.cells)} cell(s) for {nq.host}")
     result.queues = new_queues
     if not result.nothing_new:
-        result.record = f"{fs.root}/remediation/{t}.json"
+        result.record = layout.remediation_record(t)
         record = {"t": float(t), "by": whoami(), "cells": {n: c.state for n, c in targets.items()},
                   "queues": {nq.queue: nq.host for nq in new_queues}, "released": result.released,
                   "aside": result.aside}
@@ -250,8 +252,8 @@ def _plan(project: Project, got: Classification, names: list[str], live: list[st
         for ln in q.cells:
             assert ln.cell is not None
             lines.setdefault(ln.cell.name, ln.text)  # the original line, byte for byte (CR stripped)
-    known = known_cells(project, got.snap)
-    model = learn(project, got.snap, known)
+    known = known_cells(project, got.state.snap)
+    model = learn(project, got.state.snap, known)
     machines = [(h, slot) for h in live for slot in project.hosts[h].slots]
     costs = [model.weight(known[n]) if n in known else 1.0 for n in names]
     speeds = [model.speed(h) for h, _ in machines]
@@ -272,7 +274,7 @@ def _plan(project: Project, got: Classification, names: list[str], live: list[st
 
 def _next_number(project: Project, got: Classification) -> int:
     seen = [p.stem for p in project.queues_dir.glob(f"{PREFIX}*.txt")] if project.queues_dir.is_dir() else []
-    seen += list(got.snap.get("queues") or {}) + list(got.snap.get("ledgers") or {})
+    seen += list(got.state.snap.queue_copies) + list(got.state.snap.ledgers)
     nums = [int(m.group(1)) for s in seen if (m := _NUMBERED.match(s))]
     return max(nums, default=0) + 1
 
@@ -282,7 +284,7 @@ def _set_aside(fs: SharedFS, layout: SweepLayout, name: str, c: CellState, t: st
     """Rename a result that must not stand, and leftover staging dirs of the cell, out of the way."""
     out = []
     if c.aside:
-        dst = f"{layout.final}/.aside.{name}.{t}"
+        dst = layout.aside_dir(name, t)
         if fs.rename_noreplace(layout.final_dir(name), dst):
             out.append(dst)
     k = 0
@@ -292,8 +294,8 @@ def _set_aside(fs: SharedFS, layout: SweepLayout, name: str, c: CellState, t: st
         if rest is None or host not in hosts or not pid.isdigit():
             continue
         k += 1
-        dst = f"{layout.final}/.aside.{name}.{t}.staging-{k}"
-        if fs.rename_noreplace(f"{layout.final}/{entry}", dst):
+        dst = layout.aside_dir(name, t, k)
+        if fs.rename_noreplace(posixpath.join(layout.final, entry), dst):
             out.append(dst)
     return out
 
@@ -302,14 +304,14 @@ def _release(fs: SharedFS, layout: SweepLayout, name: str, c: CellState, t: str)
     """The claim, with why it was released written inside it first, renamed to released/."""
     claim = layout.claim(name)
     note = {"t": float(t), "by": whoami(), "state": c.state, "reason": c.reason}
-    fs.write_atomic(f"{claim}/release.json", (json.dumps(note) + "\n").encode())
-    dst = f"{fs.root}/released/{name}.{t}"
+    fs.write_atomic(posixpath.join(claim, "release.json"), (json.dumps(note) + "\n").encode())
+    dst = layout.released_claim(name, t)
     fs.rename_noreplace(claim, dst)
     return dst
 
 
 def _launch(project: Project, queues: list[str], waiting: Mapping[str, QueueFile],
-            new_queues: list[NewQueue], log: Log) -> list[LaunchResult]:
+            new_queues: list[NewQueue], log: Log | None) -> list[LaunchResult]:
     from ablate.run.launch import LaunchResult, launch
     from ablate.remote.layout import session_name
 

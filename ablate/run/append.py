@@ -15,15 +15,7 @@ from ablate.config.project import Project
 from ablate.errors import QueueError
 from ablate.plan.cost import refresh_estimates
 from ablate.remote.layout import SweepLayout
-from ablate.run.launch import (
-    LaunchResult,
-    Log,
-    check_prefix,
-    is_live,
-    launch,
-    ledger_entry,
-    read_ledger,
-)
+from ablate.run.launch import LaunchResult, is_live, launch
 from ablate.sweep.cells import (
     Cell,
     QueueFile,
@@ -34,9 +26,12 @@ from ablate.sweep.cells import (
     read_all_queues,
     read_queue,
 )
+from ablate.sweep.ledger import check_prefix, entry_line, new_entry, parse_ledger
 from ablate.sweep.lock import controller_lock
+from ablate.sweep.snapshot import Heartbeat
 from ablate.transport import SharedFS, shared_fs
-from ablate.util.fs import atomic_write, read_json_object
+from ablate.util.fmt import Log
+from ablate.util.fs import atomic_write
 
 DRAIN_WAIT = 15.0  # seconds to wait for a queue that has decided it is drained to exit
 
@@ -68,7 +63,7 @@ class AppendResult:
 
 
 def append(project: Project, queue: str, cfg: str, task: str, epochs: int | None = None,
-           log: Log = None) -> AppendResult:
+           log: Log | None = None) -> AppendResult:
     _grown(project, queue, cfg, task, epochs)  # a bad line refuses before the lock is taken
     with controller_lock(project, f"append {queue}", log=log):
         return _append(project, queue, cfg, task, epochs, log)
@@ -89,14 +84,14 @@ def _grown(project: Project, queue: str, cfg: str, task: str,
 
 
 def _append(project: Project, queue: str, cfg: str, task: str, epochs: int | None,
-            log: Log) -> AppendResult:
+            log: Log | None) -> AppendResult:
     qf, text, cell, grown = _grown(project, queue, cfg, task, epochs)
     index = len(qf.lines)
 
     fs = shared_fs(project)
     layout = SweepLayout(fs.root)
-    ledger = read_ledger(fs, layout, queue)
-    host = ledger[-1].get("host") if ledger else None
+    ledger = parse_ledger(fs.read_bytes(layout.ledger(queue)))
+    host = ledger[-1].host if ledger else None
     h = None
     if ledger:
         check_prefix(qf, ledger, fs.read_bytes(layout.queue_file(queue)))
@@ -118,13 +113,11 @@ def _append(project: Project, queue: str, cfg: str, task: str, epochs: int | Non
     fs.write_atomic(layout.queue_file(queue), grown.normalized_text().encode())
     if _running(project, fs, layout, queue, h.name):
         last = ledger[-1]
-        fs.append_line(layout.ledger(queue), ledger_entry(
-            grown, h.name, last.get("slot"), None, last.get("spec"), last.get("run_queue"), "append"))
+        fs.append_line(layout.ledger(queue), entry_line(new_entry(
+            grown, h.name, last.slot, None, last.spec, last.run_queue, "append")))
         refresh_estimates(project, fs, None, log)  # the new cell's estimate (a relaunch writes its own)
         return AppendResult(queue, index, cell.name, text, h.name, True, None)
-    slot = ledger[-1].get("slot")
-    restarted = launch(project, queue, h.name, start_index=index,
-                       slot=slot if isinstance(slot, int) else None, log=log)
+    restarted = launch(project, queue, h.name, start_index=index, slot=ledger[-1].slot, log=log)
     return AppendResult(queue, index, cell.name, text, h.name, False, restarted)
 
 
@@ -135,8 +128,8 @@ def _running(project: Project, fs: SharedFS, layout: SweepLayout, queue: str, ho
     h = project.host(host)
     deadline = time.monotonic() + DRAIN_WAIT
     while is_live(project, h, queue):
-        hb = read_json_object(fs.read_bytes(layout.heartbeat(host, queue))) or {}
-        if hb.get("state") == "running":
+        hb = Heartbeat.from_bytes(f"{host}.{queue}", fs.read_bytes(layout.heartbeat(host, queue)))
+        if hb is not None and hb.state == "running":
             return True
         if time.monotonic() > deadline:
             return True  # neither running nor gone: leave it be, `ablate status` shows it

@@ -14,7 +14,7 @@ import posixpath
 import re
 import shlex
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,12 +22,14 @@ from ablate import resources as packaged
 from ablate.config.project import Host, Project
 from ablate.errors import AblateError, CheckFailed
 from ablate.remote.layout import SweepLayout
+from ablate.sweep.classify import warn
 from ablate.sweep.lock import controller_lock
+from ablate.sweep.snapshot import load
 from ablate.transport import SharedFS, shared_fs
+from ablate.util.fmt import Log
 from ablate.util.fs import read_json_object
 from ablate.util.progress import transfer_progress
 
-Log = Callable[[str], None] | None
 WRAPPERS = ("run_queue", "run_one")
 
 
@@ -88,12 +90,12 @@ class DeployResult:
         return out
 
 
-def deploy(project: Project, log: Log = None) -> DeployResult:
+def deploy(project: Project, log: Log | None = None) -> DeployResult:
     with controller_lock(project, "deploy", log=log):
         return _deploy(project, log)
 
 
-def _deploy(project: Project, log: Log) -> DeployResult:
+def _deploy(project: Project, log: Log | None) -> DeployResult:
     fs = shared_fs(project)
     layout = SweepLayout(fs.root)
     wrappers = packaged_wrappers()
@@ -155,7 +157,7 @@ class GcResult:
                 *(f"  removed {p}" for p in self.removed)]
 
 
-def gc(project: Project, log: Log = None) -> GcResult:
+def gc(project: Project, log: Log | None = None) -> GcResult:
     """Remove the wrappers and specs DEPLOYED.json does not name; refused (CheckFailed, nothing
     removed) while any queue may still read one of them: a live tmux session or a fresh `running`
     heartbeat that names it, or a host that cannot be asked while its heartbeat names it."""
@@ -176,7 +178,7 @@ def gc(project: Project, log: Log = None) -> GcResult:
                 (old if pattern.match(name) and rel not in keep else kept).append(rel)
         if not old:
             return GcResult((), tuple(sorted(kept)))
-        readers = old_readers(project, fs, layout, set(old))
+        readers = old_readers(project, fs, layout, set(old), log)
         if readers:
             raise CheckFailed("deploy --gc refused: " + "; ".join(readers) + "; nothing removed. Wait "
                               "for those queues to drain (`ablate status`) or stop them, then run it again")
@@ -187,28 +189,24 @@ def gc(project: Project, log: Log = None) -> GcResult:
         return GcResult(tuple(sorted(old)), tuple(sorted(kept)))
 
 
-def old_readers(project: Project, fs: SharedFS, layout: SweepLayout, old: set[str]) -> list[str]:
-    """One message per queue that may still read a file in `old` (paths relative to the root)."""
-    from ablate.remote.layout import session_name
-    from ablate.transport import fan_out, host_transport
-
-    snap = fs.probe("snapshot", {"root": layout.root, "touch": True})
-    now = float(snap.get("now") or time.time())
-    stale_after = max(3 * project.heartbeat_secs, 30)
-    # (host, queue) -> the files its run reads, and its heartbeat (state, age)
+def old_readers(project: Project, fs: SharedFS, layout: SweepLayout, old: set[str],
+                log: Log | None = None) -> list[str]:
+    """One message per queue that may still read a file in `old` (paths relative to the root): a
+    live queue (the one liveness rule), or, its host not answering, any queue whose heartbeat names
+    the file — a file removed under a queue that comes back would fail its next cell."""
+    state = load(project, fs)
+    warn(log, state.warnings)
+    # (host, queue) -> the files its run reads: from its heartbeat and its last ledger entry
     uses: dict[tuple[str, str], set[str]] = {}
-    beats: dict[tuple[str, str], tuple[str, float]] = {}
-    for hb in (snap.get("heartbeats") or {}).values():
-        data = hb.get("data") if isinstance(hb, dict) else None
-        host, queue = (data.get("host"), data.get("queue")) if isinstance(data, dict) else (None, None)
-        if isinstance(data, dict) and isinstance(host, str) and isinstance(queue, str):
-            key = (host, queue)
-            uses.setdefault(key, set()).update(_files_of(data))
-            beats[key] = (str(data.get("state")), now - float(hb.get("mtime") or 0))
-    for queue, ledger in (snap.get("ledgers") or {}).items():
+    for beat in state.snap.heartbeats.values():
+        if beat.host and beat.queue:
+            uses.setdefault((beat.host, beat.queue), set()).update(beat.files)
+    for queue, ledger in state.snap.ledgers.items():
         last = ledger[-1] if ledger else None
-        if isinstance(last, dict) and isinstance(last.get("host"), str):
-            uses.setdefault((last["host"], queue), set()).update(_files_of(last))
+        if last is not None and last.host:
+            files = {f"wrappers/{last.run_queue}"} if last.run_queue else set()
+            files |= {f"specs/{last.spec}"} if last.spec else set()
+            uses.setdefault((last.host, queue), set()).update(files)
     run_one_of: dict[str, str | None] = {}  # a spec names the run_one its cells run
     for files in uses.values():
         for spec in [f for f in files if f.startswith("specs/")]:
@@ -216,31 +214,22 @@ def old_readers(project: Project, fs: SharedFS, layout: SweepLayout, old: set[st
                 run_one_of[spec] = _spec_run_one(fs.read_bytes(posixpath.join(layout.root, spec)))
             if run_one_of[spec]:
                 files.add(f"wrappers/{run_one_of[spec]}")
-    suspects = {k: sorted(f & old) for k, f in uses.items() if f & old}
-    hosts = sorted({h for h, _ in suspects if h in project.hosts})
-    sessions = fan_out(hosts, lambda h: host_transport(project, project.hosts[h]).tmux_sessions())
     out: list[str] = []
-    for (host, queue), names in sorted(suspects.items()):
-        state, age = beats.get((host, queue), ("", float("inf")))
-        live = sessions.get(host)
-        if isinstance(live, set) and session_name(project.sweep, host, queue) in live:
-            why = f"is live on {host} (tmux)"
-        elif state == "running" and age <= stale_after:
-            why = f"reported running on {host} {max(age, 0):.0f}s ago"
-        elif isinstance(live, Exception) and (host, queue) in beats:
+    for (host, queue), files in sorted(uses.items()):
+        names = sorted(files & old)
+        if not names:
+            continue
+        age, hb = state.heartbeat(host, queue)
+        if state.live(host, queue):
+            why = f"is live on {host}" + (" (tmux)" if state.reachable(host) else
+                                          f" (heartbeat {max(age or 0.0, 0.0):.0f}s old, host not answering)")
+        elif state.busy(host, queue):  # not live, but a fresh beat says running: wait for it
+            why = f"reported running on {host} {max(age or 0.0, 0.0):.0f}s ago"
+        elif not state.reachable(host) and hb is not None:
             why = f"may still run: {host} cannot be reached and its heartbeat names it"
         else:
             continue
         out.append(f"queue {queue} {why}, reading {', '.join(names)}")
-    return out
-
-
-def _files_of(rec: Mapping[str, Any]) -> set[str]:
-    out = set()
-    if isinstance(rec.get("run_queue"), str):
-        out.add(f"wrappers/{rec['run_queue']}")
-    if isinstance(rec.get("spec"), str):
-        out.add(f"specs/{rec['spec']}")
     return out
 
 

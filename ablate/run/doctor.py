@@ -15,7 +15,7 @@ import os
 import posixpath
 import secrets
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +23,15 @@ from ablate.config.project import Host, Project, parse_size
 from ablate.errors import AblateError, ConfigError
 from ablate.remote.layout import SweepLayout
 from ablate.run.deploy import packaged_wrappers
-from ablate.run.hostcheck import Section, ask_text, fmt_count, fmt_size, measure, parse_df
+from ablate.run.hostcheck import Section, ask_text, measure, parse_df
 from ablate.sweep.cells import QueueFile, read_all_queues
+from ablate.sweep.ledger import last_host, parse_ledger
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
 from ablate.transport.ssh import load_ssh_config
+from ablate.util.fmt import Log
+from ablate.util.fmt import count as fmt_count
+from ablate.util.fmt import size as fmt_size
 
-Log = Callable[[str], None] | None
 RUNPOD_PROXY = "ssh.runpod.io"
 TMUX_FIX = "install it: apt-get install -y tmux"
 # Drivers report a little less memory than a card's nominal size (an "A10 24GB" shows 23028 MiB).
@@ -118,16 +121,7 @@ def count_cells(project: Project, fs: SharedFS | None, also: tuple[str, str] | N
 def _ledger_host(fs: SharedFS | None, q: QueueFile) -> str | None:
     if fs is None:
         return None
-    host = None
-    raw = fs.read_bytes(SweepLayout(fs.root).ledger(q.name)) or b""
-    for line in raw.decode(errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and entry.get("op") == "launch" and isinstance(entry.get("host"), str):
-            host = entry["host"]
-    return host
+    return last_host(parse_ledger(fs.read_bytes(SweepLayout(fs.root).ledger(q.name))), op="launch")
 
 
 def _disk(project: Project, host: Host, cells: Cells, sec: Section | None) -> Check:
@@ -444,7 +438,7 @@ def _env(host: Host, sec: Section | None) -> Check:
 # --------------------------------------------------------------------------- the command
 
 
-def doctor(project: Project, hosts: list[str] | None = None, log: Log = None) -> DoctorReport:
+def doctor(project: Project, hosts: list[str] | None = None, log: Log | None = None) -> DoctorReport:
     names = list(dict.fromkeys(hosts)) if hosts else list(project.hosts)
     chosen = [project.host(n) for n in names]
     ask = gpu_ask(project)  # a malformed resources.gpu is bad config: refused before any host work
@@ -483,7 +477,7 @@ def doctor(project: Project, hosts: list[str] | None = None, log: Log = None) ->
     return DoctorReport(reports)
 
 
-def _remove_nonce(project: Project, fs: SharedFS, writer: str, path: str, log: Log) -> None:
+def _remove_nonce(project: Project, fs: SharedFS, writer: str, path: str, log: Log | None) -> None:
     """Through the host that wrote it (SharedFS has no delete), or directly for a local FS."""
     try:
         if writer in project.hosts and project.hosts[writer].transport == "ssh":

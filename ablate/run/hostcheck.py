@@ -102,17 +102,6 @@ def parse_df(section: Section) -> DiskFree | None:
     return DiskFree(lines[0], m.group("fs"), m.group("mount"), num("total"), num("free"))
 
 
-def fmt_size(n: float) -> str:
-    """Decimal units, as ablate.yaml sizes are written (2GB = 2e9 bytes)."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000:
-            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"
-
-
-def fmt_count(n: int) -> str:
-    return f"{n:,}"
 
 
 def ask_text(ask: Mapping[str, object]) -> str:

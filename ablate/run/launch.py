@@ -2,34 +2,28 @@
 
 A launch validates everything first (roster, host, slot, start index, the launched prefix of the
 queue file, no live copy) and changes nothing when it refuses. Then it deploys (idempotent), writes
-the FS copy of the queue, appends a ledger entry and starts `run_queue` in tmux. `append` lives in
-`ablate.run.append` and `stop` in `ablate.run.stop`; the names here forward to them.
+the FS copy of the queue, appends a ledger entry (`ablate.sweep.ledger`) and starts `run_queue` in
+tmux.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ablate.config.project import Host, Project
-from ablate.errors import AblateError, CheckFailed, QueueError
+from ablate.errors import AblateError, CheckFailed
 from ablate.plan.cost import refresh_estimates
 from ablate.remote.layout import SweepLayout, session_name
 from ablate.run.deploy import DeployResult, deploy
 from ablate.sweep.cells import QueueFile, check_queue_name, load_roster, read_queue
+from ablate.sweep.ledger import LedgerEntry, check_prefix, entry_line, new_entry, parse_ledger
 from ablate.sweep.lock import controller_lock
+from ablate.sweep.snapshot import Snapshot, probe_only
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
+from ablate.util.fmt import Log
 from ablate.util.progress import steps
-
-if TYPE_CHECKING:
-    from ablate.run.append import AppendResult
-    from ablate.run.stop import StopResult
-
-Log = Callable[[str], None] | None
 
 
 @dataclass(frozen=True)
@@ -65,67 +59,6 @@ class LaunchResult:
                 f"to go, tmux {self.session}, wrappers {self.version}"]
 
 
-# --------------------------------------------------------------------------- ledger
-
-
-def prefix_sha256(lines: Sequence[str]) -> str:
-    return hashlib.sha256("".join(line + "\n" for line in lines).encode()).hexdigest()
-
-
-def read_jsonl(raw: bytes | None) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for line in (raw or b"").decode(errors="replace").splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
-
-
-def read_ledger(fs: SharedFS, layout: SweepLayout, queue: str) -> list[dict[str, Any]]:
-    return [e for e in read_jsonl(fs.read_bytes(layout.ledger(queue)))
-            if isinstance(e.get("lines"), int) and isinstance(e.get("prefix_sha256"), str)]
-
-
-def check_prefix(qf: QueueFile, ledger: Sequence[Mapping[str, Any]], launched_text: bytes | None) -> None:
-    """Refuse when a line already launched was edited, deleted or moved (queue files are append-only)."""
-    local = [ln.text for ln in qf.lines]
-    launched = launched_text.decode(errors="replace").split("\n")[:-1] if launched_text else None
-    rel = f"queues/{qf.name}.txt"
-    fix = "queue files are append-only: restore it, and add new cells at the end (`ablate append`)"
-    for entry in ledger:
-        n = int(entry["lines"])
-        if len(local) >= n and prefix_sha256(local[:n]) == entry["prefix_sha256"]:
-            continue
-        if launched is not None:
-            for i in range(min(n, len(launched))):
-                if i >= len(local):
-                    raise QueueError(f"{rel}:{i + 1} was launched as {launched[i]!r} and is gone now "
-                                     f"(the file has {len(local)} lines); {fix}")
-                if local[i] != launched[i]:
-                    raise QueueError(f"{rel}:{i + 1} changed since it was launched: was {launched[i]!r}, "
-                                     f"now {local[i]!r}; {fix}")
-        raise QueueError(f"{rel}: its first {n} lines changed since they were launched; {fix}")
-
-
-def ledger_entry(qf: QueueFile, host: str, slot: int | None, start: int | None, spec: str | None,
-                 run_queue: str | None, op: str, cleared_stop: bool = False) -> str:
-    lines = [ln.text for ln in qf.lines]
-    entry = {"t": time.time(), "host": host, "slot": slot, "start_index": start, "lines": len(lines),
-             "prefix_sha256": prefix_sha256(lines), "spec": spec, "run_queue": run_queue, "op": op}
-    if cleared_stop:  # this launch removed a pending `stop --after-current` request
-        entry["cleared_stop"] = True
-    return json.dumps(entry)
-
-
-def stop_request(root: str, host: str, queue: str) -> str:
-    """`control/<host>.<queue>.stop`: `ablate stop --after-current` asks run_queue to end after
-    its current cell; a launch of that queue removes it first."""
-    return f"{root.rstrip('/')}/control/{host}.{queue}.stop"
-
-
 # --------------------------------------------------------------------------- launch
 
 
@@ -144,11 +77,10 @@ def _slot(h: Host, qf: QueueFile, slot: int | None) -> int | None:
     return slot
 
 
-def _resume_index(snap: Mapping[str, Any], qf: QueueFile) -> int:
+def _resume_index(snap: Snapshot, qf: QueueFile) -> int:
     """The first cell line without a durable result (an interrupted cell re-enters via its claim)."""
-    final = set(snap.get("final") or [])
     for ln in qf.cells:
-        if ln.cell is not None and ln.cell.name not in final:
+        if ln.cell is not None and ln.cell.name not in snap.results:
             return ln.index
     return len(qf.lines)
 
@@ -171,7 +103,7 @@ def _check_args(project: Project, queue: str, host: str, start_index: int | None
 
 
 def _launch(project: Project, queue: str, host: str, start_index: int | None, slot: int | None,
-            log: Log, *, dep: DeployResult | None, report_live: bool) -> LaunchResult:
+            log: Log | None, *, dep: DeployResult | None, report_live: bool) -> LaunchResult:
     h, qf, slot = _check_args(project, queue, host, start_index, slot)
     session = session_name(project.sweep, host, queue)
     n = len(qf.lines)
@@ -179,9 +111,9 @@ def _launch(project: Project, queue: str, host: str, start_index: int | None, sl
     ht = host_transport(project, h)
     fs = shared_fs(project)
     layout = SweepLayout(fs.root)
-    ledger = read_ledger(fs, layout, queue)
+    ledger = parse_ledger(fs.read_bytes(layout.ledger(queue)))
     live_on = [host] if is_live(project, h, queue, ht) else []
-    last_host = ledger[-1].get("host") if ledger else None
+    last_host = ledger[-1].host if ledger else None
     if not live_on and isinstance(last_host, str) and last_host != host and last_host in project.hosts:
         try:
             if is_live(project, project.hosts[last_host], queue):
@@ -196,10 +128,10 @@ def _launch(project: Project, queue: str, host: str, start_index: int | None, sl
                           f"`ablate stop {queue} --host {live_on[0]}` first")
     check_prefix(qf, ledger, fs.read_bytes(layout.queue_file(queue)))
     resumed = False
-    snap: Mapping[str, Any] | None = None  # read once: the resume index, then the estimates
+    snap: Snapshot | None = None  # read once: the resume index, then the estimates
     if start_index is None:
         if ledger:
-            snap = fs.probe("snapshot", {"root": layout.root, "touch": False})
+            snap = probe_only(project, fs)
         start_index = _resume_index(snap, qf) if snap is not None else 0
         resumed = bool(ledger)
     # Rule 5 and code drift: refused with the numbers (exit 1) before anything changes.
@@ -211,9 +143,9 @@ def _launch(project: Project, queue: str, host: str, start_index: int | None, sl
     dep = dep or deploy(project, log)
     hl = project.layout(h)
     fs.write_atomic(layout.queue_file(queue), qf.normalized_text().encode())
-    cleared = fs.remove(stop_request(layout.root, host, queue))
-    fs.append_line(layout.ledger(queue), ledger_entry(qf, host, slot, start_index, dep.specs[host],
-                                                      dep.run_queue, "launch", cleared))
+    cleared = fs.remove(layout.stop_request(host, queue))
+    fs.append_line(layout.ledger(queue), entry_line(new_entry(qf, host, slot, start_index, dep.specs[host],
+                                                              dep.run_queue, "launch", cleared)))
     refresh_estimates(project, fs, snap, log)  # what drained runners steal by, before this one runs
     argv = ["bash", dep.run_queue_path(hl), dep.spec_path(hl, host), queue, str(start_index)]
     if slot is not None:
@@ -227,14 +159,14 @@ def _launch(project: Project, queue: str, host: str, start_index: int | None, sl
 
 
 def launch(project: Project, queue: str, host: str, start_index: int | None = None,
-           slot: int | None = None, log: Log = None) -> LaunchResult:
+           slot: int | None = None, log: Log | None = None) -> LaunchResult:
     load_roster(project)  # a name collision anywhere refuses before anything runs
     _check_args(project, queue, host, start_index, slot)
     with controller_lock(project, f"launch {queue} --host {host}", log=log):
         return _launch(project, queue, host, start_index, slot, log, dep=None, report_live=False)
 
 
-def launch_all(project: Project, log: Log = None) -> list[LaunchResult]:
+def launch_all(project: Project, log: Log | None = None) -> list[LaunchResult]:
     """Every queue whose `# ablate: host=H` header names a host, on all hosts at once.
 
     The shared-FS work stays serial and batched: deploy, one snapshot for every ledger, launched
@@ -248,7 +180,7 @@ def launch_all(project: Project, log: Log = None) -> list[LaunchResult]:
         return _launch_all(project, log)
 
 
-def _launch_all(project: Project, log: Log) -> list[LaunchResult]:
+def _launch_all(project: Project, log: Log | None) -> list[LaunchResult]:
     roster = load_roster(project)
     planned = [q for q in roster.queues if q.host]
     if not planned:
@@ -260,12 +192,10 @@ def _launch_all(project: Project, log: Log) -> list[LaunchResult]:
     dep = deploy(project, log)
     fs = shared_fs(project)
     layout = SweepLayout(fs.root)
-    snap: Mapping[str, Any] = fs.probe("snapshot", {"root": layout.root, "touch": False})
-    ledgers = {q.name: [e for e in (snap.get("ledgers") or {}).get(q.name) or []
-                        if isinstance(e.get("lines"), int) and isinstance(e.get("prefix_sha256"), str)]
-               for q in planned}
+    snap = probe_only(project, fs)
+    ledgers = {q.name: snap.ledgers.get(q.name, ()) for q in planned}
     asked: set[str] = {q.host for q in planned if q.host and q.host in project.hosts}
-    asked |= {str(lg[-1]["host"]) for lg in ledgers.values() if lg and lg[-1].get("host") in project.hosts}
+    asked |= {str(lg[-1].host) for lg in ledgers.values() if lg and lg[-1].host in project.hosts}
     sessions: Mapping[str, set[str] | Exception] = fan_out(sorted(asked),
                        lambda name: host_transport(project, project.hosts[name]).tmux_sessions())
 
@@ -298,9 +228,9 @@ def _launch_all(project: Project, log: Log) -> list[LaunchResult]:
     # ledger entry (queues write disjoint files, so a few at once; sshd allows ~10 per connection).
     def record(r: _Ready) -> None:
         fs.write_atomic(layout.queue_file(r.qf.name), r.qf.normalized_text().encode())
-        cleared = fs.remove(stop_request(layout.root, r.host, r.qf.name))
-        fs.append_line(layout.ledger(r.qf.name), ledger_entry(
-            r.qf, r.host, r.slot, r.start_index, dep.specs[r.host], dep.run_queue, "launch", cleared))
+        cleared = fs.remove(layout.stop_request(r.host, r.qf.name))
+        fs.append_line(layout.ledger(r.qf.name), entry_line(new_entry(
+            r.qf, r.host, r.slot, r.start_index, dep.specs[r.host], dep.run_queue, "launch", cleared)))
 
     recorded = fan_out(range(len(ready)), lambda i: record(ready[i]), max_workers=4)
     written: list[_Ready] = []
@@ -365,9 +295,9 @@ def _failed(project: Project, queue: str, host: str, error: str) -> LaunchResult
     return LaunchResult(queue, host, "failed", session_name(project.sweep, host, queue), error=error)
 
 
-def _prepare(project: Project, qf: QueueFile, host: str, ledger: Sequence[Mapping[str, Any]],
-             snap: Mapping[str, Any], sessions: Mapping[str, set[str] | Exception],
-             log: Log) -> _Ready | LaunchResult:
+def _prepare(project: Project, qf: QueueFile, host: str, ledger: Sequence[LedgerEntry],
+             snap: Snapshot, sessions: Mapping[str, set[str] | Exception],
+             log: Log | None) -> _Ready | LaunchResult:
     """The checks of `_launch`, from one FS snapshot and the hosts' tmux sessions asked at once."""
     h = project.host(host)
     slot = _slot(h, qf, None)
@@ -377,7 +307,7 @@ def _prepare(project: Project, qf: QueueFile, host: str, ledger: Sequence[Mappin
         raise AblateError(f"cannot reach {host}: {_message(mine)}")
     if mine is not None and session in mine:
         return LaunchResult(qf.name, host, "running", session)
-    last_host = ledger[-1].get("host") if ledger else None
+    last_host = ledger[-1].host if ledger else None
     if isinstance(last_host, str) and last_host != host and last_host in project.hosts:
         theirs = sessions.get(last_host)
         if isinstance(theirs, Exception):  # the previous host is gone: moving the queue is the point
@@ -387,18 +317,14 @@ def _prepare(project: Project, qf: QueueFile, host: str, ledger: Sequence[Mappin
         elif theirs is not None and session_name(project.sweep, last_host, qf.name) in theirs:
             return LaunchResult(qf.name, last_host, "running",
                                 session_name(project.sweep, last_host, qf.name))
-    launched = (snap.get("queues") or {}).get(qf.name)
-    check_prefix(qf, ledger, launched.encode() if isinstance(launched, str) else None)
+    check_prefix(qf, ledger, snap.queue_copies.get(qf.name))
     if not ledger:
         return _Ready(qf, host, session, slot, 0, False)
-    final = set(snap.get("final") or [])
-    start = next((ln.index for ln in qf.cells if ln.cell is not None and ln.cell.name not in final),
-                 len(qf.lines))
-    return _Ready(qf, host, session, slot, start, True)
+    return _Ready(qf, host, session, slot, _resume_index(snap, qf), True)
 
 
 def _start_on_host(project: Project, dep: DeployResult, ready: Sequence[_Ready],
-                   log: Log) -> dict[str, Exception | None]:
+                   log: Log | None) -> dict[str, Exception | None]:
     """Start this host's queues over its one connection; per queue, None or what went wrong."""
     h = project.host(ready[0].host)
     ht = host_transport(project, h)
@@ -418,21 +344,3 @@ def _start_on_host(project: Project, dep: DeployResult, ready: Sequence[_Ready],
             cells = sum(1 for ln in r.qf.cells if ln.index >= r.start_index)
             log(f"{r.host}: tmux {r.session} runs {r.qf.name} from line {r.start_index} ({cells} cell(s))")
     return out
-
-
-# --------------------------------------------------------------------------- append
-
-
-def stop(project: Project, queue: str, host: str, after_current: bool = False) -> StopResult:
-    """See `ablate.run.stop.stop` (a module of its own)."""
-    from ablate.run.stop import stop as do_stop
-
-    return do_stop(project, queue, host, after_current)
-
-
-def append(project: Project, queue: str, cfg: str, task: str, epochs: int | None = None,
-           log: Log = None) -> AppendResult:
-    """See `ablate.run.append.append` (a module of its own: it builds on this one)."""
-    from ablate.run.append import append as do_append
-
-    return do_append(project, queue, cfg, task, epochs, log=log)

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ablate.config.project import Project
 from ablate.remote.layout import SweepLayout, session_name
-from ablate.run.launch import stop_request
 from ablate.sweep.cells import check_queue_name
 from ablate.sweep.lock import controller_lock, whoami
+from ablate.sweep.snapshot import Heartbeat
 from ablate.transport import HostTransport, host_transport, shared_fs
-from ablate.util.fs import read_json_object
 
 STOP_GRACE = 10.0  # seconds between TERM and KILL of a stopped queue's process group
 
@@ -55,11 +53,11 @@ def _group_alive(ht: HostTransport, pgid: int) -> bool:
     return ht.run(["kill", "-0", "--", f"-{pgid}"]).rc == 0
 
 
-def _recorded_group(ht: HostTransport, hb: Mapping[str, Any]) -> int | None:
+def _recorded_group(ht: HostTransport, hb: Heartbeat) -> int | None:
     """The heartbeat's process group, if its pid is still a run_queue leading that group: a pgid
     recycled since must never be signalled."""
-    pid, pgid = hb.get("pid"), hb.get("pgid")
-    if not (isinstance(pid, int) and isinstance(pgid, int) and pgid > 1):
+    pid, pgid = hb.pid, hb.pgid
+    if pid is None or pgid is None or pgid <= 1:
         return None
     r = ht.run(["ps", "-ww", "-o", "pgid=", "-o", "args=", "-p", str(pid)])  # -ww: never truncate
     parts = r.stdout.split(None, 1)
@@ -85,12 +83,11 @@ def _stop_after_current(project: Project, queue: str, host: str) -> StopResult:
     session = session_name(project.sweep, host, queue)
     if session not in ht.tmux_sessions():
         return StopResult(queue, host, session, False, None, None, True)
-    path = stop_request(layout.root, host, queue)
+    path = layout.stop_request(host, queue)
     fs.write_atomic(path, (json.dumps({"t": time.time(), "by": whoami()}) + "\n").encode())
-    hb = read_json_object(fs.read_bytes(layout.heartbeat(host, queue))) or {}
-    cell = hb.get("cell") if hb.get("state") == "running" and hb.get("cell_started") else None
-    return StopResult(queue, host, session, True, None, None, True,
-                      cell if isinstance(cell, str) else None, path)
+    hb = Heartbeat.from_bytes(f"{host}.{queue}", fs.read_bytes(layout.heartbeat(host, queue)))
+    cell = hb.cell if hb is not None and hb.state == "running" and hb.cell_started is not None else None
+    return StopResult(queue, host, session, True, None, None, True, cell, path)
 
 
 def _stop(project: Project, queue: str, host: str) -> StopResult:
@@ -102,8 +99,8 @@ def _stop(project: Project, queue: str, host: str) -> StopResult:
     live = session in ht.tmux_sessions()
     if not live:
         return StopResult(queue, host, session, False, None, None)
-    hb = read_json_object(fs.read_bytes(layout.heartbeat(host, queue))) or {}
-    pgid = _recorded_group(ht, hb)
+    hb = Heartbeat.from_bytes(f"{host}.{queue}", fs.read_bytes(layout.heartbeat(host, queue)))
+    pgid = _recorded_group(ht, hb) if hb is not None else None
     signal: str | None = None
     if pgid is not None:
         # Never `pkill -f`: the pattern could match this very SSH session. The group is exact.

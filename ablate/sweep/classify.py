@@ -31,17 +31,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ablate.config.project import Project
-from ablate.errors import AblateError
-from ablate.remote.layout import SweepLayout, session_name
-from ablate.sweep.cells import Cell, QueueFile, Roster, build_roster, parse_queue_text, read_all_queues
-from ablate.transport import SharedFS, fan_out, host_transport, shared_fs
-from ablate.util.fs import read_json_object
+from ablate.sweep.cells import Cell, QueueFile, Roster, build_roster
+from ablate.sweep.snapshot import Approval, Event, Heartbeat, Result, SweepState, Tail, all_queues, load
+from ablate.transport import SharedFS, shared_fs
+from ablate.util.fmt import Log
+from ablate.util.fmt import age as _age
 
 STATES = ("verified", "synced", "queued", "running", "hung", "lost", "interrupted", "oom", "crashed",
           "sync_failed", "corrupt", "stale", "never_ran")
@@ -102,12 +101,22 @@ class Verification:
 
 @dataclass
 class Classification:
+    """Every roster cell's state, and the SweepState it was decided from."""
+
     cells: dict[str, CellState]  # roster order
-    unreachable: dict[str, str] = field(default_factory=dict)  # host -> why
-    snap: Mapping[str, Any] = field(default_factory=dict)
-    sessions: Mapping[str, set[str] | None] = field(default_factory=dict)
-    queues: Mapping[str, QueueFile] = field(default_factory=dict)
-    lost_hosts: dict[str, str] = field(default_factory=dict)
+    state: SweepState
+
+    @property
+    def unreachable(self) -> dict[str, str]:
+        return self.state.unreachable
+
+    @property
+    def queues(self) -> Mapping[str, QueueFile]:
+        return self.state.queues
+
+    @property
+    def lost_hosts(self) -> dict[str, str]:
+        return self.state.lost_hosts()
 
     def counts(self) -> dict[str, int]:
         return state_counts(self.cells.values())
@@ -146,38 +155,44 @@ def cell_lines(cells: Sequence[CellState], limit: int = 60) -> list[str]:
     return out
 
 
+def state_lines(cells: Mapping[str, CellState], hosts: Sequence[HostAlarm]) -> list[str]:
+    """The per-state count, every cell that is not verified, and the host alarms."""
+    out = []
+    if cells:
+        out.append(count_line(state_counts(cells.values())))
+        out += cell_lines([c for c in cells.values() if c.state != "verified"])
+    out += [h.line() for h in hosts]
+    return out
+
+
+def warning_lines(warnings: Sequence[str]) -> list[str]:
+    return [f"warning: {w}" for w in warnings]
+
+
 # --------------------------------------------------------------------------- I/O
 
 
-def stale_after(project: Project) -> float:
-    """A heartbeat older than this (FS clock) is stale: the same rule as status and release."""
-    return float(max(3 * project.heartbeat_secs, 30))
+def warn(log: Log | None, warnings: Sequence[str]) -> None:
+    """Each warning about a malformed file on the shared FS, one line through `log` (stderr)."""
+    if log is not None:
+        for w in warnings:
+            log(f"warning: {w}")
 
 
-def all_queues(project: Project, snap: Mapping[str, Any]) -> dict[str, QueueFile]:
-    """The local queue files, plus the FS copies of queues this laptop lacks (another controller's)."""
-    local = {q.name: q for q in read_all_queues(project)}
-    out: dict[str, QueueFile] = {}
-    for name, text in sorted((snap.get("queues") or {}).items()):
-        if name in local:
-            continue
-        try:
-            out[name] = parse_queue_text(name, text, project.tasks, project.queues_dir / f"{name}.txt")
-        except AblateError:
-            continue  # an unreadable foreign copy is no roster of ours
-    out.update(local)
-    return dict(sorted(out.items()))
-
-
-def sweep_roster(project: Project, fs: SharedFS) -> Roster:
+def sweep_roster(project: Project, fs: SharedFS, log: Log | None = None) -> Roster:
     """The roster of the local queue files plus the FS copies of launched queues this laptop lacks,
     so a controller whose local state is gone rebuilds it from the FS (one probe round trip). When
-    the FS cannot be read, the local queue files alone (a command that needs the FS fails there)."""
+    the FS cannot be read, the local queue files alone (a command that needs the FS fails there).
+    A copy that does not parse is left out, with a warning through `log`."""
+    from ablate.errors import AblateError
+
     try:
-        copies = fs.probe("queues", {"root": fs.root})
+        copies = fs.probe("queues", {"root": fs.root}).get("queues") or {}
     except (AblateError, OSError):
         copies = {}
-    return build_roster(all_queues(project, copies).values())
+    queues, warnings = all_queues(project, {str(k): v for k, v in copies.items() if isinstance(v, str)})
+    warn(log, warnings)
+    return build_roster(queues.values())
 
 
 def cfg_hashes(project: Project, queues: Mapping[str, QueueFile]) -> dict[str, str | None]:
@@ -196,173 +211,41 @@ def cfg_hashes(project: Project, queues: Mapping[str, QueueFile]) -> dict[str, s
     return out
 
 
-def ask_hosts(project: Project, hosts: Sequence[str]) -> tuple[dict[str, set[str] | None], dict[str, str]]:
-    """Each host's live tmux sessions (None: not reachable) and why the unreachable ones are."""
-    answers = fan_out(list(hosts), lambda n: host_transport(project, project.hosts[n]).tmux_sessions())
-    return sessions_of(project, answers)
-
-
-def sessions_of(project: Project, answers: Mapping[str, Any]) -> tuple[dict[str, set[str] | None],
-                                                                         dict[str, str]]:
-    sessions: dict[str, set[str] | None] = {}
-    unreachable: dict[str, str] = {}
-    for name in project.hosts:
-        got = answers.get(name)
-        if isinstance(got, Exception) or got is None:
-            sessions[name] = None
-            text = str(got) if got is not None else "not asked"
-            unreachable[name] = text.splitlines()[0] if text else type(got).__name__
-        else:
-            sessions[name] = set(got)
-    return sessions, unreachable
+def classify_state(project: Project, state: SweepState,
+                   verification: Verification | None = None) -> Classification:
+    """Every cell of `state`'s queues; the verification defaults to the snapshot's reconcile record."""
+    if verification is None:
+        verification = Verification.from_record(state.snap.reconcile)
+    cells = classify(state, cfg_sha=cfg_hashes(project, state.queues), verification=verification,
+                     hung_after=project.monitor.hung_after)
+    return Classification(cells, state)
 
 
 def collect(project: Project, fs: SharedFS | None = None,
             verification: Verification | None = None) -> Classification:
-    """Snapshot the FS and ask every host's tmux at once, then classify every cell."""
-    fs = fs or shared_fs(project)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        asked = pool.submit(ask_hosts, project, list(project.hosts))
-        snap: Mapping[str, Any] = fs.probe("snapshot", {"root": fs.root})
-        sessions, unreachable = asked.result()
-    if verification is None:
-        verification = Verification.from_record(
-            read_json_object(fs.read_bytes(SweepLayout(fs.root).reconcile_record)))
-    queues = all_queues(project, snap)
-    cells = classify(queues, snap, sessions, sweep=project.sweep, cfg_sha=cfg_hashes(project, queues),
-                     verification=verification, stale_after=stale_after(project),
-                     hung_after=project.monitor.hung_after)
-    return Classification(cells, unreachable, snap, sessions, queues,
-                          lost_hosts(snap, sessions, stale_after(project)))
-
-
-def for_status(project: Project, queues: Mapping[str, QueueFile], snap: Mapping[str, Any],
-               sessions: Mapping[str, set[str] | None], record: bytes | None) -> tuple[
-                   dict[str, CellState], list[IdleHost]]:
-    """`ablate status`'s cell states and idle hosts, from the snapshot and tmux answers it read."""
-    stale = stale_after(project)
-    cells = classify(queues, snap, sessions, sweep=project.sweep, cfg_sha=cfg_hashes(project, queues),
-                     verification=Verification.from_record(read_json_object(record)),
-                     stale_after=stale, hung_after=project.monitor.hung_after)
-    idle = idle_hosts(list(project.hosts), snap, sessions, sweep=project.sweep, stale_after=stale,
-                      idle_after=project.monitor.idle_after)
-    return cells, idle
-
-
-def state_lines(cells: Mapping[str, CellState], idle: Sequence[IdleHost]) -> list[str]:
-    """The per-state count, every cell that is not verified, and the idle alarm."""
-    out = []
-    if cells:
-        out.append(count_line(state_counts(cells.values())))
-        out += cell_lines([c for c in cells.values() if c.state != "verified"])
-    out += [i.line() for i in idle]
-    return out
+    """Snapshot the FS and ask every host's tmux at once (`snapshot.load`), then classify every cell."""
+    return classify_state(project, load(project, fs or shared_fs(project)), verification)
 
 
 # --------------------------------------------------------------------------- the pure part
 
 
-def lost_hosts(snap: Mapping[str, Any], sessions: Mapping[str, set[str] | None],
-               stale: float) -> dict[str, str]:
-    """Hosts that do not answer AND whose every heartbeat is stale (or that have none): gone."""
-    now = float(snap["now"])
-    out: dict[str, str] = {}
-    for host, got in sessions.items():
-        if got is not None:
-            continue
-        ages = [now - float(hb["mtime"]) for hb in (snap.get("heartbeats") or {}).values()
-                if isinstance(hb, dict) and (hb.get("data") or {}).get("host") == host]
-        if not ages or min(ages) > stale:
-            age = f"newest heartbeat {_age(min(ages))} old" if ages else "no heartbeat"
-            out[host] = f"unreachable and {age}"
-    return out
-
-
-class _View:
-    """Indexes over one snapshot, shared by every cell's decision."""
-
-    def __init__(self, snap: Mapping[str, Any], sessions: Mapping[str, set[str] | None], sweep: str,
-                 stale: float) -> None:
-        self.snap = snap
-        self.now = float(snap["now"])
-        self.sessions = sessions
-        self.sweep = sweep
-        self.stale = stale
-        self.heartbeats: Mapping[str, Any] = snap.get("heartbeats") or {}
-        self.ledgers: Mapping[str, list[dict[str, Any]]] = snap.get("ledgers") or {}
-        # Per events file (key host.queue): its events; per cell: (file, position) of its events.
-        self.events: Mapping[str, list[dict[str, Any]]] = snap.get("events") or {}
-        self.by_cell: dict[str, list[tuple[str, int]]] = {}
-        for key, evs in self.events.items():
-            for i, e in enumerate(evs):
-                cell = e.get("cell")
-                if isinstance(cell, str) and e.get("ev") in ("start", "end", "synced", "sync_failed"):
-                    self.by_cell.setdefault(cell, []).append((key, i))
-
-    def reachable(self, host: str | None) -> bool:
-        return host is not None and self.sessions.get(host) is not None
-
-    def heartbeat(self, host: str | None, queue: str | None) -> tuple[float | None, dict[str, Any]]:
-        hb = self.heartbeats.get(f"{host}.{queue}") if host and queue else None
-        if not isinstance(hb, dict):
-            return None, {}
-        data = hb.get("data")
-        return self.now - float(hb["mtime"]), data if isinstance(data, dict) else {}
-
-    def fresh(self, host: str | None, queue: str | None) -> bool:
-        age, _ = self.heartbeat(host, queue)
-        return age is not None and age <= self.stale
-
-    def live(self, host: str | None, queue: str | None) -> bool:
-        """The queue runs: its tmux session is there; or, its host not answering, its heartbeat is
-        fresh and says running (a dropped link is not a dead queue)."""
-        if host is None or queue is None:
-            return False
-        got = self.sessions.get(host)
-        if got is not None:
-            return session_name(self.sweep, host, queue) in got
-        age, data = self.heartbeat(host, queue)
-        return age is not None and age <= self.stale and data.get("state") == "running"
-
-    def queue_host(self, q: QueueFile) -> str | None:
-        ledger = self.ledgers.get(q.name) or []
-        host = ledger[-1].get("host") if ledger else None
-        return host if isinstance(host, str) else q.host
-
-    def cell_events(self, name: str, key: str | None = None) -> list[tuple[str, int, dict[str, Any]]]:
-        return [(k, i, self.events[k][i]) for k, i in self.by_cell.get(name, ()) if key is None or k == key]
-
-    def stopped_after(self, key: str, pos: int) -> dict[str, Any] | None:
-        """A `stopped` / `queue_stop` event in this file after position `pos`."""
-        for e in self.events.get(key, [])[pos + 1:]:
-            if e.get("ev") in ("stopped", "queue_stop"):
-                return e
-        return None
-
-
-def classify(queues: Mapping[str, QueueFile], snap: Mapping[str, Any],
-             sessions: Mapping[str, set[str] | None], *, sweep: str,
-             cfg_sha: Mapping[str, str | None], verification: Verification | None,
-             stale_after: float, hung_after: float) -> dict[str, CellState]:
-    """name -> CellState for every cell line of `queues` (first-seen order). Pure."""
-    view = _View(snap, sessions, sweep, stale_after)
+def classify(state: SweepState, *, cfg_sha: Mapping[str, str | None], verification: Verification | None,
+             hung_after: float) -> dict[str, CellState]:
+    """name -> CellState for every cell line of the state's queues (first-seen order). Pure."""
+    snap = state.snap
     roster: dict[str, Cell] = {}
-    for q in queues.values():
+    for q in state.queues.values():
         for ln in q.cells:
             if ln.cell is not None and ln.cell.name not in roster:
                 roster[ln.cell.name] = ln.cell
-    queued, pending, idle_reason = _positions(view, queues)
-    final = set(snap.get("final") or [])
-    partial = set(snap.get("partial") or [])
-    manifests: Mapping[str, Any] = snap.get("manifests") or {}
-    claims: Mapping[str, str] = snap.get("claims") or {}
-    released: Mapping[str, list[str]] = snap.get("released") or {}
+    queued, pending, idle_reason = _positions(state)
     out: dict[str, CellState] = {}
     for name, cell in roster.items():
-        if name in final:
-            st = _durable(name, cell, manifests.get(name), cfg_sha.get(name), verification)
-        elif name in claims:
-            st = _claimed(view, name, claims[name], snap.get("tails") or {}, hung_after)
+        if name in snap.results:
+            st = _durable(name, cell, snap.results[name], cfg_sha.get(name), verification)
+        elif name in snap.claims:
+            st = _claimed(state, name, snap.tails.get(name), hung_after)
         elif name in queued:
             host, qn = queued[name]
             st = CellState(name, "queued", f"queue {qn} on {host} has yet to reach it", host, qn)
@@ -372,10 +255,10 @@ def classify(queues: Mapping[str, QueueFile], snap: Mapping[str, Any],
                            f"(`ablate launch {qn} --host {host}`)", host, qn, pending=qn)
         else:
             why = idle_reason.get(name) or "no queue has reached it"
-            if name in released:
+            if name in snap.released:
                 why = f"its claim was released by `ablate remediate`; {why}"
             st = CellState(name, "never_ran", why)
-        if name in partial and st.state not in ("running", "hung"):
+        if name in snap.partial and st.state not in ("running", "hung"):
             st = CellState(name, "sync_failed", f"final_ckpts/{name}/ exists without MANIFEST.json "
                            "(a partial copy); `ablate remediate` sets it aside and re-runs the cell",
                            st.host, st.queue, st.rc, st.tail, st.pending, aside=True)
@@ -383,47 +266,48 @@ def classify(queues: Mapping[str, QueueFile], snap: Mapping[str, Any],
     return out
 
 
-def _positions(view: _View, queues: Mapping[str, QueueFile]) -> tuple[
+def _positions(state: SweepState) -> tuple[
         dict[str, tuple[str, str]], dict[str, tuple[str, str]], dict[str, str]]:
     """Which live queue will still reach each cell (queued), which launched-never queue on a
     reachable host holds it (pending), and why a cell's own queue will not reach it."""
     queued: dict[str, tuple[str, str]] = {}
     pending: dict[str, tuple[str, str]] = {}
     why: dict[str, str] = {}
-    for q in queues.values():
-        host = view.queue_host(q)
-        launched = bool(view.ledgers.get(q.name))
-        if not launched:
+    for q in state.queues.values():
+        view = state.queue(q.name)
+        host = view.host
+        if view.state == "not_launched":
             for ln in q.cells:
                 assert ln.cell is not None
                 name = ln.cell.name
-                if host and view.reachable(host):
+                if host and state.reachable(host):
                     pending.setdefault(name, (host, q.name))
                 elif host:
                     why.setdefault(name, f"in queues/{q.name}.txt for {host}, which does not answer")
                 else:
                     why.setdefault(name, f"in queues/{q.name}.txt, not launched yet (no host header)")
             continue
-        age, hb = view.heartbeat(host, q.name)
-        if view.live(host, q.name):
-            cur = hb.get("idx")
-            if hb.get("from_queue"):
+        hb, age = view.heartbeat, view.heartbeat_age
+        if view.live:
+            assert host is not None
+            if hb is not None and hb.from_queue:
                 cur = len(q.lines)  # on a stolen cell: its own lines are all behind it
-            elif not isinstance(cur, int):
-                start = (view.ledgers.get(q.name) or [{}])[-1].get("start_index")
-                cur = start if isinstance(start, int) else 0
+            elif hb is not None and hb.idx is not None:
+                cur = hb.idx
+            else:
+                start = state.ledger(q.name)[-1].start_index
+                cur = start if start is not None else 0
             for ln in q.cells:
                 assert ln.cell is not None
                 if ln.index >= cur and ln.cell.name not in queued:
-                    assert host is not None
                     queued[ln.cell.name] = (host, q.name)
             continue
-        if not view.reachable(host) and (age is None or age > view.stale):
+        if not state.reachable(host) and (age is None or age > state.stale_after):
             note = f"its queue {q.name} is on {host}, which is lost (unreachable, heartbeat " \
                    f"{'missing' if age is None else _age(age) + ' old'})"
-        elif hb.get("state") == "stopped":
+        elif view.state == "stopped" and hb is not None and hb.state == "stopped":
             note = f"its queue {q.name} on {host} was stopped before reaching it"
-        elif hb.get("state") == "drained":
+        elif view.state == "drained":
             note = f"its queue {q.name} on {host} drained without running it"
         else:
             note = f"its queue {q.name} on {host} is not running (its process is gone)"
@@ -433,28 +317,27 @@ def _positions(view: _View, queues: Mapping[str, QueueFile]) -> tuple[
     return queued, pending, why
 
 
-def _durable(name: str, cell: Cell, m: Any, local_sha: str | None,
+def _durable(name: str, cell: Cell, m: Result, local_sha: str | None,
              verification: Verification | None) -> CellState:
-    if not isinstance(m, dict) or not m.get("valid"):
+    if not m.valid:
         return CellState(name, "corrupt", "final_ckpts MANIFEST.json is unreadable or not a manifest",
                          aside=True)
-    host, queue = m.get("host"), m.get("queue")
-    recorded = (m.get("cfg"), m.get("task"), m.get("epochs"))
+    host, queue = m.host, m.queue
+    recorded = (m.cfg, m.task, m.epochs)
     if recorded != (cell.cfg, cell.task, cell.epochs):
         return CellState(name, "stale", f"its result was made from cfg={recorded[0]} task={recorded[1]} "
                          f"epochs={recorded[2]}; the roster has {cell.line}", host, queue, aside=True)
-    want = m.get("cfg_sha256")
-    if isinstance(want, str) and local_sha is not None and local_sha != want:
+    want = m.cfg_sha256
+    if want is not None and local_sha is not None and local_sha != want:
         return CellState(name, "stale", f"{cell.cfg} changed since the result was made "
                          f"(sha256 {want[:12]} then, {local_sha[:12]} now)", host, queue, aside=True)
-    sha = m.get("sha256")
     if verification is not None:
         bad = verification.corrupt.get(name)
-        if bad is not None and (bad[1] is None or bad[1] == sha):
+        if bad is not None and (bad[1] is None or bad[1] == m.sha256):
             where = "durable copy" if verification.source == "fs" else "pulled copy"
             return CellState(name, "corrupt", f"{where} fails verification: {bad[0]}", host, queue,
                              aside=True)
-        if name in verification.verified and verification.verified[name] == sha:
+        if name in verification.verified and verification.verified[name] == m.sha256:
             return CellState(name, "verified", "loaded by the last reconcile", host, queue)
     how = "`ablate pull && ablate reconcile`" if verification is None or verification.source != "fs" \
         else "`ablate reconcile --fs`"
@@ -462,44 +345,44 @@ def _durable(name: str, cell: Cell, m: Any, local_sha: str | None,
                      host, queue)
 
 
-def _claimed(view: _View, name: str, owner: str, tails: Mapping[str, Any], hung_after: float) -> CellState:
-    parts = owner.split()
-    if len(parts) < 2:  # mkdir'd, owner not (yet) written: a runner claiming it now, or one that died
-        on = next((hb.get("data") or {} for hb in view.heartbeats.values() if isinstance(hb, dict)
-                   and (hb.get("data") or {}).get("cell") == name), None)
-        if on and view.live(on.get("host"), on.get("queue")) and on.get("state") == "running":
-            return CellState(name, "running", f"running on {on.get('host')}", on.get("host"), on.get("queue"))
+def _claimed(state: SweepState, name: str, tail: Tail | None, hung_after: float) -> CellState:
+    claim = state.snap.claims[name]
+    if claim.host is None or claim.queue is None:
+        # mkdir'd, owner not (yet) written: a runner claiming it now, or one that died doing so
+        hb = next((h for h in state.snap.heartbeats.values() if h.cell == name), None)
+        if hb is not None and hb.state == "running" and state.live(hb.host, hb.queue):
+            return CellState(name, "running", f"running on {hb.host}", hb.host, hb.queue)
         return CellState(name, "interrupted", "claimed, but its claim has no owner (its runner died "
                          "while claiming); `ablate remediate` re-runs it")
-    host, queue = parts[0], parts[1]
-    evs = view.cell_events(name, f"{host}.{queue}")  # the owner's file (a thief's, for a stolen cell)
+    host, queue = claim.host, claim.queue
+    evs = state.cell_events(name, f"{host}.{queue}")  # the owner's file (a thief's, for a stolen cell)
     # The owner's last start or end of this cell: an `end` is an outcome; a `start` is a run in
     # progress, or one that was cut (a resumed cell starts again after its cut).
-    last = next(((k, i, e) for k, i, e in reversed(evs) if e.get("ev") in ("start", "end")), None)
-    if last is not None and last[2].get("ev") == "end":
-        return _ended(view, name, host, queue, last, evs, tails.get(name))
-    age, hb = view.heartbeat(host, queue)
-    on_it = hb.get("state") == "running" and hb.get("cell") == name
-    if view.live(host, queue) and (on_it or not evs):
-        if not view.reachable(host):
+    last = next(((k, i, e) for k, i, e in reversed(evs) if e.ev in ("start", "end")), None)
+    if last is not None and last[2].ev == "end":
+        return _ended(state, name, host, queue, last, evs, tail)
+    age, hb = state.heartbeat(host, queue)
+    on_it = hb is not None and hb.state == "running" and hb.cell == name
+    if state.live(host, queue) and (on_it or not evs):
+        if not state.reachable(host):
             where = f"on {host} (not answering; its heartbeat, {_age(age or 0)} old, is fresh)"
         else:
             where = f"on {host}"
-        silent = _silence(view, age, hb)
+        silent = _silence(age, hb)
         if on_it and silent is not None and silent > hung_after:
             return CellState(name, "hung", f"running {where}, but its log has been silent for {_age(silent)} "
                              f"(hung_after {_age(hung_after)}); `ablate stop {queue} --host {host}`, then "
                              "`ablate remediate`", host, queue)
         return CellState(name, "running", f"running {where}", host, queue)
-    if not view.reachable(host) and not view.fresh(host, queue):
+    if not state.reachable(host) and not state.fresh(host, queue):
         seen = "no heartbeat" if age is None else f"heartbeat {_age(age)} old"
         return CellState(name, "lost", f"claimed by {queue} on {host}, which does not answer ({seen}): "
                          "the instance is gone", host, queue)
-    start = next(((k, i) for k, i, e in reversed(evs) if e.get("ev") == "start"), None)
-    stop = view.stopped_after(start[0], start[1]) if start else None
-    if stop is not None and stop.get("ev") == "stopped":
-        why = f"cut by `{stop.get('by') or 'ablate stop'}` of {queue} on {host}"
-    elif hb.get("state") == "stopped":
+    start = next(((k, i) for k, i, e in reversed(evs) if e.ev == "start"), None)
+    stop = state.stopped_after(start[0], start[1]) if start else None
+    if stop is not None and stop.ev == "stopped":
+        why = f"cut by `{stop.by or 'ablate stop'}` of {queue} on {host}"
+    elif hb is not None and hb.state == "stopped":
         why = f"its queue {queue} on {host} was stopped (signal) during the cell"
     elif start is None:
         why = f"claimed by {queue} on {host}, which is not running it"
@@ -509,35 +392,32 @@ def _claimed(view: _View, name: str, owner: str, tails: Mapping[str, Any], hung_
                      "`ablate remediate` re-runs it", host, queue)
 
 
-def _silence(view: _View, age: float | None, hb: Mapping[str, Any]) -> float | None:
+def _silence(age: float | None, hb: Heartbeat | None) -> float | None:
     """How long the running cell's log has been silent: heartbeat `t` - `log_mtime` (one host
     clock) plus the heartbeat's own age (FS clock); the heartbeat's age without log fields."""
-    if age is None:
+    if age is None or hb is None:
         return None
-    t, mtime = hb.get("t"), hb.get("log_mtime")
-    if isinstance(t, (int, float)) and isinstance(mtime, (int, float)):
-        return max(0.0, float(t) - float(mtime)) + max(0.0, age)
+    if hb.t is not None and hb.log_mtime is not None:
+        return max(0.0, hb.t - hb.log_mtime) + max(0.0, age)
     return max(0.0, age)
 
 
-def _ended(view: _View, name: str, host: str | None, queue: str | None,
-           last_end: tuple[str, int, dict[str, Any]], evs: list[tuple[str, int, dict[str, Any]]],
-           tail_info: Any) -> CellState:
+def _ended(state: SweepState, name: str, host: str, queue: str, last_end: tuple[str, int, Event],
+           evs: list[tuple[str, int, Event]], tail_info: Tail | None) -> CellState:
     e = last_end[2]
-    rc = e.get("rc") if isinstance(e.get("rc"), int) else None
-    tail = tuple((tail_info or {}).get("lines") or ()) if isinstance(tail_info, dict) else ()
-    oom_line = tail_info.get("oom") if isinstance(tail_info, dict) else None
-    sync_fail = next((x for _, i, x in reversed(evs)
-                      if x.get("ev") == "sync_failed" and i < last_end[1]), None)
+    rc = e.rc
+    tail = tail_info.lines if tail_info is not None else ()
+    oom_line = tail_info.oom if tail_info is not None else None
+    sync_fail = next((x for _, i, x in reversed(evs) if x.ev == "sync_failed" and i < last_end[1]), None)
     if rc == 0:
         return CellState(name, "sync_failed", "trained with exit 0, but there is no durable copy in "
                          "final_ckpts/", host, queue, rc)
     if rc == 3 and sync_fail is not None:
         return CellState(name, "sync_failed", f"trained, but the copy to the shared FS failed: "
-                         f"{sync_fail.get('reason') or 'no reason recorded'}; the instance-local checkpoint "
+                         f"{sync_fail.reason or 'no reason recorded'}; the instance-local checkpoint "
                          f"on {host} is kept", host, queue, rc)
     if rc in SIGNALLED:
-        if not view.reachable(host) and not view.fresh(host, queue):
+        if not state.reachable(host) and not state.fresh(host, queue):
             return CellState(name, "lost", f"ended by SIG{SIGNALLED[rc]} on {host}, which does not answer "
                              "now (heartbeat stale)", host, queue, rc)
         return CellState(name, "interrupted", f"ended by SIG{SIGNALLED[rc]} (exit {rc}) on {host}; "
@@ -554,58 +434,79 @@ def _ended(view: _View, name: str, host: str | None, queue: str | None,
     return CellState(name, "crashed", f"exit {rc}{seen}", host, queue, rc, tail)
 
 
-# --------------------------------------------------------------------------- idle hosts
+# --------------------------------------------------------------------------- hosts
 
 
 @dataclass(frozen=True)
-class IdleHost:
+class HostAlarm:
+    """A host with no live queue of this sweep that still matters for money: idle and costing it,
+    or already approved for release by `ablate release` (the gate's record on the FS)."""
+
     host: str
-    idle_for: float  # seconds since its last event (FS clock)
+    idle_for: float  # seconds since its last event (FS clock); 0 when it never ran anything
     reachable: bool
+    approval: Approval | None = None  # a release approval newer than the host's last event
+
+    @property
+    def state(self) -> str:
+        if self.approval is None:
+            return "idle_costing_money"
+        return "released" if self.approval.ran else "release_approved"
 
     @property
     def next_step(self) -> str:
-        return f"ablate reconcile, then ablate release {self.host}"
+        a = self.approval
+        if a is None:
+            return f"ablate reconcile, then ablate release {self.host}"
+        if a.ran:
+            return f"none: `{a.ran}` ran; check the platform's console that it no longer bills"
+        return "release it in the platform's console (its profile has no release command)"
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "state": "idle_costing_money", "idle_for": round(self.idle_for, 1),
-                "reachable": self.reachable, "next": self.next_step}
+        out: dict[str, Any] = {"host": self.host, "state": self.state, "idle_for": round(self.idle_for, 1),
+                               "reachable": self.reachable, "next": self.next_step}
+        if self.approval is not None:
+            out["approved"] = {"t": self.approval.t, "by": self.approval.by, "ran": self.approval.ran}
+        return out
 
     def line(self) -> str:
         down = "" if self.reachable else " (not answering)"
-        return (f"host {self.host} idle_costing_money{down}: no queue of this sweep runs there, last event "
-                f"{_age(self.idle_for)} ago; next: `ablate reconcile`, then `ablate release {self.host}`")
+        a = self.approval
+        if a is None:
+            return (f"host {self.host} idle_costing_money{down}: no queue of this sweep runs there, last "
+                    f"event {_age(self.idle_for)} ago; next: `ablate reconcile`, then `ablate release "
+                    f"{self.host}`")
+        when = _when(a.t)
+        if a.ran:
+            return f"host {self.host} released{down} {when} by {a.by or 'ablate release'}: ran `{a.ran}`"
+        return (f"host {self.host} release_approved{down} {when} by {a.by or 'ablate release'}: no release "
+                "command ran; release it in the platform's console")
 
 
-def idle_hosts(hosts: Sequence[str], snap: Mapping[str, Any], sessions: Mapping[str, set[str] | None], *,
-               sweep: str, stale_after: float, idle_after: float) -> list[IdleHost]:
-    """Hosts none of whose queues is live and whose last event (events file mtime, FS clock) is
-    older than idle_after. A host that never ran anything is not flagged."""
-    view = _View(snap, sessions, sweep, stale_after)
-    mtimes: Mapping[str, float] = snap.get("events_mtime") or {}
+def _when(t: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def host_alarms(state: SweepState, hosts: Sequence[str], idle_after: float) -> list[HostAlarm]:
+    """Hosts none of whose queues is live: approved for release since their last event (whatever
+    the idle time), or idle longer than idle_after (last event = the newest events file's mtime,
+    FS clock). A host that never ran anything and was never approved is not listed."""
+    snap = state.snap
     out = []
     for host in hosts:
-        keys = [k for k, evs in view.events.items() if evs and evs[0].get("host") == host]
-        last = [float(mtimes[k]) for k in keys if k in mtimes]
-        if not last:
+        keys = [k for k, evs in snap.events.items() if evs and evs[0].host == host]
+        last = [snap.events_mtime[k] for k in keys if k in snap.events_mtime]
+        approval = snap.approvals.get(host)
+        if approval is not None and last and approval.mtime < max(last):
+            approval = None  # something ran there after the approval: it no longer holds
+        if not last and approval is None:
             continue
-        queues = {str(evs[0].get("queue")) for k, evs in view.events.items() if k in keys}
-        if any(view.live(host, q) for q in queues):
-            continue
-        got = sessions.get(host)
-        prefix = session_name(sweep, host, "")
-        if got is not None and any(s.startswith(prefix) for s in got):
-            continue  # a live queue this snapshot has no events of yet
-        idle = view.now - max(last)
-        if idle > idle_after:
-            out.append(IdleHost(host, idle, got is not None))
+        queues = {evs[0].queue for k, evs in snap.events.items() if k in keys}
+        if any(state.live(host, q) for q in queues) or state.sessions_on(host, hosts):
+            continue  # a live queue (or a session this snapshot has no events of yet)
+        idle = state.now - max(last) if last else 0.0
+        if approval is not None or idle > idle_after:
+            out.append(HostAlarm(host, idle, state.reachable(host), approval))
     return out
-
-
-def _age(seconds: float) -> str:
-    s = int(max(0.0, seconds))
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"

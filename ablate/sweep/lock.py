@@ -28,23 +28,23 @@ import getpass
 import json
 import math
 import os
-import posixpath
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ablate.config.project import Project
 from ablate.errors import AblateError, Busy
+from ablate.remote.layout import SweepLayout
 from ablate.transport import shared_fs
 from ablate.transport.base import HeldLock, SharedFS
+from ablate.util.fmt import Log, age
 from ablate.util.fs import read_json_object
 
 ENV = "ABLATE_LOCK_TIMEOUT"
 DEFAULT_TIMEOUT = 120.0
-Log = Callable[[str], None] | None
 
 _override: float | None = None  # --lock-timeout, set once by the CLI
 
@@ -63,11 +63,11 @@ _MUTEX = threading.RLock()
 
 
 def lock_path(root: str) -> str:
-    return posixpath.join(root, "locks", "controller.lock")
+    return SweepLayout(root).lock_file
 
 
 def holder_path(root: str) -> str:
-    return posixpath.join(root, "locks", "controller.holder")
+    return SweepLayout(root).lock_holder
 
 
 def set_lock_timeout(seconds: float | None) -> None:
@@ -119,25 +119,17 @@ def busy_message(sweep: str, holder: Mapping[str, Any] | None, waited: float) ->
             who += f" (pid {pid})"
         if isinstance(t, (int, float)):
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
-            who += f" since {since} ({_age(time.time() - t)} ago)"
+            who += f" since {since} ({age(time.time() - t)} ago)"
     return (f"sweep {sweep} is busy: {who}; waited {waited:g}s; wait for it to finish or retry with "
             "a longer --lock-timeout")
 
-
-def _age(seconds: float) -> str:
-    s = max(0, int(seconds))
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
 def _key(project: Project) -> str:
     return f"{project.profile.transport}:{project.sweep_root()}"
 
 
-def _acquire(fs: SharedFS, sweep: str, op: str, timeout: float, log: Log) -> HeldLock:
+def _acquire(fs: SharedFS, sweep: str, op: str, timeout: float, log: Log | None) -> HeldLock:
     path, rec_path = lock_path(fs.root), holder_path(fs.root)
 
     def record() -> tuple[str, bytes]:  # its time is when the lock was asked for, near enough
@@ -157,7 +149,7 @@ def _acquire(fs: SharedFS, sweep: str, op: str, timeout: float, log: Log) -> Hel
 
 @contextlib.contextmanager
 def controller_lock(project: Project, op: str, timeout: float | None = None,
-                    log: Log = None) -> Iterator[None]:
+                    log: Log | None = None) -> Iterator[None]:
     """Hold the sweep's controller lock for the block; `Busy` (exit 1) after `timeout` seconds
     (default: --lock-timeout, $ABLATE_LOCK_TIMEOUT, 120). Re-entrant within the process."""
     key = _key(project)

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate.errors import AblateError
-from ablate.remote.verify import sha256_file  # one hash helper; verify.py is stdlib-only
 
-__all__ = ["atomic_write", "create_immutable", "read_json_object", "sha256_file"]
+__all__ = ["atomic_write", "create_immutable", "read_json_object"]
 
 
 def _temp_copy(path: Path, data: bytes, mode: int) -> Path:

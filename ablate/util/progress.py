@@ -19,23 +19,15 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
-Log = Callable[[str], None]
+from ablate.util.fmt import Log
 
 _ACTIVE: Any = None  # the live rich Progress, if any (log lines print above it)
 _ACTIVE_LOCK = threading.Lock()
 
 
-def human(n: float) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{n} B"
 
 
 def stderr_is_terminal() -> bool:
