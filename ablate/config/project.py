@@ -5,7 +5,6 @@ Every error names the file, the key path, why, and (for unknown keys) "did you m
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -17,6 +16,7 @@ from typing import Any
 import yaml
 
 from ablate import resources as packaged
+from ablate.config.reader import Reader, UniqueKeyLoader, load_yaml, suggest, tname
 from ablate.config.settings import (
     DEFAULT_MONITOR,
     DEFAULT_REPORT,
@@ -140,17 +140,12 @@ class Project:
         if name not in self.hosts:
             raise ConfigError(
                 f"unknown host {name!r}: {CONFIG_NAME} has hosts {', '.join(self.hosts) or '(none)'}"
-                f"{_suggest(name, self.hosts)}"
+                f"{suggest(name, self.hosts)}"
             )
         return self.hosts[name]
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _suggest(word: str, options: Any) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def parse_size(value: Any, where: str) -> int:
@@ -170,107 +165,6 @@ def parse_size(value: Any, where: str) -> int:
     return int(float(m.group(1)) * mult)
 
 
-class _Reader:
-    """Walks one YAML mapping, checking keys and types, remembering the key path for errors."""
-
-    def __init__(self, data: Any, file: str, path: str, allowed: set[str]) -> None:
-        self.file = file
-        self.path = path
-        if not isinstance(data, dict):
-            raise ConfigError(f"{file}: {path or 'top level'} must be a mapping, got {_tname(data)}")
-        for key in data:
-            if not isinstance(key, str) or key not in allowed:
-                raise ConfigError(
-                    f"{file}: unknown key {self._k(str(key))}{_suggest(str(key), allowed)}; "
-                    f"allowed: {', '.join(sorted(allowed))}"
-                )
-        self.data: dict[str, Any] = data
-
-    def _k(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def err(self, key: str, why: str) -> ConfigError:
-        return ConfigError(f"{self.file}: {self._k(key)}: {why}")
-
-    def has(self, key: str) -> bool:
-        return self.data.get(key) is not None
-
-    def text(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
-        v = self.data.get(key)
-        if v is None:
-            if required:
-                raise self.err(key, "is required")
-            return default
-        if not isinstance(v, str) or not v.strip():
-            raise self.err(key, f"must be a non-empty string, got {v!r}")
-        if "\r" in v or "\x00" in v:
-            raise self.err(key, "contains a carriage return or NUL (file edited on Windows?); "
-                                "save it with Unix line endings")
-        return v
-
-    def num(self, key: str, default: float, *, positive: bool = True) -> float:
-        v = self.data.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise self.err(key, f"must be a finite number, got {v!r}")
-        if positive and not v > 0:
-            raise self.err(key, f"must be > 0, got {v!r}")
-        return float(v)
-
-    def whole(self, key: str, default: int | None = None, *, required: bool = False) -> int | None:
-        v = self.data.get(key, default)
-        if v is None:
-            if required:
-                raise self.err(key, "is required")
-            return None
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise self.err(key, f"must be a positive whole number, got {v!r}")
-        return v
-
-    def sub(self, key: str, allowed: set[str]) -> _Reader:
-        return _Reader(self.data.get(key) or {}, self.file, self._k(key), allowed)
-
-
-def _tname(v: Any) -> str:
-    if v is None:
-        return "nothing (empty)"
-    names: dict[type, str] = {dict: "a mapping", list: "a list", str: "a string"}
-    return names.get(type(v), type(v).__name__)
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                dup = key in seen
-            except TypeError:  # an unhashable key; the base class reports it
-                break
-            if dup:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice in one mapping", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _load_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as e:
-        raise ConfigError(f"{path}: not found") from e
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read: {e}") from e
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: safe
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}:{where}: invalid YAML: {problem}") from e
-
-
 # --------------------------------------------------------------------------- profiles
 
 PROFILE_KEYS = {"shared_fs", "ckpt_root", "env", "release", "transport", "python"}
@@ -288,15 +182,15 @@ def load_profile(name: str, project_dir: Path, where: str) -> Profile:
     local = project_dir / "profiles" / f"{name}.yaml"
     shipped = shipped_profiles()
     if local.is_file():
-        data, source = _load_yaml(local), str(local)
+        data, source = load_yaml(local), str(local)
     elif name in shipped:
-        data, source = yaml.load(shipped[name], Loader=_UniqueKeyLoader), f"<shipped profiles/{name}.yaml>"
+        data, source = yaml.load(shipped[name], Loader=UniqueKeyLoader), f"<shipped profiles/{name}.yaml>"
     else:
         raise ConfigError(
-            f"{where}: unknown profile {name!r}{_suggest(name, shipped)}; shipped: "
+            f"{where}: unknown profile {name!r}{suggest(name, shipped)}; shipped: "
             f"{', '.join(sorted(shipped))} (or add profiles/{name}.yaml to your repo)"
         )
-    r = _Reader(data, source, "", PROFILE_KEYS)
+    r = Reader(data, source, "", PROFILE_KEYS)
     transport = r.text("transport", "ssh") or "ssh"
     if transport not in TRANSPORTS:
         raise r.err("transport", f"must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
@@ -336,10 +230,10 @@ def _local_path(p: str, base: Path) -> str:
     return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
 
 
-def _check_template(tmpl: str, fields: set[str], r: _Reader, key: str) -> None:
+def _check_template(tmpl: str, fields: set[str], r: Reader, key: str) -> None:
     for m in re.finditer(r"\{([^{}]*)\}", tmpl):
         if m.group(1) not in fields:
-            raise r.err(key, f"unknown field {{{m.group(1)}}}{_suggest(m.group(1), fields)}; "
+            raise r.err(key, f"unknown field {{{m.group(1)}}}{suggest(m.group(1), fields)}; "
                              f"fields: {', '.join('{' + f + '}' for f in sorted(fields))}")
 
 
@@ -362,11 +256,11 @@ def find_config(start: Path) -> Path:
 def load_project(directory: Path | str = ".") -> Project:
     project_dir = Path(directory).resolve()
     path = find_config(project_dir)
-    data = _load_yaml(path)
+    data = load_yaml(path)
     if data is None:
         raise ConfigError(f"{path}: is empty; run `ablate init` in a new directory for a template")
     file = str(path)
-    r = _Reader(data, file, "", TOP_KEYS)
+    r = Reader(data, file, "", TOP_KEYS)
 
     sweep = r.text("sweep", required=True) or ""
     if not SAFE_NAME.match(sweep):
@@ -404,7 +298,7 @@ def load_project(directory: Path | str = ".") -> Project:
     )
     resources_ = r.data.get("resources") or {}
     if not isinstance(resources_, dict):
-        raise r.err("resources", f"must be a mapping, got {_tname(resources_)}")
+        raise r.err("resources", f"must be a mapping, got {tname(resources_)}")
     candidates = r.data.get("candidates") or []
     if not isinstance(candidates, list) or not all(isinstance(c, str) for c in candidates):
         raise r.err("candidates", f"must be a list of profile names, got {candidates!r}")
@@ -451,7 +345,7 @@ def load_project(directory: Path | str = ".") -> Project:
     )
 
 
-def _tasks(r: _Reader) -> dict[str, Task]:
+def _tasks(r: Reader) -> dict[str, Task]:
     raw = r.data.get("tasks")
     if not isinstance(raw, dict) or not raw:
         raise r.err("tasks", "must map each task name to {epochs: N, cost_per_epoch: X}")
@@ -459,21 +353,21 @@ def _tasks(r: _Reader) -> dict[str, Task]:
     for name, spec in raw.items():
         if not isinstance(name, str) or not SAFE_NAME.match(name):
             raise r.err(f"tasks.{name}", "task names must be plain names (letters, digits, . _ + -)")
-        t = _Reader(spec or {}, r.file, f"tasks.{name}", {"epochs", "cost_per_epoch"})
+        t = Reader(spec or {}, r.file, f"tasks.{name}", {"epochs", "cost_per_epoch"})
         out[name] = Task(name, t.whole("epochs", required=True) or 0, t.num("cost_per_epoch", 1.0))
     return out
 
 
-def _cells(r: _Reader, tasks: Mapping[str, Task]) -> tuple[CellSource, ...]:
+def _cells(r: Reader, tasks: Mapping[str, Task]) -> tuple[CellSource, ...]:
     raw = r.data.get("cells") or []
     if not isinstance(raw, list):
-        raise r.err("cells", f"must be a list of {{glob, task, epochs}}, got {_tname(raw)}")
+        raise r.err("cells", f"must be a list of {{glob, task, epochs}}, got {tname(raw)}")
     out = []
     for i, item in enumerate(raw):
-        c = _Reader(item, r.file, f"cells[{i}]", {"glob", "task", "epochs"})
+        c = Reader(item, r.file, f"cells[{i}]", {"glob", "task", "epochs"})
         task = c.text("task", required=True) or ""
         if task not in tasks:
-            raise c.err("task", f"{task!r} is not in tasks{_suggest(task, tasks)}")
+            raise c.err("task", f"{task!r} is not in tasks{suggest(task, tasks)}")
         glob = c.text("glob", required=True) or ""
         if glob.startswith("/") or ".." in glob.split("/"):
             raise c.err("glob", f"{glob!r} must be relative to the repo root and stay inside it")
@@ -484,7 +378,7 @@ def _cells(r: _Reader, tasks: Mapping[str, Task]) -> tuple[CellSource, ...]:
     return tuple(out)
 
 
-def _hosts(r: _Reader, default: Profile, project_dir: Path) -> dict[str, Host]:
+def _hosts(r: Reader, default: Profile, project_dir: Path) -> dict[str, Host]:
     raw = r.data.get("hosts")
     if not isinstance(raw, dict) or not raw:
         raise r.err("hosts", "must map at least one host name to its settings, "
@@ -493,7 +387,7 @@ def _hosts(r: _Reader, default: Profile, project_dir: Path) -> dict[str, Host]:
     for name, spec in raw.items():
         if not isinstance(name, str) or not SAFE_NAME.match(name):
             raise r.err(f"hosts.{name}", "host names must be plain names (letters, digits, . _ + -)")
-        h = _Reader(spec or {}, r.file, f"hosts.{name}", HOST_KEYS)
+        h = Reader(spec or {}, r.file, f"hosts.{name}", HOST_KEYS)
         profile = default
         if h.has("profile"):
             profile = load_profile(h.text("profile") or "", project_dir, f"{r.file}: hosts.{name}.profile")
@@ -513,7 +407,7 @@ def _hosts(r: _Reader, default: Profile, project_dir: Path) -> dict[str, Host]:
     return out
 
 
-def _gpus(h: _Reader) -> tuple[int, ...] | None:
+def _gpus(h: Reader) -> tuple[int, ...] | None:
     if h.has("gpus") and h.has("slots"):
         raise h.err("slots", "give either gpus: [0, 1] or slots: N, not both")
     if h.has("slots"):

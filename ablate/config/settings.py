@@ -1,7 +1,7 @@
 """The optional sections of `ablate.yaml` beyond the core: cost overrides, monitoring thresholds
 and log-progress patterns, the report's baseline and main metric, work stealing.
 
-Each parser takes the `_Reader` of the top level (from `ablate.config.project`) and returns a frozen
+Each parser takes the `Reader` of the top level (`ablate.config.reader`) and returns a frozen
 dataclass with defaults, so a project without these sections behaves as documented.
 """
 
@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ablate.config.reader import Reader
 from ablate.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ablate.config.project import Task, _Reader
+    from ablate.config.project import Task
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
 _DUR_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
@@ -90,8 +91,7 @@ def _regex(value: Any, where: str, groups: int) -> str:
     return value
 
 
-def parse_costs(r: _Reader, tasks: Mapping[str, Task]) -> tuple[CostOverride, ...]:
-    from ablate.config.project import _Reader as Reader
+def parse_costs(r: Reader, tasks: Mapping[str, Task]) -> tuple[CostOverride, ...]:
 
     raw = r.data.get("costs") or []
     if not isinstance(raw, list):
@@ -110,7 +110,7 @@ def parse_costs(r: _Reader, tasks: Mapping[str, Task]) -> tuple[CostOverride, ..
     return tuple(out)
 
 
-def parse_monitor(r: _Reader) -> Monitor:
+def parse_monitor(r: Reader) -> Monitor:
     m = r.sub("monitor", {"hung_after", "idle_after", "progress"})
     where = f"{r.file}: monitor"
     hung = parse_duration(m.data["hung_after"], f"{where}.hung_after") if m.has("hung_after") \
@@ -125,7 +125,7 @@ def parse_monitor(r: _Reader) -> Monitor:
     return Monitor(hung, idle, epoch, metric)
 
 
-def parse_report(r: _Reader, metrics_keys: tuple[str, ...]) -> ReportSettings:
+def parse_report(r: Reader, metrics_keys: tuple[str, ...]) -> ReportSettings:
     s = r.sub("report", {"baseline", "metric", "goal"})
     baseline = s.data.get("baseline")
     if baseline is None:
@@ -145,7 +145,7 @@ def parse_report(r: _Reader, metrics_keys: tuple[str, ...]) -> ReportSettings:
     return ReportSettings(globs, metric, goal)
 
 
-def parse_steal(r: _Reader) -> bool:
+def parse_steal(r: Reader) -> bool:
     v = r.data.get("steal", True)
     if not isinstance(v, bool):
         raise r.err("steal", f"must be true or false, got {v!r}")

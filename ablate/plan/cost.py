@@ -30,7 +30,7 @@ import posixpath
 import re
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -41,7 +41,7 @@ from ablate.remote.layout import SweepLayout
 from ablate.sweep.cells import Cell, parse_queue_text, read_all_queues
 from ablate.sweep.snapshot import Snapshot
 from ablate.transport import SharedFS
-from ablate.util.fmt import duration
+from ablate.util.fmt import Log, duration
 
 ESTIMATES_FILE = "estimates.tsv"
 MAX_SWEEPS = 2000  # alternating-means iterations; converges in a few dozen on real histories
@@ -385,7 +385,7 @@ def write_estimates(project: Project, fs: SharedFS, snapshot: Snapshot | None = 
 
 
 def refresh_estimates(project: Project, fs: SharedFS, snapshot: Snapshot | None = None,
-                      log: Callable[[str], None] | None = None) -> Estimates | None:
+                      log: Log | None = None) -> Estimates | None:
     """`write_estimates` for launch and append: a failure is reported, never fatal (the runners
     then steal by the previous file, or not at all)."""
     try:

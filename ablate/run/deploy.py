@@ -172,9 +172,9 @@ def gc(project: Project, log: Log | None = None) -> GcResult:
                 *(f"specs/{s}" for s in (current.get("specs") or {}).values())}
         old: list[str] = []
         kept: list[str] = []
-        for sub, pattern in (("wrappers", _OLD_WRAPPER), ("specs", _OLD_SPEC)):
-            for name in fs.listdir(posixpath.join(layout.root, sub)):
-                rel = f"{sub}/{name}"
+        for folder, pattern in ((layout.wrappers, _OLD_WRAPPER), (layout.specs, _OLD_SPEC)):
+            for name in fs.listdir(folder):
+                rel = posixpath.relpath(posixpath.join(folder, name), layout.root)
                 (old if pattern.match(name) and rel not in keep else kept).append(rel)
         if not old:
             return GcResult((), tuple(sorted(kept)))
