@@ -1,21 +1,32 @@
 """The command line: parse, call one core function, print. Nothing else lives here.
 
-One error boundary (`main`) turns AblateError into the contract's exit code and a one-line message
-on stderr (and `{"error": ...}` on stdout under --json); click usage errors become one line, exit 2;
-Ctrl-C is exit 130.
+One error boundary (`main`) turns every way a command ends into an exit code of the contract (listed
+in `ablate.errors`): an AblateError becomes its exit code (1 or 2) and a one-line message on stderr,
+and `{"error": ...}` on stdout under --json unless the command's one JSON object is already there;
+click usage errors are one line, exit 2; Ctrl-C is exit 130; a SystemExit a command raises itself
+(`status --watch` leaving on Ctrl-C) keeps its code; any other exception is unexpected: exit 3, one
+line naming it and the log file that holds its traceback (`$XDG_STATE_HOME/ablate/`, else
+`~/.local/state/ablate/`, else the temp dir).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import platform
+import shlex
 import sys
+import tempfile
+import time
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from ablate import __version__
-from ablate.errors import AblateError, CheckFailed
+from ablate.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, AblateError, CheckFailed
 
 
 class App:
@@ -84,6 +95,11 @@ def cli(ctx: click.Context, directory: str, verbose: int, quiet: int, accept_new
     Shell completion (bash; zsh/fish: zsh_source, fish_source):
       eval "$(_ABLATE_COMPLETE=bash_source ablate)"
     NO_COLOR=1 turns colours off; -q silences progress, errors always go to stderr.
+
+    \b
+    Exit codes: 0 done; 1 the check failed (or a host or the shared FS did);
+    2 bad input or config; 3 an unexpected internal error (one line naming it and
+    the log with its traceback, under ~/.local/state/ablate/); 130 interrupted.
     """
     from ablate.sweep.lock import set_lock_timeout
     from ablate.transport import accept_new_host_keys as set_accept_new
@@ -362,6 +378,7 @@ def _one_line(message: str) -> str:
 
 
 def main(argv: list[str] | None = None, prog: click.Group = cli) -> None:
+    """The one error boundary: every way a command ends becomes an exit code of `ablate.errors`."""
     args = sys.argv[1:] if argv is None else argv
     as_json = "--json" in args
     App.json_emitted = False
@@ -372,22 +389,89 @@ def main(argv: list[str] | None = None, prog: click.Group = cli) -> None:
     except click.ClickException as e:  # usage errors: one line, exit 2
         ctx = getattr(e, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-        _fail(f"{_one_line(e.format_message())}{where}", 2, as_json)
+        _fail(f"{_one_line(e.format_message())}{where}", EXIT_BAD_INPUT, as_json)
     except click.Abort:
-        _fail("aborted", 130, as_json)
+        _fail("aborted", EXIT_INTERRUPTED, as_json)
     except AblateError as e:
         _fail(_one_line(e.message), e.exit_code, as_json)
     except KeyboardInterrupt:
-        _fail("interrupted", 130, as_json)
+        _fail("interrupted", EXIT_INTERRUPTED, as_json)
+    except SystemExit:
+        raise  # a command that exits on its own keeps its code (`status --watch`: 130 on Ctrl-C)
+    except BaseException as e:  # anything else is a bug or a failure nothing anticipated: ours to fix
+        log = _crash_log(e, args)
+        where = f"traceback in {log}" if log else "no log file could be written; traceback below"
+        _fail(f"unexpected {_describe(e)} ({where})", EXIT_INTERNAL, as_json,
+              detail=None if log else "".join(traceback.format_exception(e)))
     finally:
         from ablate.transport import close_all
 
-        close_all()
-    sys.exit(rv if isinstance(rv, int) else 0)
+        with contextlib.suppress(Exception):  # closing connections never changes how a command ended
+            close_all()
+    sys.exit(rv if isinstance(rv, int) else EXIT_OK)
 
 
-def _fail(message: str, code: int, as_json: bool) -> None:
-    click.echo(f"ablate: error: {message}", err=True)
+def _fail(message: str, code: int, as_json: bool, detail: str | None = None) -> NoReturn:
+    # A closed or broken stream must not turn the report into a traceback: the exit code still tells.
+    with contextlib.suppress(OSError, ValueError):
+        click.echo(f"ablate: error: {message}", err=True)
+        if detail:
+            click.echo(detail.rstrip("\n"), err=True)
     if as_json and not App.json_emitted:
-        click.echo(json.dumps({"error": message}))
+        with contextlib.suppress(OSError, ValueError):
+            click.echo(json.dumps({"error": message}))
     sys.exit(code)
+
+
+def _describe(e: BaseException) -> str:
+    """`PermissionError: [Errno 13] Permission denied: '/x'`: the type and message on one line."""
+    kind = type(e)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    try:
+        text = _one_line(str(e))
+    except Exception:  # a broken __str__ must not break the report
+        text = ""
+    if len(text) > 500:
+        text = text[:500] + "..."
+    return f"{name}: {text}" if text else name
+
+
+def _log_dir() -> Path:
+    """Where tracebacks of unexpected errors go: $XDG_STATE_HOME/ablate (when absolute, as the XDG
+    spec asks), else ~/.local/state/ablate."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(state) if os.path.isabs(state) else Path.home() / ".local" / "state"
+    return base / "ablate"
+
+
+def _crash_log(e: BaseException, argv: list[str]) -> str | None:
+    """Write `e`'s traceback to a new file named by the time and pid in `_log_dir()` or, when that
+    cannot be written, the temp dir. Its path, or None when neither worked. Never raises."""
+    try:
+        now = time.gmtime()
+        try:
+            cwd = os.getcwd()
+        except OSError as why:
+            cwd = f"? ({why})"
+        text = (f"ablate {__version__} on Python {platform.python_version()} ({platform.platform()})\n"
+                f"time: {time.strftime('%Y-%m-%dT%H:%M:%SZ', now)}  pid: {os.getpid()}\n"
+                f"cwd: {cwd}\nargv: {shlex.join(['ablate', *argv])}\n\n"
+                + "".join(traceback.format_exception(e)))
+        prefix = f"ablate-error-{time.strftime('%Y%m%dT%H%M%SZ', now)}-{os.getpid()}-"
+    except Exception:
+        return None
+    for where in (_log_dir, lambda: Path(tempfile.gettempdir())):
+        path = None
+        try:
+            directory = where()
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # mkstemp: a new file (O_EXCL, 0600) even in a shared temp dir or twice in one second
+            fd, path = tempfile.mkstemp(prefix=prefix, suffix=".log", dir=directory)
+            with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+                f.write(text)
+            return path
+        except Exception:  # not writable (or full): the next place, else no log at all
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+    return None

@@ -17,8 +17,10 @@ from ablate.remote.layout import session_name
 from ablate.sweep.classify import Verification, cfg_hashes, classify, host_alarms
 from ablate.sweep.snapshot import SweepState, state_of
 from ablate.transport.local import LocalFS, LocalHost
-from tests.conftest import LocalProject, require_tmux, wait_for
-from tests.helpers_cli import cli, js
+from tests.helpers.cli import Cli
+from tests.helpers.project import LocalProject
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -26,8 +28,8 @@ def _tmux() -> None:
     require_tmux()
 
 
-def states(capsys: pytest.CaptureFixture[str], p: LocalProject) -> dict[str, dict[str, Any]]:
-    cells: dict[str, dict[str, Any]] = js(capsys, p, "status")["cells"]
+def states(cli: Cli, p: LocalProject) -> dict[str, dict[str, Any]]:
+    cells: dict[str, dict[str, Any]] = cli.json(p, "status")["cells"]
     return cells
 
 
@@ -41,7 +43,7 @@ def drained(p: LocalProject, host: str, queue: str) -> None:
 
 
 def test_each_failure_state_from_a_real_sweep(local_project: LocalProject,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+                                              cli: Cli) -> None:
     p = local_project
     p.write_config(steal=False, monitor={"idle_after": "1s"})
     ok = p.cfg("cfgs/a/ok.yaml")
@@ -52,14 +54,14 @@ def test_each_failure_state_from_a_real_sweep(local_project: LocalProject,
     p.queue("h1", ["# ablate: host=h1", f"{ok} recon", f"{bad} recon 2", f"{oom} recon", f"{ok2} recon"])
     p.queue("h2", ["# ablate: host=h2", f"{later} recon"])  # planned, never launched
 
-    before = states(capsys, p)
+    before = states(cli, p)
     assert {n: c["state"] for n, c in before.items()} == dict.fromkeys(
         ["ok", "crash", "oom", "ok2", "later"], "never_ran")
     assert before["later"]["pending"] == "h2" and "not launched yet" in before["later"]["reason"]
 
-    js(capsys, p, "launch", "h1", "--host", "h1")
+    cli.json(p, "launch", "h1", "--host", "h1")
     drained(p, "h1", "h1")
-    st = js(capsys, p, "status")
+    st = cli.json(p, "status")
     cells = st["cells"]
     assert {n: c["state"] for n, c in cells.items()} == {
         "ok": "synced", "crash": "crashed", "oom": "oom", "ok2": "synced", "later": "never_ran"}
@@ -69,76 +71,76 @@ def test_each_failure_state_from_a_real_sweep(local_project: LocalProject,
     assert cells["oom"]["rc"] == 137 and "SIGKILL" in cells["oom"]["reason"]
     assert st["states"] == {"synced": 2, "oom": 1, "crashed": 1, "never_ran": 1}
     # The queue drained, its last event is more than idle_after old: the host costs money for nothing.
-    wait_for(lambda: js(capsys, p, "status")["idle_hosts"], timeout=10, interval=0.3)
-    [idle] = js(capsys, p, "status")["idle_hosts"]
+    wait_for(lambda: cli.json(p, "status")["idle_hosts"], timeout=10, interval=0.3)
+    [idle] = cli.json(p, "status")["idle_hosts"]
     assert idle["host"] == "h1" and idle["state"] == "idle_costing_money"
     assert idle["next"] == "ablate reconcile, then ablate release h1"
-    code, text = cli(capsys, p, "status")
-    assert code == 0
-    assert "cells: 2 synced, 1 oom, 1 crashed, 1 never_ran" in text
-    assert "host h1 idle_costing_money" in text and "`ablate release h1`" in text
-    assert any(ln.split()[:2] == ["crashed", "crash"] for ln in text.splitlines())
+    r = cli(p, "status")
+    assert r.code == 0
+    assert "cells: 2 synced, 1 oom, 1 crashed, 1 never_ran" in r.output
+    assert "host h1 idle_costing_money" in r.output and "`ablate release h1`" in r.output
+    assert any(ln.split()[:2] == ["crashed", "crash"] for ln in r.output.splitlines())
 
     # reconcile --fs verifies the durable copies in place; its text and JSON classify the rest.
-    rec = js(capsys, p, "reconcile", "--fs", code=1)
+    rec = cli.json(p, "reconcile", "--fs", code=1)
     assert rec["verified"] == 2 and rec["missing"] == ["crash", "oom", "later"]
     assert set(rec["cells"]) == {"crash", "oom", "later"} and rec["cells"]["oom"]["state"] == "oom"
     assert rec["states"] == {"verified": 2, "oom": 1, "crashed": 1, "never_ran": 1}
-    code, text = cli(capsys, p, "reconcile", "--fs")
-    assert code == 1 and "cells: 2 verified, 1 oom, 1 crashed, 1 never_ran" in text
-    assert states(capsys, p)["ok"]["state"] == "verified"
+    r = cli(p, "reconcile", "--fs")
+    assert r.code == 1 and "cells: 2 verified, 1 oom, 1 crashed, 1 never_ran" in r.output
+    assert states(cli, p)["ok"]["state"] == "verified"
 
     # A durable checkpoint truncated after its sync: corrupt at the next reconcile, and in status.
     ckpt = p.shared / "final_ckpts" / "ok2" / "model.safetensors"
     with open(ckpt, "r+b") as f:
         f.truncate(ckpt.stat().st_size // 2)
-    rec = js(capsys, p, "reconcile", "--fs", code=1)
+    rec = cli.json(p, "reconcile", "--fs", code=1)
     assert [c["name"] for c in rec["corrupt"]] == ["ok2"] and rec["cells"]["ok2"]["state"] == "corrupt"
     record = json.loads((p.shared / "gate" / "reconcile.json").read_text())
     assert record["corrupt"]["ok2"]["manifest_sha256"]  # keyed to the manifest it was checked against
-    assert states(capsys, p)["ok2"]["state"] == "corrupt"
+    assert states(cli, p)["ok2"]["state"] == "corrupt"
 
     # The config of a verified cell changed since its result was made: stale, not verified.
     (p.root / ok).write_text((p.root / ok).read_text() + "lr2: 0.5\n")
-    got = states(capsys, p)["ok"]
+    got = states(cli, p)["ok"]
     assert got["state"] == "stale" and "changed since the result was made" in got["reason"]
 
 
 def test_hung_then_stopped_is_interrupted_and_its_queue_rest_never_ran(
-        local_project: LocalProject, capsys: pytest.CaptureFixture[str]) -> None:
+        local_project: LocalProject, cli: Cli) -> None:
     p = local_project
     p.write_config(steal=False, monitor={"hung_after": "2s"})
     hang = p.cfg("cfgs/a/hang.yaml", step_time=120)  # prints epoch 1, then silent for 2 minutes
     after = p.cfg("cfgs/a/after.yaml")
     p.queue("q1", [f"{hang} recon", f"{after} recon"])
-    js(capsys, p, "launch", "q1", "--host", "h1")
+    cli.json(p, "launch", "q1", "--host", "h1")
 
-    seen = wait_for(lambda: (s := states(capsys, p))["hang"]["state"] == "running" and s, timeout=20)
+    seen = wait_for(lambda: (s := states(cli, p))["hang"]["state"] == "running" and s, timeout=20)
     assert isinstance(seen, dict) and seen["after"]["state"] == "queued" and seen["after"]["queue"] == "q1"
-    wait_for(lambda: states(capsys, p)["hang"]["state"] == "hung", timeout=30, interval=0.3)
-    got = states(capsys, p)["hang"]
+    wait_for(lambda: states(cli, p)["hang"]["state"] == "hung", timeout=30, interval=0.3)
+    got = states(cli, p)["hang"]
     assert "silent" in got["reason"] and "`ablate stop q1 --host h1`" in got["reason"]
     # remediate leaves a hung cell alone, saying to stop it first; nothing is queued anew.
-    out = js(capsys, p, "remediate")
+    out = cli.json(p, "remediate")
     assert out["nothing_new"] and out["targets"] == {} and "hang" in out["hung"]
     assert any("ablate stop q1 --host h1" in a for a in out["advice"])
     assert not list((p.root / "queues").glob("remediate-*"))
 
-    js(capsys, p, "stop", "q1", "--host", "h1")
-    got2 = states(capsys, p)
+    cli.json(p, "stop", "q1", "--host", "h1")
+    got2 = states(cli, p)
     assert got2["hang"]["state"] == "interrupted" and "ablate stop" in got2["hang"]["reason"]
     assert got2["after"]["state"] == "never_ran" and "stopped before reaching it" in got2["after"]["reason"]
 
 
-def test_lost_needs_both_signals(local_project: LocalProject, capsys: pytest.CaptureFixture[str]) -> None:
+def test_lost_needs_both_signals(local_project: LocalProject, cli: Cli) -> None:
     """A real snapshot of a running cell, classified as the controller would see it with its host
     unreachable: fresh heartbeat = a dropped link (running); stale heartbeat too = lost."""
     p = local_project
     p.write_config(steal=False)
     slow = p.cfg("cfgs/a/slow.yaml", step_time=0.5)
     p.queue("q1", [f"{slow} recon 40"])
-    js(capsys, p, "launch", "q1", "--host", "h1")
-    wait_for(lambda: states(capsys, p)["slow"]["state"] == "running", timeout=20)
+    cli.json(p, "launch", "q1", "--host", "h1")
+    wait_for(lambda: states(cli, p)["slow"]["state"] == "running", timeout=20)
     project = load_project(p.root)
     snap = LocalFS(str(p.shared)).probe("snapshot", {"root": str(p.shared)})
 
@@ -159,10 +161,10 @@ def test_lost_needs_both_signals(local_project: LocalProject, capsys: pytest.Cap
     assert state(snap, {"h1": set(), "h2": set()}) == "interrupted"  # host up, its queue gone
     # No idle alarm for a host whose queue runs.
     assert host_alarms(sweep_state(later, live), ["h1"], idle_after=1) == []
-    js(capsys, p, "stop", "q1", "--host", "h1")
+    cli.json(p, "stop", "q1", "--host", "h1")
 
 
-def test_sync_failure_is_classified(local_project: LocalProject, capsys: pytest.CaptureFixture[str],
+def test_sync_failure_is_classified(local_project: LocalProject, cli: Cli,
                                     tmp_path: Path) -> None:
     """final_ckpts/ read-only (a bind mount: permissions do not stop root) -> rc 3 + sync_failed."""
     if os.geteuid() != 0:
@@ -176,11 +178,11 @@ def test_sync_failure_is_classified(local_project: LocalProject, capsys: pytest.
     subprocess.run(["mount", "--bind", str(final), str(final)], check=True)
     try:
         subprocess.run(["mount", "-o", "remount,ro,bind", str(final)], check=True)
-        js(capsys, p, "launch", "q1", "--host", "h1")
+        cli.json(p, "launch", "q1", "--host", "h1")
         drained(p, "h1", "q1")
     finally:
         subprocess.run(["umount", str(final)], check=True)
-    got = states(capsys, p)["one"]
+    got = states(cli, p)["one"]
     assert got["state"] == "sync_failed" and got["rc"] == 3
     assert "copy to the shared FS failed" in got["reason"] and "kept" in got["reason"]
     assert (p.root / ".ablate" / "local" / "h1" / "ckpt" / "one" / "model.safetensors").exists()

@@ -15,7 +15,7 @@ import yaml
 from ablate.config.project import Profile, load_profile, load_project, parse_size, shipped_profiles
 from ablate.errors import AblateError, ConfigError, QueueError
 from ablate.sweep import cells
-from tests.conftest import TRAIN, LocalProject
+from tests.helpers.project import TRAIN, LocalProject
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import click
@@ -16,34 +15,27 @@ import pytest
 
 import ablate
 from ablate.cli import cli as root_group
-from ablate.cli import main
-from tests.conftest import LocalProject, wait_for
-from tests.test_watch import REPO, Pane, ablate_cmd
+from tests.helpers.cli import REPO, Cli, ablate_cmd
+from tests.helpers.project import LocalProject
+from tests.helpers.tmux import Pane
+from tests.helpers.wait import wait_for
 
 SGR = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else 1), out, err
-
-
 def shell(env: dict[str, str], script: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "--norc", "--noprofile", "-c", script], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": REPO, **env}, timeout=60)
+                          env={**os.environ, "PYTHONPATH": str(REPO), **env}, timeout=60)
 
 
 @pytest.fixture
-def done_sweep(local_project: LocalProject, capsys: pytest.CaptureFixture[str]) -> LocalProject:
+def done_sweep(local_project: LocalProject, cli: Cli) -> LocalProject:
     """Three cells trained to the end on h1 (not pulled yet)."""
     p = local_project
     for i in range(3):
         p.cfg(f"configs/c{i}.yaml", seed=i)
     p.queue("q1", ["# ablate: host=h1", *(f"configs/c{i}.yaml recon" for i in range(3))])
-    assert run(capsys, "-q", "-C", str(p.root), "launch", "--all")[0] == 0
+    assert cli(p, "-q", "launch", "--all").code == 0
     wait_for(lambda: all((p.shared / "final_ckpts" / f"c{i}" / "MANIFEST.json").exists() for i in range(3)),
              timeout=60)
     return p
@@ -59,19 +51,19 @@ def pane() -> Iterator[Pane]:
         p.close()
 
 
-def test_version(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "--version")
+def test_version(cli: Cli) -> None:
+    code, out, err = cli(None, "--version")
     assert code == 0 and out == f"ablate, version {ablate.__version__}\n" and err == ""
 
 
-def test_every_command_has_an_example_in_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_command_has_an_example_in_its_help(cli: Cli) -> None:
     assert isinstance(root_group, click.Group)
     names = sorted(root_group.commands)
     assert {"status", "logs", "pull", "reconcile", "deploy", "launch"} <= set(names)
     for name in names:
-        code, out, _ = run(capsys, name, "--help")
+        code, out, _ = cli(None, name, "--help")
         assert code == 0 and re.search(r"Example:\s+ablate\s+\S", out), (name, out)
-    code, out, _ = run(capsys, "--help")
+    code, out, _ = cli(None, "--help")
     assert "_ABLATE_COMPLETE=bash_source ablate" in out and "NO_COLOR" in out
 
 
@@ -80,7 +72,7 @@ def test_shell_completion_script_loads_in_bash_and_completes_commands_and_cells(
     local_project.cfg("configs/alpha.yaml")
     local_project.cfg("configs/beta.yaml")
     local_project.queue("q1", ["configs/alpha.yaml recon", "configs/beta.yaml recon"])
-    cmd = f"{sys.executable} -m ablate"
+    cmd = ablate_cmd()
     source = shell({"_ABLATE_COMPLETE": "bash_source"}, cmd)
     assert source.returncode == 0 and "_ablate_completion()" in source.stdout, source
     # The script really loads into bash and registers the completion for `ablate`.
@@ -99,43 +91,42 @@ def test_shell_completion_script_loads_in_bash_and_completes_commands_and_cells(
 
 
 def test_errors_on_stderr_data_on_stdout(local_project: LocalProject,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+                                         cli: Cli) -> None:
     local_project.cfg("configs/a.yaml")
     local_project.queue("q1", ["# ablate: host=h1", "configs/a.yaml recon"])
-    code, out, err = run(capsys, "-C", str(local_project.root), "logs", "nope")
+    code, out, err = cli(local_project, "logs", "nope")
     assert code == 2 and out == "" and err.startswith("ablate: error: ")
-    code, out, err = run(capsys, "-C", str(local_project.root), "status", "--json")
+    code, out, err = cli(local_project, "status", "--json")
     assert code == 0 and json.loads(out)["roster"] == 1 and err == ""
 
 
 def test_plain_progress_is_one_line_per_step_on_stderr_never_on_stdout_and_q_silences_it(
-        done_sweep: LocalProject, capsys: pytest.CaptureFixture[str]) -> None:
-    root = str(done_sweep.root)
-    code, out, err = run(capsys, "-C", root, "pull", "--json")
+        done_sweep: LocalProject, cli: Cli) -> None:
+    code, out, err = cli(done_sweep, "pull", "--json")
     assert code == 0 and json.loads(out)["cells"] == 3  # stdout: exactly one JSON object
     assert [ln.split(":")[0] for ln in err.splitlines()] == [f"pull [{i}/3] c{i - 1}" for i in (1, 2, 3)]
 
-    code, out, err = run(capsys, "-C", root, "reconcile", "--json")
+    code, out, err = cli(done_sweep, "reconcile", "--json")
     assert code == 0 and json.loads(out)["complete"] is True
     steps = [ln for ln in err.splitlines() if ln.startswith("reconcile [")]
     assert steps == [f"reconcile [{i}/3 cells] c{i - 1}" for i in (1, 2, 3)], err
 
-    code, out, err = run(capsys, "-C", root, "deploy", "--json")
+    code, out, err = cli(done_sweep, "deploy", "--json")
     assert code == 0 and json.loads(out)["created"] == []
     files = [ln for ln in err.splitlines() if ln.startswith("deploy [")]
     assert len(files) == 2 + 2 and all(ln.endswith(": already in place") for ln in files), err
 
     for args in (("pull",), ("reconcile",), ("deploy",)):
-        code, out, err = run(capsys, "-q", "-C", root, *args)
+        code, out, err = cli(done_sweep, "-q", *args)
         assert code == 0 and err == "" and out, args  # -q: no progress; the result still printed
 
 
 def test_launch_all_reports_each_queue_started(local_project: LocalProject,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+                                               cli: Cli) -> None:
     for q, host in (("q1", "h1"), ("q2", "h2")):
         local_project.cfg(f"configs/{q}.yaml")
         local_project.queue(q, [f"# ablate: host={host}", f"configs/{q}.yaml recon"])
-    code, out, err = run(capsys, "-C", str(local_project.root), "launch", "--all", "--json")
+    code, out, err = cli(local_project, "launch", "--all", "--json")
     assert code == 0 and len(json.loads(out)["launched"]) == 2
     started = sorted(ln for ln in err.splitlines() if ln.startswith("launch ["))
     assert len(started) == 2 and {ln.split("] ")[0] for ln in started} == {"launch [1/2 queues",

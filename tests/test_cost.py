@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 import ablate.demo.train as demo_train
-from ablate.cli import main
 from ablate.config.project import load_project
 from ablate.errors import CheckFailed
 from ablate.plan import cost
@@ -27,20 +26,10 @@ from ablate.run.stop import stop
 from ablate.sweep.cells import Cell, read_queue
 from ablate.sweep.snapshot import Snapshot
 from ablate.transport.local import LocalFS
-from tests.conftest import LocalProject, require_tmux, wait_for
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else 1), out, err
-
-
-def events(lp: LocalProject, host: str, queue: str) -> list[dict[str, Any]]:
-    path = lp.shared / "events" / f"{host}.{queue}.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+from tests.helpers.cli import Cli
+from tests.helpers.project import LocalProject, events
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
 
 
 def wait_drained(lp: LocalProject, pairs: list[tuple[str, str]], since: dict[str, int] | None = None) -> None:
@@ -118,13 +107,13 @@ BAD_COSTS: list[tuple[object, str]] = [
 
 
 @pytest.mark.parametrize(("entry", "needle"), BAD_COSTS, ids=[n for _, n in BAD_COSTS])
-def test_bad_costs_entry_is_one_line_exit_2(local_project: LocalProject, capsys: pytest.CaptureFixture[str],
+def test_bad_costs_entry_is_one_line_exit_2(local_project: LocalProject, cli: Cli,
                                             entry: object, needle: str) -> None:
     lp = local_project
     lp.cfg("c/a.yaml")
     lp.write_config(cells=[{"glob": "c/*.yaml", "task": "recon"}], costs=[entry])
     before = lp.snapshot()
-    code, _, err = run(capsys, "-C", str(lp.root), "plan")
+    code, _, err = cli(lp, "plan")
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1, err
     assert "ablate.yaml" in lines[0] and "costs[0]" in lines[0] and needle in lines[0], err
@@ -132,9 +121,9 @@ def test_bad_costs_entry_is_one_line_exit_2(local_project: LocalProject, capsys:
 
 
 def test_costs_that_is_not_a_list_is_refused(local_project: LocalProject,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+                                             cli: Cli) -> None:
     local_project.write_config(costs={"glob": "c/*.yaml", "cost": 1})
-    code, _, err = run(capsys, "-C", str(local_project.root), "status")
+    code, _, err = cli(local_project, "status")
     assert code == 2 and "costs: must be a list" in err and len(err.strip().splitlines()) == 1
 
 
@@ -304,24 +293,23 @@ def _tmux() -> None:
 
 
 def test_eta_in_plan_and_status_before_and_after_history(
-        _tmux: None, local_project: LocalProject, capsys: pytest.CaptureFixture[str]) -> None:
+        _tmux: None, local_project: LocalProject, cli: Cli) -> None:
     lp = local_project
-    d = str(lp.root)
     for i in range(4):
         lp.cfg(f"cfgs/r/q{i}.yaml", seed=i)
     lp.write_config(cells=[{"glob": "cfgs/r/*.yaml", "task": "recon", "epochs": 1}])
 
-    code, out, _ = run(capsys, "-C", d, "plan", "--json")
+    code, out, _ = cli(lp, "plan", "--json")
     planned = json.loads(out)
     assert code == 0 and planned["eta_seconds"] is None and planned["model"]["source"] == "declared"
     assert planned["model"]["cells"] == 0 and all(q["eta_seconds"] is None for q in planned["queues"])
-    code, out, _ = run(capsys, "-C", d, "plan", "--dry-run")
+    code, out, _ = cli(lp, "plan", "--dry-run")
     assert "plan ETA unknown: no cell has finished yet (declared costs; no history yet)" in out
-    code, out, _ = run(capsys, "-C", d, "status", "--json")
+    code, out, _ = cli(lp, "status", "--json")
     st = json.loads(out)
     assert st["eta"] is None and st["model"]["source"] == "declared"
     assert all(q["eta"] is None for q in st["queues"])
-    code, out, _ = run(capsys, "-C", d, "status")
+    code, out, _ = cli(lp, "status")
     assert "sweep ETA unknown: no cell has finished yet (declared costs; no history yet)" in out
 
     project = load_project(lp.root)
@@ -331,7 +319,7 @@ def test_eta_in_plan_and_status_before_and_after_history(
     assert cells == {f"q{i}": 1000 for i in range(4)}
     wait_drained(lp, [("h1", "h1"), ("h2", "h2")])
 
-    code, out, _ = run(capsys, "-C", d, "status", "--json")
+    code, out, _ = cli(lp, "status", "--json")
     st = json.loads(out)
     assert st["model"]["source"] == "learned" and st["model"]["cells"] == 4
     assert [q["eta"] for q in st["queues"]] == [0.0, 0.0] and st["eta"] == 0.0
@@ -344,7 +332,7 @@ def test_eta_in_plan_and_status_before_and_after_history(
     assert head[4] == "learned" and cells["slow"] == pytest.approx(100 * cells["q0"], rel=0.01)
 
     def running_slow() -> dict[str, Any] | None:
-        _, out, _ = run(capsys, "-C", d, "status", "--json")
+        _, out, _ = cli(lp, "status", "--json")
         rows = {q["queue"]: q for q in json.loads(out)["queues"]}
         return json.loads(out) if rows["h1"]["current"] == "slow" and rows["h1"]["elapsed"] else None
 
@@ -356,10 +344,10 @@ def test_eta_in_plan_and_status_before_and_after_history(
     assert expect is not None and expect > 10
     assert rows["h1"]["eta"] == pytest.approx(expect - rows["h1"]["elapsed"], rel=0.05)
     assert rows["h2"]["eta"] == 0.0 and st["eta"] == rows["h1"]["eta"]
-    code, out, _ = run(capsys, "-C", d, "status")
+    code, out, _ = cli(lp, "status")
     assert "sweep ETA " in out and "(learned from 4 cell(s))" in out
 
-    code, out, _ = run(capsys, "-C", d, "plan", "--dry-run", "--json")
+    code, out, _ = cli(lp, "plan", "--dry-run", "--json")
     planned = json.loads(out)
     assert planned["model"]["source"] == "learned" and planned["eta_seconds"] == planned["makespan"] > 0
     # Appended to the live queue: no relaunch, but the new cell's estimate is written.

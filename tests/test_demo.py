@@ -8,20 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from ablate.cli import main
+from tests.helpers.cli import Cli
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_demo_catches_the_broken_cell_then_verifies_everything(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["demo", "--dir", str(tmp_path / "d"), "--cells", "9"])
-    out, err = capsys.readouterr()
-    assert exc.value.code == 0, out + err
+def test_demo_catches_the_broken_cell_then_verifies_everything(tmp_path: Path, cli: Cli) -> None:
+    code, out, err = cli(None, "demo", "--dir", str(tmp_path / "d"), "--cells", "9")
+    assert code == 0, out + err
     lines = out.strip().splitlines()
     assert lines[-1].startswith("9/9 cells verified by load"), lines[-3:]
     # the failure was met the way a user meets it: reconcile listed it, the gate refused, with why
@@ -36,12 +30,11 @@ def test_demo_catches_the_broken_cell_then_verifies_everything(
         "release.fast.json", "release.mid.json", "release.slow.json"]
 
 
-def test_demo_refuses_an_existing_project(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_refuses_an_existing_project(tmp_path: Path, cli: Cli) -> None:
     (tmp_path / "ablate.yaml").write_text("sweep: x\n")
-    with pytest.raises(SystemExit) as exc:
-        main(["demo", "--dir", str(tmp_path)])
-    assert exc.value.code == 2
-    assert "already holds an ablate.yaml" in capsys.readouterr().err
+    code, _, err = cli(None, "demo", "--dir", str(tmp_path))
+    assert code == 2
+    assert "already holds an ablate.yaml" in err
     assert (tmp_path / "ablate.yaml").read_text() == "sweep: x\n"
 
 

@@ -4,7 +4,6 @@ and `launch` refusing a short budget with the numbers."""
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -14,25 +13,22 @@ from typing import Any
 import pytest
 import yaml
 
-from ablate.cli import main
 from ablate.config.project import load_project
 from ablate.errors import CheckFailed
 from ablate.run.doctor import DoctorReport, doctor
 from ablate.run.launch import launch
 from ablate.transport import close_all, host_transport
-from tests.conftest import LocalProject
+from tests.helpers.cli import Cli
+from tests.helpers.project import LocalProject
 from tests.testbed import Testbed
 
 CHECKS = ["reachable", "bash", "tmux", "env", "shared_fs", "deployed", "disk", "inodes", "gpu",
           "workdir", "commit"]
 
 
-def cli_doctor(capsys: pytest.CaptureFixture[str], directory: Path) -> tuple[int, dict[str, Any], str]:
-    with pytest.raises(SystemExit) as exc:
-        main(["-C", str(directory), "doctor", "--json"])
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else 1), json.loads(out), err
+def cli_doctor(cli: Cli, directory: Path) -> tuple[int, dict[str, Any], str]:
+    r = cli(directory, "doctor", "--json")
+    return r.code, r.json(), r.err
 
 
 def failures(report: dict[str, Any]) -> dict[tuple[str, str], str]:
@@ -61,11 +57,11 @@ def test_fresh_local_project_is_all_ok(local_project: LocalProject) -> None:
 
 
 def test_absurd_disk_budget_fails_with_the_numbers_and_launch_refuses(
-        local_project: LocalProject, capsys: pytest.CaptureFixture[str], tmux_socket: str) -> None:
+        local_project: LocalProject, cli: Cli, tmux_socket: str) -> None:
     local_project.write_config(budget={"ckpt_size": "900TB", "scratch": "1MB"})
     local_project.queue("q1", ["# ablate: host=h1", local_project.cfg("configs/r/a.yaml") + " recon",
                                local_project.cfg("configs/r/b.yaml") + " recon"])
-    code, report, _ = cli_doctor(capsys, local_project.root)
+    code, report, _ = cli_doctor(cli, local_project.root)
     assert code == 1 and report["ok"] is False
     fails = failures(report)
     assert list(fails) == [("h1", "disk")]  # h2 runs no cells: scratch only, which fits
@@ -90,13 +86,13 @@ def test_absurd_disk_budget_fails_with_the_numbers_and_launch_refuses(
 
 
 def test_asked_gpu_fails_where_there_is_none(local_project: LocalProject,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+                                             cli: Cli) -> None:
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has nvidia-smi")
     plain = doctor(load_project(local_project.root)).check("h1", "gpu")
     assert plain is not None and plain.ok and plain.reason == "no GPU (nvidia-smi not found)"
     local_project.write_config(resources={"gpu": {"name": "A100", "count": 1, "memory": "24GB+"}})
-    code, report, err = cli_doctor(capsys, local_project.root)
+    code, report, err = cli_doctor(cli, local_project.root)
     assert code == 1 and "2 problem(s)" in err
     fails = failures(report)
     assert set(fails) == {("h1", "gpu"), ("h2", "gpu")}
@@ -153,15 +149,15 @@ def write_tb_config(root: Path, ssh_config: Path, tb: Testbed, **hosts: dict[str
         "ssh_config": str(ssh_config), "hosts": {**{h: {} for h in tb.hosts}, **hosts}}))
 
 
-def only_failure(capsys: pytest.CaptureFixture[str], root: Path) -> tuple[str, str, str]:
-    code, report, _ = cli_doctor(capsys, root)
+def only_failure(cli: Cli, root: Path) -> tuple[str, str, str]:
+    code, report, _ = cli_doctor(cli, root)
     assert code == 1 and report["ok"] is False, report
     [((host, check), reason)] = failures(report).items()
     return host, check, reason
 
 
-def test_testbed_all_ok(testbed: Testbed, tb_project: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, report, _ = cli_doctor(capsys, tb_project)
+def test_testbed_all_ok(testbed: Testbed, tb_project: Path, cli: Cli) -> None:
+    code, report, _ = cli_doctor(cli, tb_project)
     assert code == 0 and report["ok"] is True, failures(report)
     assert list(report["hosts"]) == testbed.hosts
     for h in report["hosts"].values():
@@ -172,9 +168,9 @@ def test_testbed_all_ok(testbed: Testbed, tb_project: Path, capsys: pytest.Captu
 
 
 def test_testbed_local_dir_posing_as_shared_fails_that_host(
-        testbed: Testbed, tb_project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        testbed: Testbed, tb_project: Path, cli: Cli) -> None:
     write_tb_config(tb_project, testbed.ssh_config, testbed, **{"tb-h3": {"profile": "tblocal"}})
-    host, check, reason = only_failure(capsys, tb_project)
+    host, check, reason = only_failure(cli, tb_project)
     assert (host, check) == ("tb-h3", "shared_fs")
     assert reason.startswith("not the same shared FS as tb-h1 (AutoDL file storage is per region?)")
     assert testbed.local_path in reason and "is missing on tb-h3" in reason
@@ -182,13 +178,13 @@ def test_testbed_local_dir_posing_as_shared_fails_that_host(
 
 
 def test_testbed_host_without_tmux(testbed: Testbed, tb_project: Path,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
+                                   cli: Cli) -> None:
     tmux = shutil.which("tmux")
     assert tmux is not None
     ns = ["nsenter", f"--mount=/proc/{testbed.sshd_pid('tb-h2')}/ns/mnt"]
     subprocess.run([*ns, "mount", "--bind", "/dev/null", tmux], check=True)
     try:
-        host, check, reason = only_failure(capsys, tb_project)
+        host, check, reason = only_failure(cli, tb_project)
     finally:
         subprocess.run([*ns, "umount", tmux], check=True)
     assert (host, check) == ("tb-h2", "tmux")
@@ -196,12 +192,12 @@ def test_testbed_host_without_tmux(testbed: Testbed, tb_project: Path,
 
 
 def test_testbed_disk_below_budget_fails_and_launch_refuses(
-        testbed: Testbed, tb_project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        testbed: Testbed, tb_project: Path, cli: Cli) -> None:
     (tb_project / "queues").mkdir()
     (tb_project / "queues" / "q1.txt").write_text(
         "# ablate: host=tb-h1\nc/a.yaml t\nc/b.yaml t\nc/c.yaml t\n")
     testbed.fill_disk("tb-h1")
-    host, check, reason = only_failure(capsys, tb_project)
+    host, check, reason = only_failure(cli, tb_project)
     assert (host, check) == ("tb-h1", "disk")
     assert reason.startswith("below budget: need 4.0 MB (3 cell(s) x 1.0 MB + 1.0 MB scratch), free ")
     assert f"ckpt_root {testbed.local_path}/ckpt" in reason
@@ -215,11 +211,11 @@ def test_testbed_disk_below_budget_fails_and_launch_refuses(
 
 
 def test_testbed_unknown_host_key_fails_that_host(testbed: Testbed, tb_project: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                                 cli: Cli) -> None:
     known = testbed.trust_current_keys(tmp_path / "known_hosts", hosts=["tb-h1", "tb-h3"])
     cfg = testbed.write_ssh_config(tmp_path / "ssh_config", known_hosts=known)
     write_tb_config(tb_project, cfg, testbed)
-    host, check, reason = only_failure(capsys, tb_project)
+    host, check, reason = only_failure(cli, tb_project)
     assert (host, check) == ("tb-h2", "reachable")
     assert "unknown host key" in reason and testbed.address("tb-h2") in reason
     assert "`ssh tb-h2`" in reason and "--accept-new-host-keys" in reason
@@ -235,12 +231,12 @@ def test_report_lines_name_host_check_and_reason(testbed: Testbed, tb_project: P
 
 
 def test_testbed_dead_host_and_runpod_proxy_never_hide_the_others(
-        testbed: Testbed, tb_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        testbed: Testbed, tb_project: Path, tmp_path: Path, cli: Cli) -> None:
     cfg = testbed.write_ssh_config(tmp_path / "ssh_config", extra=(
         "\nHost pod-a\n  HostName ssh.runpod.io\n  User abc123-64410f\n"))
     write_tb_config(tb_project, cfg, testbed, **{"pod-a": {}})
     testbed.kill("tb-h1")  # also the host the shared FS is reached through: tb-h2 serves instead
-    code, report, _ = cli_doctor(capsys, tb_project)
+    code, report, _ = cli_doctor(cli, tb_project)
     assert code == 1
     fails = failures(report)
     assert set(fails) == {("tb-h1", "reachable"), ("pod-a", "reachable")}

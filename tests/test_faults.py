@@ -1,9 +1,9 @@
 """The fault-injection suite of issue 6 on the 3-instance test bed.
 
 Each scenario runs a small real sweep (a queue of two cells per instance, about a second each,
-real safetensors checkpoints from tests/fault_train.py, copied into the sweep's shared workdir)
-across the three instances, injects one fault, drives the recovery through the CLI as a user
-would, and ends with the same three assertions (`Sweep.finish`):
+real safetensors checkpoints from tests/helpers/fault_train.py, copied into the sweep's shared
+workdir) across the three instances, injects one fault, drives the recovery through the CLI as a
+user would, and ends with the same three assertions (`Sweep.finish`):
   - the roster is 100 % verified: `ablate pull` and `ablate reconcile` exit 0, `complete: true`;
   - no cell ran to completion twice: per cell at most one `end` event with rc 0 and at most one
     `synced` event across all `events/*.jsonl`, and exactly one `final_ckpts/<name>/MANIFEST.json`
@@ -13,7 +13,7 @@ would, and ends with the same three assertions (`Sweep.finish`):
     verb is configured).
 Cells are held mid-way by the trainer's `hang` marker rather than by timing, so the scenarios
 mean the same on a loaded machine.
-The in-process CLI (`ablate.cli.main`) is used where one controller acts; real `python -m ablate`
+The in-process CLI (the `cli` fixture) is used where one controller acts; real `python -m ablate`
 processes where two controllers race, a controller is killed, or an upgraded ablate is deployed.
 """
 
@@ -35,14 +35,12 @@ import pytest
 import yaml
 from safetensors.numpy import load_file
 
-import ablate
-from ablate.cli import main
 from ablate.transport import close_all
-from tests import fault_train
-from tests.conftest import wait_for
+from tests.helpers import fault_train
+from tests.helpers.cli import REPO, Cli, CliResult, ablate_process
+from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
-REPO = Path(ablate.__file__).resolve().parent.parent  # what `python -m ablate` imports
 CKPT = fault_train.CKPT
 TRAIN = (f"{sys.executable} train.py --config {{cfg}} --epochs {{epochs}} --out {{ckpt_dir}} "
          "--resume {resume} --name {name}")
@@ -60,10 +58,10 @@ class Sweep:
     the trainer and configs on the shared FS, and views of the sweep root through the shared FS's
     backing directory (what every instance sees)."""
 
-    def __init__(self, tb: Testbed, base: Path, capsys: pytest.CaptureFixture[str], name: str, *,
+    def __init__(self, tb: Testbed, base: Path, cli: Cli, name: str, *,
                  epochs: int = 3, step_time: float = 0.1, steal: bool = False, ssh_extra: str = "",
                  queues: tuple[str, ...] | None = None, **config: Any) -> None:
-        self.tb, self.capsys, self.name = tb, capsys, name
+        self.tb, self._cli, self.name = tb, cli, name
         self.proj = base / "proj"
         self.work = tb.shared_dir / "work" / name
         self.root = tb.shared_dir / "ablate" / name
@@ -111,30 +109,18 @@ class Sweep:
 
     # ------------------------------------------------------------------ the CLI
 
-    def cli(self, *args: str) -> tuple[int, str]:
-        """One in-process `ablate -C proj ARGS`: (exit code, stdout + stderr)."""
-        with pytest.raises(SystemExit) as exc:
-            main(["-C", str(self.proj), *args])
-        out, err = self.capsys.readouterr()
-        code = exc.value.code
-        return (code if isinstance(code, int) else (0 if code is None else 1)), out + err
+    def cli(self, *args: str) -> CliResult:
+        """One in-process `ablate -C proj ARGS`."""
+        return self._cli(self.proj, *args)
 
     def ok(self, *args: str) -> dict[str, Any]:
         """`ablate ARGS --json`, which must exit 0; its one JSON object."""
-        with pytest.raises(SystemExit) as exc:
-            main(["-C", str(self.proj), *args, "--json"])
-        out, err = self.capsys.readouterr()
-        assert exc.value.code in (0, None), (args, exc.value.code, out, err)
-        data: dict[str, Any] = json.loads(out)
-        return data
+        return self._cli.json(self.proj, *args)
 
     def popen(self, *args: str, pythonpath: Path = REPO) -> subprocess.Popen[str]:
         """A separate controller process: `python -m ablate -C proj ARGS`, importing ablate from
         `pythonpath` (an upgraded copy of the package, in the wrapper-fix scenario)."""
-        env = {**os.environ, "PYTHONPATH": str(pythonpath)}
-        return subprocess.Popen([sys.executable, "-m", "ablate", "-C", str(self.proj), *args],
-                                cwd=self.proj, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return ablate_process(self.proj, *args, pythonpath=pythonpath, cwd=self.proj)
 
     def run(self, *args: str, pythonpath: Path = REPO) -> subprocess.CompletedProcess[str]:
         p = self.popen(*args, pythonpath=pythonpath)
@@ -144,7 +130,8 @@ class Sweep:
     # ------------------------------------------------------------------ faults
 
     def fault(self, cell: str, kind: str, after_epoch: int = 1) -> None:
-        """Switch a fault of tests/fault_train.py on for `cell` (`hang`: after `after_epoch`)."""
+        """Switch a fault of tests/helpers/fault_train.py on for `cell` (`hang`: after
+        `after_epoch`)."""
         (self.work / "faults" / f"{cell}.{kind}").write_text(f"{after_epoch}\n")
 
     def clear(self, cell: str, kind: str) -> None:
@@ -227,11 +214,11 @@ class Sweep:
     def assert_gate_closed(self, host: str) -> str:
         """`ablate release HOST --yes` refuses (exit 1) and records nothing; `finish` then
         checks the same host's release goes through."""
-        code, out = self.cli("release", host, "--yes")
-        assert code == 1 and "refused" in out, (code, out)
+        r = self.cli("release", host, "--yes")
+        assert r.code == 1 and "refused" in r.output, (r.code, r.output)
         assert not list((self.root / "gate").glob("release.*.json")), "an approval was recorded early"
         self.refused.add(host)
-        return out
+        return r.output
 
     def finish(self, reran: tuple[str, ...] = ()) -> None:
         """Wait for every cell's durable copy, then the three closing assertions."""
@@ -273,14 +260,14 @@ class Sweep:
 
 
 @pytest.fixture
-def sweep(testbed: Testbed, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def sweep(testbed: Testbed, tmp_path: Path, cli: Cli,
           request: pytest.FixtureRequest) -> Iterator[Callable[..., Sweep]]:
     """A factory: `sweep(**options)` sets up a fresh sweep named after the test."""
     made: list[Sweep] = []
 
     def make(**options: Any) -> Sweep:
         name = "f" + request.node.name.removeprefix("test_").replace("_", "-")[:22].rstrip("-")
-        s = Sweep(testbed, tmp_path, capsys, name, **options)
+        s = Sweep(testbed, tmp_path, cli, name, **options)
         made.append(s)
         return s
 
@@ -447,13 +434,13 @@ def test_06_checkpoint_truncated_after_sync(testbed: Testbed, sweep: Callable[..
     with open(durable, "r+b") as f:
         f.truncate(size // 2)
 
-    code, out = sw.cli("reconcile", "--fs", "--json")
-    rec = json.loads(out.splitlines()[0])
-    assert code == 1 and not rec["complete"], out
+    r = sw.cli("reconcile", "--fs", "--json")
+    rec = r.json()
+    assert r.code == 1 and not rec["complete"], r.output
     assert [c["name"] for c in rec["corrupt"]] == [bad] and rec["verified"] == len(sw.cells) - 1
     sw.cli("pull")
-    code, out = sw.cli("reconcile")
-    assert code == 1 and bad in out, out
+    r = sw.cli("reconcile")
+    assert r.code == 1 and bad in r.output, r.output
     sw.assert_gate_closed("tb-h1")
     sw.wait_states({bad: "corrupt"})
 
@@ -539,9 +526,9 @@ def test_08_queue_file_edited_in_the_middle(testbed: Testbed, sweep: Callable[..
     ledger = (sw.root / "queues" / "tb-h2.ledger").read_bytes()
     launched = (sw.root / "queues" / "tb-h2.txt").read_bytes()
 
-    code, out = sw.cli("launch", "tb-h2", "--host", "tb-h2")
-    assert code == 2, out
-    assert f"queues/tb-h2.txt:{gone + 1}" in out and lines[gone].strip() in out, out
+    r = sw.cli("launch", "tb-h2", "--host", "tb-h2")
+    assert r.code == 2, r.output
+    assert f"queues/tb-h2.txt:{gone + 1}" in r.output and lines[gone].strip() in r.output, r.output
     assert (sw.root / "queues" / "tb-h2.ledger").read_bytes() == ledger  # nothing changed
     assert (sw.root / "queues" / "tb-h2.txt").read_bytes() == launched
     sw.assert_gate_closed("tb-h2")

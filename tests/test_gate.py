@@ -16,8 +16,9 @@ from ablate.results.pull import pull
 from ablate.results.reconcile import reconcile
 from ablate.results.release import ReleaseResult, release
 from ablate.transport.local import LocalHost
-from tests.conftest import LocalProject, require_tmux
-from tests.helpers_results import publish_cells
+from tests.helpers.project import LocalProject
+from tests.helpers.results import publish_cells
+from tests.helpers.tmux import require_tmux
 
 CELLS = [("configs/recon/a.yaml", "recon", 3), ("configs/det/b.yaml", "det", 2)]
 

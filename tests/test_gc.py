@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 import ablate.run.deploy as deploy_mod
-from ablate.cli import main
 from ablate.config.project import load_project
 from ablate.errors import AblateError, CheckFailed
 from ablate.remote.layout import session_name
@@ -23,8 +22,11 @@ from ablate.run.launch import launch
 from ablate.run.stop import stop
 from ablate.transport import close_all
 from ablate.transport.local import LocalHost
-from tests.conftest import LocalProject, require_tmux, wait_for
-from tests.test_lock import ssh_project
+from tests.helpers.cli import Cli
+from tests.helpers.project import LocalProject
+from tests.helpers.testbed_projects import ssh_project
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
 
@@ -45,16 +47,9 @@ def new_version(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(deploy_mod, "packaged_wrappers", lambda: changed)
 
 
-def cli(capsys: pytest.CaptureFixture[str], proj: Path, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(["-C", str(proj), *args])
-    out, err = capsys.readouterr()
-    return (exc.value.code if isinstance(exc.value.code, int) else 0), out, err
-
-
 def test_gc_is_refused_while_an_old_version_runs_and_removes_it_after(
         local_project: LocalProject, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        cli: Cli) -> None:
     lp = local_project
     lp.queue("q1", [lp.cfg("cfgs/a/slow.yaml", step_time=0.2) + " recon 200"])
     project = load_project(lp.root)
@@ -79,7 +74,7 @@ def test_gc_is_refused_while_an_old_version_runs_and_removes_it_after(
     run_one_old = next(n for n in old_files if n.startswith("wrappers/run_one") and n not in current)
     assert run_one_old in msg  # the spec's run_one: every cell of the queue reads it
     assert files(lp.shared) == before
-    code, out, err = cli(capsys, lp.root, "deploy", "--gc", "--json")
+    code, out, err = cli(lp.root, "deploy", "--gc", "--json")
     assert code == 1 and "queue q1 is live on h1" in json.loads(out)["error"]
     assert files(lp.shared) == before
 
@@ -94,7 +89,7 @@ def test_gc_is_refused_while_an_old_version_runs_and_removes_it_after(
     assert (lp.shared / "DEPLOYED.json").read_bytes() == deployed
     assert result.lines()[0] == "removed 4 old file(s), kept 4:"
 
-    code, out, err = cli(capsys, lp.root, "deploy", "--gc", "--json")
+    code, out, err = cli(lp.root, "deploy", "--gc", "--json")
     assert code == 0, err
     assert json.loads(out) == {"removed": [], "kept": sorted(current)}
     # The new version runs: a relaunch reads it, so nothing it reads was removed.

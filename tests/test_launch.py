@@ -20,32 +20,14 @@ from ablate.run.append import append
 from ablate.run.deploy import deploy
 from ablate.run.launch import launch, launch_all
 from ablate.run.stop import stop
-from ablate.transport.local import LocalHost
-from tests.conftest import LocalProject, require_tmux, wait_for
+from tests.helpers.project import LocalProject, drained, events, live
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
 
 
 @pytest.fixture(autouse=True)
 def _tmux() -> None:
     require_tmux()
-
-
-def events(lp: LocalProject, host: str, queue: str) -> list[dict[str, Any]]:
-    path = lp.shared / "events" / f"{host}.{queue}.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
-def live(host: str, queue: str) -> bool:
-    return session_name("t1", host, queue) in LocalHost(host).tmux_sessions()
-
-
-def drained(lp: LocalProject, host: str, queue: str, since: int = 0) -> list[dict[str, Any]]:
-    def done() -> list[dict[str, Any]] | None:
-        evs = events(lp, host, queue)
-        return evs if not live(host, queue) and any(e["ev"] == "queue_end" for e in evs[since:]) else None
-
-    result = wait_for(done, timeout=30)
-    assert isinstance(result, list)
-    return result
 
 
 def log_of(lp: LocalProject, name: str, host: str = "h1") -> str:

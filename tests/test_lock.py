@@ -14,9 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from ablate.cli import main
 from ablate.config.project import Project, load_project
 from ablate.errors import Busy
 from ablate.monitor.status import status
@@ -32,7 +30,11 @@ from ablate.sweep.lock import (
     set_lock_timeout,
 )
 from ablate.transport import close_all
-from tests.conftest import LocalProject, require_tmux, wait_for
+from tests.helpers.cli import Cli
+from tests.helpers.project import LocalProject
+from tests.helpers.testbed_projects import ssh_project
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
 # A second controller: takes the lock, says so in a file, holds it until its stdin closes.
@@ -93,13 +95,6 @@ def free(project: Project) -> bool:
             return True
     except Busy:
         return False
-
-
-def cli(capsys: pytest.CaptureFixture[str], proj: Path, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(["-C", str(proj), *args])
-    out, err = capsys.readouterr()
-    return (exc.value.code if isinstance(exc.value.code, int) else 0), out, err
 
 
 # --------------------------------------------------------------------------- local
@@ -204,7 +199,7 @@ def test_the_lock_is_reentrant_within_a_process(local_project: LocalProject, hol
 
 def test_commands_that_change_the_sweep_wait_for_the_lock_and_readers_do_not(
         local_project: LocalProject, holders: list[Holder], tmp_path: Path,
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     require_tmux()
     lp = local_project
     lp.queue("q1", [lp.cfg("cfgs/a/x.yaml") + " recon 1"])
@@ -226,54 +221,37 @@ def test_commands_that_change_the_sweep_wait_for_the_lock_and_readers_do_not(
 
     lp.cfg("cfgs/a/y.yaml")
     before["cfgs/a/y.yaml"] = (lp.root / "cfgs/a/y.yaml").read_bytes()
-    code, out, err = cli(capsys, lp.root, "--lock-timeout", "0.2", "append", "q1", "cfgs/a/y.yaml", "det")
+    code, out, err = cli(lp.root, "--lock-timeout", "0.2", "append", "q1", "cfgs/a/y.yaml", "det")
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and "ablate: error: sweep t1 is busy: `ablate remediate --launch`" in err
     monkeypatch.setenv("ABLATE_LOCK_TIMEOUT", "0.2")
     assert lock_timeout() == 0.2
-    code, out, _ = cli(capsys, lp.root, "launch", "q1", "--host", "h1", "--json")
+    code, out, _ = cli(lp.root, "launch", "q1", "--host", "h1", "--json")
     assert code == 1 and "is busy" in json.loads(out)["error"]
     lp.write_config(cells=[{"glob": "cfgs/b/*.yaml", "task": "recon"}])
     lp.cfg("cfgs/b/z.yaml")
     before = {**before, "ablate.yaml": (lp.root / "ablate.yaml").read_bytes(),
               "cfgs/b/z.yaml": (lp.root / "cfgs/b/z.yaml").read_bytes()}
-    code, _, err = cli(capsys, lp.root, "plan")
+    code, _, err = cli(lp.root, "plan")
     assert code == 1 and "is busy" in err, err
     assert lp.snapshot() == before
-    code, _, err = cli(capsys, lp.root, "status")
+    code, _, err = cli(lp.root, "status")
     assert code == 0, err
     holder.finish()
-    code, _, err = cli(capsys, lp.root, "launch", "q1", "--host", "h1")
+    code, _, err = cli(lp.root, "launch", "q1", "--host", "h1")
     assert code == 0, err
 
 
-def test_a_bad_lock_timeout_is_refused(local_project: LocalProject, capsys: pytest.CaptureFixture[str],
+def test_a_bad_lock_timeout_is_refused(local_project: LocalProject, cli: Cli,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    code, _, err = cli(capsys, local_project.root, "--lock-timeout", "-1", "deploy")
+    code, _, err = cli(local_project.root, "--lock-timeout", "-1", "deploy")
     assert code == 2 and "--lock-timeout" in err
     monkeypatch.setenv("ABLATE_LOCK_TIMEOUT", "soon")
-    code, _, err = cli(capsys, local_project.root, "deploy")
+    code, _, err = cli(local_project.root, "deploy")
     assert code == 2 and "ABLATE_LOCK_TIMEOUT" in err
 
 
 # --------------------------------------------------------------------------- over SSH
-
-
-def ssh_project(tb: Testbed, tmp_path: Path, sweep: str,
-                train: str = "true {cfg} {epochs} {ckpt_dir} {resume}") -> Path:
-    """A project on the test bed's three instances (no trainer: `train` is any command)."""
-    proj = tmp_path / "proj"
-    (proj / "profiles").mkdir(parents=True)
-    (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
-        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt"}))
-    ssh_config = tb.write_ssh_config(tmp_path / "ssh_config", extra="\nHost *\n  ConnectTimeout 2\n")
-    (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "tb", "sweep": sweep, "workdir": f"{tb.shared_path}/work/{sweep}",
-        "train": train,
-        "artifacts": {"checkpoint": "m.bin"}, "tasks": {"recon": {"epochs": 1, "cost_per_epoch": 1.0}},
-        "budget": {"ckpt_size": "1MB", "scratch": "1MB"}, "ssh_config": str(ssh_config),
-        "hosts": {h: {"speed": 1.0} for h in tb.hosts}}, sort_keys=False))
-    return proj
 
 
 def test_the_lock_over_ssh_serialises_controllers_and_dies_with_a_killed_one(

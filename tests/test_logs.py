@@ -6,50 +6,36 @@ the cell ends, and the same command on the finished cell prints its durable copy
 
 from __future__ import annotations
 
-import os
 import queue
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-import ablate
-from ablate.cli import main
 from ablate.transport import close_all
-from tests.conftest import LocalProject, wait_for
-from tests.test_ssh_e2e import events, make_project
+from tests.helpers.cli import Cli, ablate_process
+from tests.helpers.project import LocalProject
+from tests.helpers.testbed_projects import events, make_project
+from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
-
-REPO = str(Path(ablate.__file__).resolve().parent.parent)
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else 1), out, err
 
 
 class Follower:
     """`ablate logs … -f` as a real process; its stdout lines are collected as they arrive."""
 
     def __init__(self, root: Path, *args: str) -> None:
-        self.p = subprocess.Popen([sys.executable, "-m", "ablate", "-C", str(root), "logs", *args],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                  env={**os.environ, "PYTHONPATH": REPO})
+        self.p = ablate_process(root, "logs", *args)
         self.lines: queue.Queue[str] = queue.Queue()
         self.out: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.p.stdout is not None
-        for raw in self.p.stdout:
-            self.lines.put(raw.decode(errors="replace"))
+        for line in self.p.stdout:
+            self.lines.put(line)
 
     def next_line(self, timeout: float) -> str:
         line = self.lines.get(timeout=timeout)
@@ -58,10 +44,11 @@ class Follower:
 
     def finish(self, timeout: float) -> tuple[int, str, str]:
         rc = self.p.wait(timeout=timeout)
-        time.sleep(0.1)  # the reader thread drains the pipe's last bytes
+        self.reader.join(timeout=30)  # the pipe's last lines, up to its end
+        assert not self.reader.is_alive(), "stdout still open after the process ended"
         while not self.lines.empty():
             self.out.append(self.lines.get())
-        err = self.p.stderr.read().decode() if self.p.stderr else ""
+        err = self.p.stderr.read() if self.p.stderr else ""
         return rc, "".join(self.out), err
 
     def kill(self) -> None:
@@ -83,61 +70,60 @@ def proj(local_project: LocalProject) -> LocalProject:
 
 
 def test_unknown_cell_is_bad_input_with_the_closest_names(proj: LocalProject,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "-C", str(proj.root), "logs", "slo")
+                                                          cli: Cli) -> None:
+    code, out, err = cli(proj, "logs", "slo")
     assert code == 2 and out == ""
     [line] = err.splitlines()
     assert line.startswith("ablate: error: ") and "'slo'" in line and "did you mean slow" in line
 
 
 def test_a_cell_that_never_ran_says_which_queue_has_yet_to_reach_it(
-        proj: LocalProject, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "-C", str(proj.root), "logs", "later")
+        proj: LocalProject, cli: Cli) -> None:
+    code, out, err = cli(proj, "logs", "later")
     assert code == 1 and out == ""
     assert "later has not run yet" in err and "q2 is not launched" in err
 
 
 def test_logs_of_running_finished_and_failed_cells_without_naming_a_host(
-        proj: LocalProject, capsys: pytest.CaptureFixture[str]) -> None:
-    root = str(proj.root)
-    assert run(capsys, "-C", root, "launch", "q1", "--host", "h1")[0] == 0
+        proj: LocalProject, cli: Cli) -> None:
+    assert cli(proj, "launch", "q1", "--host", "h1").code == 0
     instance = proj.root / ".ablate" / "local" / "h1" / "ckpt"
     wait_for(lambda: "epoch 1/4" in (instance / "slow.log").read_text()
              if (instance / "slow.log").exists() else False, timeout=30)
 
     # running: tailed on its host, the last N lines
-    code, out, err = run(capsys, "-C", root, "logs", "slow", "-n", "1")
+    code, out, err = cli(proj, "logs", "slow", "-n", "1")
     assert code == 0 and len(out.splitlines()) == 1 and out.startswith("epoch ")
     assert f"slow: running on h1 (queue q1); live log: {instance}/slow.log" in err
 
     # failed (rc 3, no durable copy): the instance-local log on the host that ran it
-    code, out, err = run(capsys, "-C", root, "logs", "bad")
+    code, out, err = cli(proj, "logs", "bad")
     assert code == 0 and "simulated failure exit 3" in out and "# ablate end" in out
     assert f"instance log on h1: {instance}/bad.log" in err
 
     final = proj.shared / "final_ckpts" / "slow"
     wait_for(lambda: (final / "MANIFEST.json").exists(), timeout=60)
-    code, out, err = run(capsys, "-C", root, "logs", "slow", "-n", "3")
+    code, out, err = cli(proj, "logs", "slow", "-n", "3")
     assert code == 0 and out.splitlines() == (final / "slow.log").read_text().splitlines()[-3:]
     assert f"finished; durable copy on the shared FS: {final}/slow.log" in err
     started = time.monotonic()
-    code, out2, _ = run(capsys, "-C", root, "logs", "slow", "-f", "-n", "3")  # done: print and exit
+    code, out2, _ = cli(proj, "logs", "slow", "-f", "-n", "3")  # done: print and exit
     assert code == 0 and out2 == out and time.monotonic() - started < 10
 
     # the instance log gone (disk wiped): the lines run_queue kept on the FS
     tails = proj.shared / "tails" / "bad.log"
     wait_for(tails.exists, timeout=10)
     (instance / "bad.log").unlink()
-    code, out, err = run(capsys, "-C", root, "logs", "bad", "-n", "5")
+    code, out, err = cli(proj, "logs", "bad", "-n", "5")
     assert code == 0 and "simulated failure exit 3" in out
     assert f"last lines kept on the shared FS: {tails}" in err
     tails.unlink()
-    code, out, err = run(capsys, "-C", root, "logs", "bad")
+    code, out, err = cli(proj, "logs", "bad")
     assert code == 1 and out == "" and "the log is gone from h1" in err and "tails/bad.log" in err
 
 
-def test_follow_streams_a_running_cell_until_it_ends(proj: LocalProject) -> None:
-    assert main_ok(proj.root, "launch", "q1", "--host", "h1")
+def test_follow_streams_a_running_cell_until_it_ends(proj: LocalProject, cli: Cli) -> None:
+    assert cli(proj, "-q", "launch", "q1", "--host", "h1").code == 0
     wait_for(lambda: any(e.get("cell") == "slow" and e["ev"] == "start" for e in local_events(proj)),
              timeout=30)
     f = Follower(proj.root, "slow", "-f", "-n", "50")
@@ -154,12 +140,6 @@ def test_follow_streams_a_running_cell_until_it_ends(proj: LocalProject) -> None
     assert "slow: running on h1 (queue q1)" in err and "slow: the cell ended (rc=0)" in err
 
 
-def main_ok(root: Path, *args: str) -> bool:
-    with pytest.raises(SystemExit) as exc:
-        main(["-q", "-C", str(root), *args])
-    return exc.value.code in (0, None)
-
-
 def local_events(p: LocalProject) -> list[dict[str, object]]:
     import json
 
@@ -170,7 +150,7 @@ def local_events(p: LocalProject) -> list[dict[str, object]]:
 
 
 def test_follow_on_a_testbed_instance_then_the_durable_copy_with_the_same_command(
-        testbed: Testbed, tmp_path: Path) -> None:
+        testbed: Testbed, tmp_path: Path, cli: Cli) -> None:
     sweep, host, q = "logs", "tb-h2", "q2"  # the FS is read through tb-h1; the log lives on tb-h2
     proj = make_project(testbed, tmp_path, sweep, cells=1, epochs=10, step_time=0.8)
     (proj / "queues").mkdir()
@@ -178,7 +158,7 @@ def test_follow_on_a_testbed_instance_then_the_durable_copy_with_the_same_comman
     final = testbed.shared_dir / "ablate" / sweep / "final_ckpts" / "c0"
     instance_log = f"{testbed.local_path}/ckpt/{sweep}/c0.log"
     try:
-        assert main_ok(proj, "launch", q, "--host", host)
+        assert cli(proj, "-q", "launch", q, "--host", host).code == 0
         wait_for(lambda: any(e["ev"] == "start" for e in events(testbed, sweep, host, q)), timeout=30)
         f = Follower(proj, "c0", "-f")
         try:

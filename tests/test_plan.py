@@ -14,7 +14,7 @@ from ablate.errors import AblateError, ConfigError, QueueError
 from ablate.plan.balance import balance, lower_bound
 from ablate.plan.planner import plan
 from ablate.sweep import cells
-from tests.conftest import LocalProject
+from tests.helpers.project import LocalProject
 
 
 def _cfgs(p: LocalProject, rel_dir: str, names: list[str]) -> None:

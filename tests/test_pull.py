@@ -9,8 +9,8 @@ import pytest
 from ablate.config.project import load_project
 from ablate.results.pull import pull
 from ablate.results.reconcile import reconcile
-from tests.conftest import LocalProject
-from tests.helpers_results import make_result, publish_cells, truncate
+from tests.helpers.project import LocalProject
+from tests.helpers.results import make_result, publish_cells, truncate
 
 CELLS = [("configs/recon/a.yaml", "recon", 3), ("configs/recon/b.yaml", "recon", 3)]
 

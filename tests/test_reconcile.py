@@ -11,8 +11,8 @@ import pytest
 from ablate.config.project import load_project
 from ablate.errors import AblateError, ConfigError
 from ablate.results.reconcile import STALE, _staging_name, reconcile
-from tests.conftest import LocalProject
-from tests.helpers_results import make_result, rewrite_manifest, truncate
+from tests.helpers.project import LocalProject
+from tests.helpers.results import make_result, rewrite_manifest, truncate
 
 CELLS = [("configs/recon/a.yaml", "recon", 3), ("configs/recon/b.yaml", "recon", 3),
          ("configs/det/c.yaml", "det", 2)]

@@ -13,11 +13,12 @@ import pytest
 import yaml
 
 from ablate.errors import RemoteError
-from ablate.remote.layout import session_name
-from ablate.transport.local import LocalHost
-from ablate.transport.ssh import SSHFS, SSHHost
-from tests.conftest import LocalProject, require_tmux, wait_for
-from tests.helpers_cli import cli, js
+from ablate.transport.ssh import SSHHost
+from ablate.transport.sshfs import SSHFS
+from tests.helpers.cli import Cli
+from tests.helpers.project import LocalProject, live
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
 
@@ -26,12 +27,8 @@ def _tmux() -> None:
     require_tmux()
 
 
-def states(capsys: pytest.CaptureFixture[str], p: LocalProject) -> dict[str, str]:
-    return {n: c["state"] for n, c in js(capsys, p, "status")["cells"].items()}
-
-
-def live(host: str, queue: str) -> bool:
-    return session_name("t1", host, queue) in LocalHost(host).tmux_sessions()
+def states(cli: Cli, p: LocalProject) -> dict[str, str]:
+    return {n: c["state"] for n, c in cli.json(p, "status")["cells"].items()}
 
 
 def drained(p: LocalProject, host: str, queue: str) -> None:
@@ -54,7 +51,7 @@ def body_lines(path: Path) -> list[str]:
 
 
 def test_remediate_identical_lines_recorded_releases_idempotent_then_launch_completes(
-        local_project: LocalProject, capsys: pytest.CaptureFixture[str]) -> None:
+        local_project: LocalProject, cli: Cli) -> None:
     p = local_project
     p.write_config(steal=False)
     cfg = {n: p.cfg(f"cfgs/x/{n}.yaml", seed=i) for i, n in enumerate("ade")}
@@ -65,14 +62,14 @@ def test_remediate_identical_lines_recorded_releases_idempotent_then_launch_comp
                 "d": f"{cfg['d']} recon 30", "e": f"{cfg['e']}  recon"}  # two spaces: kept as written
     p.queue("h1", ["# ablate: host=h1", original["a"], original["b"], original["c"]])
     p.queue("h2", ["# ablate: host=h2", original["d"], original["e"]])
-    js(capsys, p, "launch", "--all")
+    cli.json(p, "launch", "--all")
     drained(p, "h1", "h1")
-    wait_for(lambda: states(capsys, p)["d"] == "running", timeout=20)
-    js(capsys, p, "stop", "h2", "--host", "h2")  # d cut mid-cell, e never reached
-    assert states(capsys, p) == {"a": "synced", "b": "crashed", "c": "oom", "d": "interrupted",
+    wait_for(lambda: states(cli, p)["d"] == "running", timeout=20)
+    cli.json(p, "stop", "h2", "--host", "h2")  # d cut mid-cell, e never reached
+    assert states(cli, p) == {"a": "synced", "b": "crashed", "c": "oom", "d": "interrupted",
                                  "e": "never_ran"}
 
-    out = js(capsys, p, "remediate")
+    out = cli.json(p, "remediate")
     assert {n: c["state"] for n, c in out["targets"].items()} == {
         "b": "crashed", "c": "oom", "d": "interrupted", "e": "never_ran"}
     assert not out["nothing_new"] and out["launched"] == []
@@ -100,58 +97,58 @@ def test_remediate_identical_lines_recorded_releases_idempotent_then_launch_comp
     assert record["cells"] == {"b": "crashed", "c": "oom", "d": "interrupted", "e": "never_ran"}
     assert record["queues"] == {q: info["host"] for q, info in written.items()}
     assert sorted(record["released"]) == sorted(out["released"]) and record["aside"] == []
-    pending = states(capsys, p)
+    pending = states(cli, p)
     assert {n: pending[n] for n in "bcde"} == dict.fromkeys("bcde", "never_ran")
 
     # Nothing changed since: nothing new, nothing written.
     files = sorted(x.name for x in (p.root / "queues").iterdir())
-    again = js(capsys, p, "remediate")
+    again = cli.json(p, "remediate")
     assert again["nothing_new"] and again["queues"] == [] and again["released"] == []
     assert set(again["pending"]) == set("bcde")
     assert sorted(x.name for x in (p.root / "queues").iterdir()) == files
     assert len(list((p.shared / "remediation").glob("*.json"))) == 1
-    code, text = cli(capsys, p, "remediate")
-    assert code == 0 and "nothing new to remediate" in text
+    r = cli(p, "remediate")
+    assert r.code == 0 and "nothing new to remediate" in r.output
 
     # The user fixes the causes (the same config files, so the same cells), then launches.
     for n in "bc":
         (p.root / cfg[n]).write_text(yaml.safe_dump({"lr": 0.1, "hidden": 4, "seed": 7}))
-    out = js(capsys, p, "remediate", "--launch")
+    out = cli.json(p, "remediate", "--launch")
     assert out["nothing_new"] and sorted(r["queue"] for r in out["launched"]) == sorted(written)
     assert all(r["status"] == "launched" for r in out["launched"])
     wait_for(lambda: all((p.shared / "final_ckpts" / n / "MANIFEST.json").exists() for n in "abcde"),
              timeout=90, interval=0.2)
     for q, info in written.items():
         drained(p, info["host"], q)
-    assert js(capsys, p, "pull")["failed"] == []
-    rec = js(capsys, p, "reconcile")
+    assert cli.json(p, "pull")["failed"] == []
+    rec = cli.json(p, "reconcile")
     assert rec["complete"] and rec["verified"] == 5
     ends = Counter(e["cell"] for e in all_events(p) if e["ev"] == "end" and e["rc"] == 0)
     assert ends == dict.fromkeys("abcde", 1)  # no cell ran to completion twice
     manifest = json.loads((p.shared / "final_ckpts" / "d" / "MANIFEST.json").read_text())
     assert manifest["resume"] == 0 and manifest["queue"].startswith("remediate-1-")
-    assert states(capsys, p) == dict.fromkeys("abcde", "verified")
+    assert states(cli, p) == dict.fromkeys("abcde", "verified")
     # Everything verified: a further remediate has nothing to do.
-    assert js(capsys, p, "remediate")["nothing_new"]
+    assert cli.json(p, "remediate")["nothing_new"]
 
 
 def test_corrupt_and_stale_results_are_set_aside_and_rerun(local_project: LocalProject,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+                                                           cli: Cli) -> None:
     p = local_project
     p.write_config(steal=False, hosts={"h1": {"speed": 1.0}})
     a, b, c = (p.cfg(f"cfgs/y/{n}.yaml", seed=i) for i, n in enumerate("abc"))
     p.queue("h1", ["# ablate: host=h1", f"{a} recon", f"{b} recon", f"{c} recon"])
-    js(capsys, p, "launch", "h1", "--host", "h1")
+    cli.json(p, "launch", "h1", "--host", "h1")
     drained(p, "h1", "h1")
     ckpt = p.shared / "final_ckpts" / "a" / "model.safetensors"
     size = ckpt.stat().st_size
     with open(ckpt, "r+b") as f:
         f.truncate(size // 2)
-    js(capsys, p, "reconcile", "--fs", code=1)
+    cli.json(p, "reconcile", "--fs", code=1)
     (p.root / b).write_text((p.root / b).read_text() + "lr2: 0.2\n")
-    assert states(capsys, p) == {"a": "corrupt", "b": "stale", "c": "verified"}
+    assert states(cli, p) == {"a": "corrupt", "b": "stale", "c": "verified"}
 
-    out = js(capsys, p, "remediate", "--launch")
+    out = cli.json(p, "remediate", "--launch")
     assert {n: t["state"] for n, t in out["targets"].items()} == {"a": "corrupt", "b": "stale"}
     aside = {Path(x).name.split(".")[2]: Path(x) for x in out["aside"]}
     assert set(aside) == {"a", "b"} and all(x.parent == p.shared / "final_ckpts" for x in aside.values())
@@ -159,17 +156,17 @@ def test_corrupt_and_stale_results_are_set_aside_and_rerun(local_project: LocalP
     [q] = out["queues"]
     assert q["queue"] == "remediate-1-h1" and q["cells"] == ["a", "b"]
     drained(p, "h1", "remediate-1-h1")
-    assert js(capsys, p, "reconcile", "--fs")["complete"]
+    assert cli.json(p, "reconcile", "--fs")["complete"]
     new_b = json.loads((p.shared / "final_ckpts" / "b" / "MANIFEST.json").read_text())
     assert new_b["queue"] == "remediate-1-h1"
     # pull and reconcile skip the set-aside dirs (dot entries).
-    pulled = js(capsys, p, "pull")
+    pulled = cli.json(p, "pull")
     assert pulled["failed"] == [] and not list((p.root / "results" / "t1").glob(".aside*"))
-    assert js(capsys, p, "reconcile")["complete"]
+    assert cli.json(p, "reconcile")["complete"]
 
 
 def test_live_hosts_only_and_refusal_without_one(local_project: LocalProject,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                                 cli: Cli) -> None:
     """A host that does not answer (an ssh host whose port refuses) gets nothing; with only it,
     remediate refuses (exit 1) naming it, and changes nothing."""
     p = local_project
@@ -182,18 +179,18 @@ def test_live_hosts_only_and_refusal_without_one(local_project: LocalProject,
                    hosts={"h1": {"speed": 1.0}, "gone": {"profile": "gone", "speed": 4.0}})
     x = p.cfg("cfgs/z/x.yaml")
     p.queue("gone", ["# ablate: host=gone", f"{x} recon"])
-    got = js(capsys, p, "status")["cells"]["x"]
+    got = cli.json(p, "status")["cells"]["x"]
     assert got["state"] == "never_ran" and "does not answer" in got["reason"] and "pending" not in got
 
     def files() -> dict[str, bytes]:  # the FS clock probe and the controller lock aside
         return {k: v for k, v in p.snapshot().items() if "/locks/" not in k and not k.endswith(".clock")}
 
     before = files()
-    code, text = cli(capsys, p, "remediate", "--hosts", "gone", "--launch")
-    assert code == 1 and "no live host" in text and "gone" in text
+    r = cli(p, "remediate", "--hosts", "gone", "--launch")
+    assert r.code == 1 and "no live host" in r.output and "gone" in r.output
     assert files() == before
 
-    out = js(capsys, p, "remediate", "--launch")
+    out = cli.json(p, "remediate", "--launch")
     assert [q["queue"] for q in out["queues"]] == ["remediate-1-h1"] and "gone" in out["down"]
     drained(p, "h1", "remediate-1-h1")
     assert (p.shared / "final_ckpts" / "x" / "MANIFEST.json").exists()

@@ -31,11 +31,12 @@ from ablate.sweep.cells import Cell
 from ablate.sweep.snapshot import Snapshot
 from ablate.transport import close_all
 from ablate.transport.local import LocalFS
-from ablate.transport.ssh import SSHFS
-from tests.conftest import LocalProject, require_tmux, wait_for
-from tests.test_cli import run as run_cli
-from tests.test_launch import drained, events
-from tests.test_ssh_e2e import cli_json, make_project
+from ablate.transport.sshfs import SSHFS
+from tests.helpers.cli import Cli
+from tests.helpers.project import LocalProject, drained, events
+from tests.helpers.testbed_projects import make_project
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
 CHROMIUM = "/usr/bin/chromium"
@@ -195,12 +196,12 @@ def _metrics(lp: LocalProject, name: str) -> dict[str, Any] | None:
 
 
 def test_report_of_a_real_sweep_in_headless_chromium(
-        local_project: LocalProject, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        local_project: LocalProject, cli: Cli, tmp_path: Path) -> None:
     require_tmux()
     lp = local_project
     _sweep(lp)
 
-    code, out, err = run_cli(capsys, "-C", str(lp.root), "report", "--json")
+    code, out, err = cli(lp, "report", "--json")
     assert code == 0, err
     res = json.loads(out)
     report_dir = lp.root / "reports" / "t1"
@@ -333,10 +334,10 @@ def _need_chromium(request: pytest.FixtureRequest) -> None:
 
 
 def test_report_before_anything_ran_and_an_out_that_is_a_file(
-        local_project: LocalProject, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        local_project: LocalProject, cli: Cli, tmp_path: Path) -> None:
     lp = local_project
     lp.queue("q1", ["# ablate: host=h1", lp.cfg("cfgs/recon/baseline.yaml") + " recon"])
-    code, out, err = run_cli(capsys, "-C", str(lp.root), "report", "--out", str(tmp_path / "r"))
+    code, out, err = cli(lp, "report", "--out", str(tmp_path / "r"))
     assert code == 0, err
     assert out.splitlines()[0] == f"report: {tmp_path / 'r' / 'report.html'}"
     html = (tmp_path / "r" / "report.html").read_text()
@@ -347,7 +348,7 @@ def test_report_before_anything_ran_and_an_out_that_is_a_file(
 
     (tmp_path / "afile").write_text("x")
     before = lp.snapshot()
-    code, out, err = run_cli(capsys, "-C", str(lp.root), "report", "--out", str(tmp_path / "afile"), "--json")
+    code, out, err = cli(lp, "report", "--out", str(tmp_path / "afile"), "--json")
     assert code == 2 and err.startswith("ablate: error: ") and "is a file" in err
     assert len(err.splitlines()) == 1
     assert json.loads(out) == {"error": err.strip().removeprefix("ablate: error: ")}
@@ -451,7 +452,7 @@ def test_the_report_probe_reads_every_metrics_file_in_one_op(tmp_path: Path) -> 
 
 
 def test_report_over_ssh_reads_the_shared_fs_in_one_round_trip(
-        testbed: Testbed, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        testbed: Testbed, tmp_path: Path, cli: Cli,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Three cells on a test-bed instance, nothing pulled: every metric comes from the FS, and the
     whole FS read is one probe command (the tmux query per host aside)."""
@@ -465,9 +466,9 @@ def test_report_over_ssh_reads_the_shared_fs_in_one_round_trip(
     (proj / "queues" / "q1.txt").write_text(
         "# ablate: host=tb-h2\n" + "".join(f"configs/{sweep}/c{i}.yaml recon\n" for i in range(3)))
     try:
-        cli_json(capsys, proj, "launch", "q1", "--host", "tb-h2")
+        cli.json(proj, "launch", "q1", "--host", "tb-h2")
         wait_for(lambda: all((final / f"c{i}" / "MANIFEST.json").exists() for i in range(3)), timeout=90)
-        cli_json(capsys, proj, "status")  # ships the probe's files once, as any earlier command would
+        cli.json(proj, "status")  # ships the probe's files once, as any earlier command would
 
         commands: list[tuple[str, ...]] = []
         sh = SSHFS._sh
@@ -477,7 +478,7 @@ def test_report_over_ssh_reads_the_shared_fs_in_one_round_trip(
             return sh(self, script, *args, **kw)
 
         monkeypatch.setattr(SSHFS, "_sh", counted)
-        res = cli_json(capsys, proj, "report")
+        res = cli.json(proj, "report")
         assert [c[3] for c in commands] == ["report"], commands  # (lib, env, python, op, args)
     finally:
         close_all()

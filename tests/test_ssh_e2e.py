@@ -6,102 +6,34 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
-from typing import Any
 
-import pytest
-import yaml
-
-import ablate.demo.train as demo_train
-from ablate.cli import main
 from ablate.remote.layout import session_name
 from ablate.transport import close_all
-from ablate.transport.ssh import SSHHost, fan_out
-from tests.conftest import wait_for
+from ablate.transport.fanout import fan_out
+from ablate.transport.ssh import SSHHost
+from tests.helpers.cli import Cli
+from tests.helpers.testbed_projects import CKPT, events, make_project
+from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
-CKPT = "model.safetensors"
 
-
-def cli(capsys: pytest.CaptureFixture[str], proj: Path, *args: str) -> tuple[int, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(["-C", str(proj), *args])
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else 1), out + err
-
-
-def cli_json(capsys: pytest.CaptureFixture[str], proj: Path, *args: str) -> dict[str, Any]:
-    with pytest.raises(SystemExit) as exc:
-        main(["-C", str(proj), *args, "--json"])
-    out, err = capsys.readouterr()
-    assert exc.value.code in (0, None), (args, out, err)
-    data: dict[str, Any] = json.loads(out)
-    return data
-
-
-# sys.executable lives outside /tmp (pyenv, /usr): the instances run the controller's Python.
-TRAIN_IN_WORKDIR = (f"{sys.executable} train.py --config {{cfg}} --epochs {{epochs}} "
-                    "--out {ckpt_dir} --resume {resume}")
-
-
-def make_project(tb: Testbed, tmp_path: Path, sweep: str, *, cells: int, epochs: int,
-                 step_time: float) -> Path:
-    """A user's repo on the controller; its configs are also in the workdir on the shared FS, so
-    every host trains from the same files the controller plans and reconciles against."""
-    proj = tmp_path / "proj"
-    (proj / "profiles").mkdir(parents=True)
-    (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
-        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt/{sweep}"}))
-    work = tb.shared_dir / "work" / sweep
-    # The trainer goes into the shared workdir: the instances cannot see the repo when it lives
-    # under /tmp (each instance has a private /tmp), as a CI clone may.
-    work.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(demo_train.__file__, work / "train.py")
-    for i in range(cells):
-        rel = f"configs/{sweep}/c{i}.yaml"
-        body = yaml.safe_dump({"lr": 0.1, "hidden": 4, "seed": i, "step_time": step_time})
-        for base in (proj, work):
-            (base / rel).parent.mkdir(parents=True, exist_ok=True)
-            (base / rel).write_text(body)
-    ssh_config = tb.write_ssh_config(tmp_path / "ssh_config", extra="\nHost *\n  ConnectTimeout 2\n")
-    (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "tb", "sweep": sweep, "workdir": f"{tb.shared_path}/work/{sweep}",
-        "train": TRAIN_IN_WORKDIR,
-        "artifacts": {"checkpoint": CKPT, "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
-        "tasks": {"recon": {"epochs": epochs, "cost_per_epoch": 1.0}},
-        "cells": [{"glob": f"configs/{sweep}/*.yaml", "task": "recon"}],
-        "budget": {"ckpt_size": "1MB", "scratch": "1MB"},
-        "heartbeat_secs": 1, "ssh_config": str(ssh_config),
-        "hosts": {h: {"speed": 1.0} for h in tb.hosts}}, sort_keys=False))
-    return proj
-
-
-def events(tb: Testbed, sweep: str, host: str, queue: str) -> list[dict[str, Any]]:
-    path = tb.shared_dir / "ablate" / sweep / "events" / f"{host}.{queue}.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def test_whole_flow_on_three_hosts(testbed: Testbed, tmp_path: Path,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_whole_flow_on_three_hosts(testbed: Testbed, tmp_path: Path, cli: Cli) -> None:
     sweep = "e2e"
     proj = make_project(testbed, tmp_path, sweep, cells=6, epochs=2, step_time=0.5)
     root = testbed.shared_dir / "ablate" / sweep
     try:
         if importlib.util.find_spec("ablate.run.doctor") is not None:
-            code, out = cli(capsys, proj, "doctor")
-            assert code == 0, out
+            r = cli(proj, "doctor")
+            assert r.code == 0, r.output
 
-        plan = cli_json(capsys, proj, "plan")
+        plan = cli.json(proj, "plan")
         queue_host = {q["queue"]: q["host"] for q in plan["queues"]}
         cell_host = {c: q["host"] for q in plan["queues"] for c in q["cells"]}
         assert sorted(queue_host.values()) == testbed.hosts and len(cell_host) == 6
-        assert cli(capsys, proj, "deploy")[0] == 0
+        assert cli(proj, "deploy")[0] == 0
 
-        launched = cli_json(capsys, proj, "launch", "--all")["launched"]
+        launched = cli.json(proj, "launch", "--all")["launched"]
         assert {(r["queue"], r["host"], r["status"]) for r in launched} == {
             (q, h, "launched") for q, h in queue_host.items()}
         # Each queue's tmux session lives on its own host only (each instance has its own server).
@@ -119,7 +51,7 @@ def test_whole_flow_on_three_hosts(testbed: Testbed, tmp_path: Path,
         indices: dict[str, set[int]] = {q: set() for q in queue_host}
 
         def finished() -> bool:
-            st = cli_json(capsys, proj, "status")
+            st = cli.json(proj, "status")
             assert st["unreachable"] == {}
             for row in st["queues"]:
                 assert row["host"] == queue_host[row["queue"]]
@@ -143,11 +75,11 @@ def test_whole_flow_on_three_hosts(testbed: Testbed, tmp_path: Path,
         assert ended == dict.fromkeys(cell_host, 1)
 
         # verified where they are, by a live host that mounts the FS, before pulling anything
-        on_fs = cli_json(capsys, proj, "reconcile", "--fs", "--host", "tb-h2")
+        on_fs = cli.json(proj, "reconcile", "--fs", "--host", "tb-h2")
         assert on_fs["complete"] and on_fs["verified"] == 6 and on_fs["corrupt"] == []
-        pulled = cli_json(capsys, proj, "pull")
+        pulled = cli.json(proj, "pull")
         assert pulled["cells"] == 6 and pulled["failed"] == []
-        rec = cli_json(capsys, proj, "reconcile")
+        rec = cli.json(proj, "reconcile")
         assert rec["complete"] and rec["verified"] == rec["roster"] == 6
 
         for name in cell_host:
@@ -164,7 +96,7 @@ def test_whole_flow_on_three_hosts(testbed: Testbed, tmp_path: Path,
             assert (proj / "results" / sweep / name / CKPT).read_bytes() == durable.read_bytes()
 
         for host in testbed.hosts:
-            released = cli_json(capsys, proj, "release", host, "--yes")
+            released = cli.json(proj, "release", host, "--yes")
             assert released["approved"] and released["host"] == host
             assert (root / "gate" / f"release.{host}.json").exists()
     finally:
@@ -173,7 +105,7 @@ def test_whole_flow_on_three_hosts(testbed: Testbed, tmp_path: Path,
 
 
 def test_a_dropped_link_does_not_stop_the_queue(testbed: Testbed, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                                 cli: Cli) -> None:
     sweep, host, queue = "drop", "tb-h2", "q2"  # the FS is read through tb-h1
     proj = make_project(testbed, tmp_path, sweep, cells=3, epochs=3, step_time=0.7)
     cells = [f"c{i}" for i in range(3)]
@@ -181,18 +113,18 @@ def test_a_dropped_link_does_not_stop_the_queue(testbed: Testbed, tmp_path: Path
     (proj / "queues" / f"{queue}.txt").write_text(
         f"# ablate: host={host}\n" + "".join(f"configs/{sweep}/{c}.yaml recon\n" for c in cells))
     try:
-        assert cli(capsys, proj, "launch", queue, "--host", host)[0] == 0
+        assert cli(proj, "launch", queue, "--host", host)[0] == 0
         wait_for(lambda: any(e["ev"] == "start" for e in events(testbed, sweep, host, queue)), timeout=30)
 
         testbed.link_down(host)
         ends_at_drop = sum(e["ev"] == "end" for e in events(testbed, sweep, host, queue))
-        st = cli_json(capsys, proj, "status")
+        st = cli.json(proj, "status")
         assert set(st["unreachable"]) == {host} and st["via"] == "tb-h1"
         [row] = st["queues"]
         assert (row["host"], row["state"], row["live"]) == (host, "running", None)
         assert row["heartbeat_age"] is not None and row["heartbeat_age"] < 5
-        code, text = cli(capsys, proj, "status")
-        assert code == 0 and f"host {host} unreachable" in text and "alive" in text
+        r = cli(proj, "status")
+        assert r.code == 0 and f"host {host} unreachable" in r.output and "alive" in r.output
         # The queue goes on while its host is cut off.
         wait_for(lambda: sum(e["ev"] == "end" for e in events(testbed, sweep, host, queue)) > ends_at_drop,
                  timeout=30)
@@ -200,7 +132,7 @@ def test_a_dropped_link_does_not_stop_the_queue(testbed: Testbed, tmp_path: Path
         testbed.link_up(host)
 
         def drained() -> bool:
-            st = cli_json(capsys, proj, "status")
+            st = cli.json(proj, "status")
             [row] = st["queues"]
             return st["unreachable"] == {} and row["state"] == "drained" and row["synced"] == 3
 

@@ -13,8 +13,10 @@ import yaml
 from ablate.config.project import load_project
 from ablate.errors import RemoteError
 from ablate.transport import close_all, host_transport, shared_fs
-from ablate.transport.ssh import SSHFS, HostKeyError, HostUnreachable, SSHHost, fan_out
-from tests.conftest import wait_for
+from ablate.transport.fanout import fan_out
+from ablate.transport.ssh import HostKeyError, HostUnreachable, SSHHost
+from ablate.transport.sshfs import SSHFS
+from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
 

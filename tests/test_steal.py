@@ -23,7 +23,9 @@ from ablate.config.project import load_project
 from ablate.remote.layout import session_name
 from ablate.run.launch import launch
 from ablate.transport.local import LocalHost
-from tests.conftest import LocalProject, require_tmux, wait_for
+from tests.helpers.project import LocalProject, events
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -70,11 +72,6 @@ def finish(p: subprocess.Popen[bytes], timeout: float = 60) -> str:
     out, _ = p.communicate(timeout=timeout)
     assert p.returncode == 0, out.decode(errors="replace")
     return out.decode(errors="replace")
-
-
-def events(lp: LocalProject, host: str, queue: str) -> list[dict[str, Any]]:
-    path = lp.shared / "events" / f"{host}.{queue}.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
 def all_events(lp: LocalProject) -> list[dict[str, Any]]:

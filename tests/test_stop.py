@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 
 import ablate.run.stop as stop_mod
-from ablate.cli import main
 from ablate.config.project import load_project
 from ablate.run.launch import launch, launch_all
 from ablate.run.stop import stop
-from tests.conftest import TRAIN, LocalProject, require_tmux, wait_for
-from tests.test_launch import events, live
+from tests.helpers.cli import Cli
+from tests.helpers.project import TRAIN, LocalProject, events, live
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +83,7 @@ def test_stop_kills_the_whole_group_including_the_trainers_children(
 
 
 def test_stop_after_current_lets_the_cell_finish_and_starts_nothing_more(
-        local_project: LocalProject, capsys: pytest.CaptureFixture[str]) -> None:
+        local_project: LocalProject, cli: Cli) -> None:
     lp = local_project
     lp.queue("q1", [lp.cfg("cfgs/a/first.yaml", step_time=0.4) + " recon 3",
                     lp.cfg("cfgs/a/second.yaml") + " recon 1",
@@ -91,11 +92,7 @@ def test_stop_after_current_lets_the_cell_finish_and_starts_nothing_more(
     launch(project, "q1", "h1")
     wait_for(lambda: heartbeat(lp).get("cell_started"), timeout=30)
 
-    with pytest.raises(SystemExit) as exc:
-        main(["-C", str(lp.root), "stop", "q1", "--host", "h1", "--after-current", "--json"])
-    out = capsys.readouterr().out
-    assert exc.value.code in (0, None), out
-    res = json.loads(out)
+    res = cli.json(lp, "stop", "q1", "--host", "h1", "--after-current")
     request = lp.shared / "control" / "h1.q1.stop"
     assert res["after_current"] and res["was_live"] and res["cell"] == "first"
     assert res["request"] == str(request) and res["signal"] is None

@@ -7,15 +7,15 @@ import json
 import time
 from typing import Any
 
-import pytest
-
 from ablate.sweep.ledger import prefix_sha256
-from tests.conftest import LocalProject, require_tmux, wait_for
-from tests.helpers_cli import cli, js
+from tests.helpers.cli import Cli
+from tests.helpers.project import LocalProject
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
 
 
-def _queue_states(capsys: pytest.CaptureFixture[str], p: LocalProject) -> dict[str, str]:
-    return {q["queue"]: q["state"] for q in js(capsys, p, "status")["queues"]}
+def _queue_states(cli: Cli, p: LocalProject) -> dict[str, str]:
+    return {q["queue"]: q["state"] for q in cli.json(p, "status")["queues"]}
 
 
 def _fabricate_queue_on_a_lost_link(p: LocalProject, e: str, f: str) -> None:
@@ -49,7 +49,7 @@ def _fabricate_queue_on_a_lost_link(p: LocalProject, e: str, f: str) -> None:
 
 
 def test_every_command_reports_each_queue_and_cell_the_same_way(
-        local_project: LocalProject, capsys: pytest.CaptureFixture[str]) -> None:
+        local_project: LocalProject, cli: Cli) -> None:
     require_tmux()
     p = local_project
     # h3 is reached over ssh at a name that never resolves: it does not answer.
@@ -62,15 +62,15 @@ def test_every_command_reports_each_queue_and_cell_the_same_way(
     p.queue("q1", ["# ablate: host=h1", f"{a} recon", f"{b} recon"])
     p.queue("q2", ["# ablate: host=h2", f"{c} recon 40"])
     p.queue("q3", ["# ablate: host=h1", f"{d} recon"])
-    js(capsys, p, "launch", "q1", "--host", "h1")
-    js(capsys, p, "launch", "q2", "--host", "h2")
-    wait_for(lambda: _queue_states(capsys, p)["q1"] == "drained", timeout=60, interval=0.3)
+    cli.json(p, "launch", "q1", "--host", "h1")
+    cli.json(p, "launch", "q2", "--host", "h2")
+    wait_for(lambda: _queue_states(cli, p)["q1"] == "drained", timeout=60, interval=0.3)
     _fabricate_queue_on_a_lost_link(p, e, f)
-    js(capsys, p, "pull")
-    js(capsys, p, "reconcile", code=1)
-    wait_for(lambda: js(capsys, p, "status")["cells"]["c"]["state"] == "running", timeout=30, interval=0.3)
+    cli.json(p, "pull")
+    cli.json(p, "reconcile", code=1)
+    wait_for(lambda: cli.json(p, "status")["cells"]["c"]["state"] == "running", timeout=30, interval=0.3)
 
-    status = js(capsys, p, "status")
+    status = cli.json(p, "status")
     queues = {q["queue"]: q["state"] for q in status["queues"]}
     # h3 does not answer and its fresh heartbeat says drained: drained, not running.
     assert queues == {"q1": "drained", "q2": "running", "q3": "not_launched", "q4": "drained"}
@@ -82,62 +82,62 @@ def test_every_command_reports_each_queue_and_cell_the_same_way(
     assert "h3" in status["unreachable"]
 
     # reconcile classifies the cells it did not verify exactly as status does.
-    rec = js(capsys, p, "reconcile", code=1)
+    rec = cli.json(p, "reconcile", code=1)
     unverified = {n: s for n, s in cells.items() if s != "verified"}
     assert {n: c["state"] for n, c in rec["cells"].items()} == unverified
     assert rec["states"] == status["states"]
     # The report counts the same states.
-    assert js(capsys, p, "report")["states"] == status["states"]
+    assert cli.json(p, "report")["states"] == status["states"]
     # logs finds the running cell where status says it runs, and the crashed one's kept tail.
-    code, out = cli(capsys, p, "logs", "c", "-n", "1")
-    assert code == 0 and "c: running on h2 (queue q2)" in out
-    code, out = cli(capsys, p, "logs", "e")
-    assert code == 0 and "ValueError: boom" in out
+    r = cli(p, "logs", "c", "-n", "1")
+    assert r.code == 0 and "c: running on h2 (queue q2)" in r.output
+    r = cli(p, "logs", "e")
+    assert r.code == 0 and "ValueError: boom" in r.output
     # release: the live queue on h2 refuses it; h3's drained queue is not live, so it is not named.
-    code, out = cli(capsys, p, "release", "h2", "--yes")
-    assert code == 1 and "queue q2 is live on h2" in out
-    code, out = cli(capsys, p, "release", "h3", "--yes")
-    assert code == 1 and "q4" not in out and "not complete" in out
+    r = cli(p, "release", "h2", "--yes")
+    assert r.code == 1 and "queue q2 is live on h2" in r.output
+    r = cli(p, "release", "h3", "--yes")
+    assert r.code == 1 and "q4" not in r.output and "not complete" in r.output
     # remediate decides from the same states, and re-runs exactly the cells that need it.
-    rem = js(capsys, p, "remediate")
+    rem = cli.json(p, "remediate")
     assert rem["states"] == status["states"]
     assert set(rem["targets"]) == {"d", "e", "f"}
-    js(capsys, p, "stop", "q2", "--host", "h2")
+    cli.json(p, "stop", "q2", "--host", "h2")
 
 
 def test_a_released_host_shows_its_approval_not_idle_costing_money(
-        local_project: LocalProject, capsys: pytest.CaptureFixture[str]) -> None:
+        local_project: LocalProject, cli: Cli) -> None:
     require_tmux()
     p = local_project
     p.write_config(steal=False, monitor={"idle_after": "1s"})
     one = p.cfg("cfgs/x/one.yaml")
     p.queue("q1", ["# ablate: host=h1", f"{one} recon"])
-    js(capsys, p, "launch", "q1", "--host", "h1")
-    wait_for(lambda: _queue_states(capsys, p)["q1"] == "drained", timeout=60, interval=0.3)
+    cli.json(p, "launch", "q1", "--host", "h1")
+    wait_for(lambda: _queue_states(cli, p)["q1"] == "drained", timeout=60, interval=0.3)
 
     def alarms() -> list[dict[str, Any]]:
-        got: list[dict[str, Any]] = js(capsys, p, "status")["idle_hosts"]
+        got: list[dict[str, Any]] = cli.json(p, "status")["idle_hosts"]
         return got
 
     wait_for(alarms, timeout=15, interval=0.3)
     [idle] = alarms()
     assert idle["state"] == "idle_costing_money"
     assert idle["next"] == "ablate reconcile, then ablate release h1"
-    js(capsys, p, "pull")
-    js(capsys, p, "reconcile")
-    assert js(capsys, p, "release", "h1", "--yes")["message"] == "safe to release h1"
+    cli.json(p, "pull")
+    cli.json(p, "reconcile")
+    assert cli.json(p, "release", "h1", "--yes")["message"] == "safe to release h1"
 
     [approved] = alarms()  # h2 never ran anything and was never approved: not listed
     assert approved["host"] == "h1" and approved["state"] == "release_approved"
     assert "platform's console" in approved["next"] and approved["approved"]["ran"] is None
     assert time.time() - approved["approved"]["t"] < 120
-    code, out = cli(capsys, p, "status")
-    assert code == 0 and "host h1 release_approved" in out and "idle_costing_money" not in out
-    assert "release it in the platform's console" in out
+    r = cli(p, "status")
+    assert r.code == 0 and "host h1 release_approved" in r.output and "idle_costing_money" not in r.output
+    assert "release it in the platform's console" in r.output
 
 
 def test_a_malformed_file_from_another_controller_is_a_named_warning_everywhere(
-        local_project: LocalProject, capsys: pytest.CaptureFixture[str]) -> None:
+        local_project: LocalProject, cli: Cli) -> None:
     p = local_project
     one = p.cfg("cfgs/x/one.yaml")
     p.queue("q1", ["# ablate: host=h1", f"{one} recon"])
@@ -147,13 +147,13 @@ def test_a_malformed_file_from_another_controller_is_a_named_warning_everywhere(
     (p.shared / "heartbeats" / "h1.zz").write_text("{torn")
     want = "queues/zz.txt on the shared FS (another controller's) is not a queue"
 
-    status = js(capsys, p, "status")
+    status = cli.json(p, "status")
     assert any(want in w for w in status["warnings"])
     assert any("heartbeats/h1.zz" in w for w in status["warnings"])
-    code, out = cli(capsys, p, "status")
-    assert code == 0 and f"warning: {want}" in out
+    r = cli(p, "status")
+    assert r.code == 0 and f"warning: {want}" in r.output
     for args, expected in ((("reconcile", "--fs"), 1), (("pull",), 0), (("report",), 0),
                            (("remediate",), 0), (("release", "h1", "--yes"), 1), (("logs", "one"), 1)):
-        code, out = cli(capsys, p, *args)
-        assert code == expected and "Traceback" not in out, (args, out)
-        assert out.count(f"warning: {want}") == 1, (args, out)
+        r = cli(p, *args)
+        assert r.code == expected and "Traceback" not in r.output, (args, r.output)
+        assert r.output.count(f"warning: {want}") == 1, (args, r.output)

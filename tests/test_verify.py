@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ablate.remote import verify
-from tests.helpers_results import make_result, rewrite_manifest, truncate
+from tests.helpers.results import make_result, rewrite_manifest, truncate
 
 REPO = Path(__file__).resolve().parent.parent
 ART = {"checkpoint": "model.safetensors", "metrics": "metrics.json", "metrics_keys": ["val_loss"]}

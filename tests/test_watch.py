@@ -4,61 +4,23 @@ progress parser on typical trainers' lines, GPU parsing, and `status`'s plain / 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import subprocess
-import sys
-import uuid
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-import ablate
-from ablate.cli import main
 from ablate.config.project import load_project
 from ablate.config.settings import DEFAULT_EPOCH_RE, DEFAULT_METRIC_RE
 from ablate.monitor.hostinfo import parse_gpus, parse_output, parse_progress
 from ablate.monitor.status import status
-from tests.conftest import LocalProject, require_tmux, wait_for
-
-REPO = str(Path(ablate.__file__).resolve().parent.parent)
-
-
-def ablate_cmd() -> str:
-    """How a shell in a pane runs this checkout's ablate (the console script may not be installed)."""
-    return f"PYTHONPATH={REPO} {sys.executable} -m ablate"
-
-
-class Pane:
-    """One shell in a tmux pane on its own server (not the queues' server), killed at the end."""
-
-    def __init__(self, env: dict[str, str], width: int = 160, height: int = 50) -> None:
-        require_tmux()
-        self.socket = f"ablate-ui-{uuid.uuid4().hex[:10]}"
-        self._tmux("-f", "/dev/null", "new-session", "-d", "-x", str(width), "-y", str(height),
-                   "bash --norc --noprofile", env=env)
-
-    def _tmux(self, *args: str, env: dict[str, str] | None = None) -> str:
-        p = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True,
-                           env=env, timeout=20)
-        assert p.returncode == 0, (args, p.stderr)
-        return p.stdout
-
-    def run(self, command: str) -> None:
-        self._tmux("send-keys", "-l", command)
-        self._tmux("send-keys", "Enter")
-
-    def keys(self, *keys: str) -> None:
-        self._tmux("send-keys", *keys)
-
-    def text(self, escapes: bool = False) -> str:
-        return self._tmux("capture-pane", "-p", *(["-e"] if escapes else []))
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+from tests.helpers.cli import Cli, ablate_cmd, ablate_process
+from tests.helpers.project import LocalProject
+from tests.helpers.tmux import Pane
+from tests.helpers.wait import wait_for
 
 
 @pytest.fixture
@@ -78,14 +40,7 @@ def pane(pane_env: dict[str, str]) -> Iterator[Pane]:
         p.close()
 
 
-def cli(*args: str) -> int:
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    code = exc.value.code
-    return code if isinstance(code, int) else 1
-
-
-def sweep(p: LocalProject, cells: int = 3, epochs: int = 3, step_time: float = 0.4) -> None:
+def sweep(cli: Cli, p: LocalProject, cells: int = 3, epochs: int = 3, step_time: float = 0.4) -> None:
     """Two queues (h1, h2) of `cells` real cells each, launched."""
     p.write_config(tasks={"recon": {"epochs": epochs, "cost_per_epoch": 1.0}})
     for q, host in (("q1", "h1"), ("q2", "h2")):
@@ -93,7 +48,7 @@ def sweep(p: LocalProject, cells: int = 3, epochs: int = 3, step_time: float = 0
         for n in names:
             p.cfg(f"configs/{n}.yaml", step_time=step_time, seed=len(n))
         p.queue(q, [f"# ablate: host={host}", *(f"configs/{n}.yaml recon" for n in names)])
-    assert cli("-q", "-C", str(p.root), "launch", "--all") == 0
+    assert cli(p, "-q", "launch", "--all").code == 0
 
 
 ROW = re.compile(r"^(q[12])\s+(h[12])\s+(\S+)\s+\S+\s+(\d+)/(\d+)\s+(\S+)", re.MULTILINE)
@@ -107,8 +62,8 @@ def watch_command(root: Path, extra: str = "") -> str:
 
 
 def test_watch_rows_appear_advance_and_q_leaves_a_clean_terminal(local_project: LocalProject,
-                                                                  pane: Pane) -> None:
-    sweep(local_project)
+                                                                  pane: Pane, cli: Cli) -> None:
+    sweep(cli, local_project)
     pane.run(watch_command(local_project.root))
     seen: dict[str, set[int]] = {"q1": set(), "q2": set()}
     states: set[str] = set()
@@ -133,8 +88,9 @@ def test_watch_rows_appear_advance_and_q_leaves_a_clean_terminal(local_project: 
     assert "Traceback" not in screen and "ablate · sweep" not in screen  # the alternate screen is gone
 
 
-def test_watch_ctrl_c_exits_130_without_a_traceback(local_project: LocalProject, pane: Pane) -> None:
-    sweep(local_project, cells=2, step_time=1.0)
+def test_watch_ctrl_c_exits_130_without_a_traceback(local_project: LocalProject, pane: Pane,
+                                                    cli: Cli) -> None:
+    sweep(cli, local_project, cells=2, step_time=1.0)
     pane.run(watch_command(local_project.root))
     wait_for(lambda: ROW.search(pane.text()), timeout=30, interval=0.2)
     pane.keys("C-c")
@@ -145,8 +101,8 @@ def test_watch_ctrl_c_exits_130_without_a_traceback(local_project: LocalProject,
 
 
 def test_watch_under_no_color_has_no_escape_codes_and_with_colour_has_them(
-        local_project: LocalProject, pane: Pane) -> None:
-    sweep(local_project, cells=2, step_time=1.0)
+        local_project: LocalProject, pane: Pane, cli: Cli) -> None:
+    sweep(cli, local_project, cells=2, step_time=1.0)
     sgr = re.compile(r"\x1b\[[0-9;]*m")
     pane.run("unset NO_COLOR; " + watch_command(local_project.root))
     wait_for(lambda: ROW.search(pane.text()), timeout=30, interval=0.2)
@@ -162,30 +118,29 @@ def test_watch_under_no_color_has_no_escape_codes_and_with_colour_has_them(
     wait_for(lambda: f"{DONE}0" in pane.text(), timeout=15)
 
 
-def test_watch_without_a_terminal_prints_the_plain_table(local_project: LocalProject) -> None:
-    sweep(local_project, cells=1, step_time=0.2)
-    p = subprocess.Popen([sys.executable, "-m", "ablate", "-C", str(local_project.root), "status", "--watch",
-                          "--interval", "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": REPO})
+def test_watch_without_a_terminal_prints_the_plain_table(local_project: LocalProject, cli: Cli) -> None:
+    sweep(cli, local_project, cells=1, step_time=0.2)
+    p = ablate_process(local_project, "status", "--watch", "--interval", "0.3")
     try:
-        assert p.stdout is not None
-        first = [p.stdout.readline().decode() for _ in range(3)]
+        assert p.stdout is not None and p.stderr is not None
+        first = [p.stdout.readline() for _ in range(3)]
         assert first[0].split()[:4] == ["QUEUE", "HOST", "STATE", "K/N"]
         assert {ln.split()[0] for ln in first[1:]} == {"q1", "q2"}
-        p.send_signal(2)
+        p.send_signal(signal.SIGINT)
         assert p.wait(timeout=15) == 130
-        assert b"Traceback" not in (p.stderr.read() if p.stderr else b"")
+        assert "Traceback" not in p.stderr.read()
     finally:
         if p.poll() is None:
             p.kill()
+            p.wait()
 
 
 # --------------------------------------------------------------------------- the live data
 
 
 def test_status_live_reads_each_running_cells_progress_and_json_carries_it(
-        local_project: LocalProject, capsys: pytest.CaptureFixture[str]) -> None:
-    sweep(local_project, cells=1, epochs=30, step_time=0.2)
+        local_project: LocalProject, cli: Cli) -> None:
+    sweep(cli, local_project, cells=1, epochs=30, step_time=0.2)
     project = load_project(local_project.root)
 
     def progressing() -> object:
@@ -200,17 +155,15 @@ def test_status_live_reads_each_running_cells_progress_and_json_carries_it(
         assert isinstance(r.progress["value"], float)
     assert status(project).rows[0].progress is None  # only when asked: one more command per host
 
-    capsys.readouterr()  # launch's lines
-    assert cli("-C", str(local_project.root), "status", "--json") == 0
-    data = json.loads(capsys.readouterr().out)
+    data = cli.json(local_project, "status")
     assert set(data["hosts"]) == {"h1", "h2"}
     if shutil.which("nvidia-smi") is None:
         assert all(h["gpus"] is None and h["error"] is None for h in data["hosts"].values())
     running = [q for q in data["queues"] if q["current"]]
     assert running and all(q["progress"]["metric"] == "val_loss" for q in running)
 
-    assert cli("-C", str(local_project.root), "status") == 0
-    out = capsys.readouterr().out
+    code, out, _ = cli(local_project, "status")
+    assert code == 0
     assert re.search(r"^progress q1 q1c0: ep \d+/30 val_loss ", out, re.MULTILINE), out
 
 

@@ -18,7 +18,9 @@ from ablate.config.project import load_project
 from ablate.remote.layout import session_name
 from ablate.run.launch import launch
 from ablate.transport.local import LocalHost
-from tests.conftest import TRAIN, LocalProject, require_tmux, wait_for
+from tests.helpers.project import TRAIN, LocalProject
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
 
 
 @pytest.fixture(autouse=True)

@@ -15,8 +15,10 @@ import threading
 from ablate.config.project import Host, Project
 from ablate.errors import AblateError
 from ablate.transport.base import CommandResult, HostTransport, SharedFS
+from ablate.transport.fanout import fan_out
 from ablate.transport.local import LocalFS, LocalHost
-from ablate.transport.ssh import SSHFS, SSHHost, fan_out
+from ablate.transport.ssh import SSHHost
+from ablate.transport.sshfs import SSHFS
 
 __all__ = ["CommandResult", "HostTransport", "SharedFS", "accept_new_host_keys", "close_all", "fan_out",
            "host_transport", "shared_fs"]

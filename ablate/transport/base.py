@@ -1,7 +1,13 @@
 """The transport interface: how the controller reaches a host and the shared FS.
 
 `local` (this machine, libtmux, a local directory as the shared FS) and `ssh` (Fabric/Paramiko)
-implement the same two protocols, so commands never know which one they drive.
+implement the same two protocols, so commands never know which one they drive — errors included:
+the same failure raises the same type on both. A failed command or tmux operation on a host is a
+`RemoteError`; a failed operation on the shared FS is an `FSError` (a RemoteError, exit 1) naming the
+host it went through ("local" for the local transport), the operation, the path and the reason (the
+OS error, or the rc and stderr of the script on the host). Something that is not there is no
+failure (`read_bytes` None, `listdir` [], `remove` / `rename_noreplace` False); only `fetch` raises
+OSError, which its callers expect.
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ class HostTransport(Protocol):
 
     def tmux_start(self, session: str, argv: Sequence[str], env: Mapping[str, str],
                    cwd: str | None = None) -> None:
-        """Start argv detached in a new tmux session; the queue survives the controller."""
+        """Start argv detached in a new tmux session; the queue survives the controller.
+        RemoteError when tmux cannot start it."""
         ...
 
     def tmux_sessions(self) -> set[str]:
@@ -73,12 +80,13 @@ class HeldLock(Protocol):
 
 
 class SharedFS(Protocol):
-    """The sweep's shared filesystem, reached through one host that mounts it."""
+    """The sweep's shared filesystem, reached through one host that mounts it. Every operation but
+    `fetch` raises `FSError` when it fails (see the module docstring)."""
 
     root: str
 
     def read_bytes(self, path: str) -> bytes | None:
-        """The file's bytes, or None when it does not exist."""
+        """The file's bytes, or None when it does not exist (or a directory on its path is a file)."""
         ...
 
     def write_atomic(self, path: str, data: bytes, mode: int = 0o644) -> None:
@@ -87,7 +95,7 @@ class SharedFS(Protocol):
 
     def create_immutable(self, path: str, data: bytes) -> bool:
         """Create `path` with mode 0444 unless it exists. True if created; an existing file with
-        other content is never written over (raises)."""
+        other content is never written over (FSError)."""
         ...
 
     def append_line(self, path: str, line: str) -> None:
@@ -97,7 +105,7 @@ class SharedFS(Protocol):
         ...
 
     def listdir(self, path: str) -> list[str]:
-        """The names in directory `path`, sorted ([] when it does not exist)."""
+        """The names in directory `path`, sorted ([] when it does not exist or is no directory)."""
         ...
 
     def remove(self, path: str) -> bool:
@@ -106,7 +114,7 @@ class SharedFS(Protocol):
 
     def rename_noreplace(self, src: str, dst: str) -> bool:
         """Rename the file or directory `src` to `dst` (its parent created), never over an existing
-        `dst`; True when renamed, False when `src` does not exist. Raises when `dst` exists or the
+        `dst`; True when renamed, False when `src` does not exist. FSError when `dst` exists or the
         rename fails. (Recording instead of deleting: a released claim, a result set aside.)"""
         ...
 
@@ -118,7 +126,8 @@ class SharedFS(Protocol):
         ...
 
     def probe(self, op: str, args: Mapping[str, Any]) -> Any:
-        """Run one stdlib-only operation of `ablate.remote.probe` next to the files; one round trip."""
+        """Run one stdlib-only operation of `ablate.remote.probe` next to the files; one round trip.
+        FSError when it fails there (an OSError in the probe, or no Python to run it)."""
         ...
 
     def fetch(self, path: str, local_path: str,

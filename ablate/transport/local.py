@@ -1,4 +1,9 @@
-"""The local transport: hosts are names on this machine, the shared FS is a local directory."""
+"""The local transport: hosts are names on this machine, the shared FS is a local directory.
+
+A failed operation on the shared FS raises `FSError` naming "local", the operation, the path and the
+OS error, as the ssh transport does for the same failure: commands and users never see a raw
+OSError from here (only `fetch` raises OSError, as `SharedFS.fetch` says).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,13 @@ import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import libtmux
 from libtmux.exc import LibTmuxException
 
-from ablate.errors import AblateError
+from ablate.errors import AblateError, FSError, RemoteError
 from ablate.remote import probe
 from ablate.transport.base import CommandResult
 from ablate.util.fs import atomic_write, create_immutable
@@ -20,6 +26,7 @@ from ablate.util.fs import atomic_write, create_immutable
 # All local "hosts" share one private tmux server so a user's own sessions are never touched.
 TMUX_SOCKET_ENV = "ABLATE_TMUX_SOCKET"
 DEFAULT_SOCKET = "ablate"
+VIA = "local"  # the "host" an FSError of this transport names
 
 
 def tmux_socket() -> str:
@@ -81,7 +88,7 @@ class LocalHost:
             self._server.new_session(session_name=session, window_command=shlex.join(argv),
                                      environment=dict(env), start_directory=cwd, detach=True)
         except LibTmuxException as e:
-            raise AblateError(f"{self.name}: tmux could not start session {session}: {e}") from e
+            raise RemoteError(f"{self.name}: tmux could not start session {session}: {e}") from e
 
     def tmux_sessions(self) -> set[str]:
         try:
@@ -102,6 +109,36 @@ class LocalHost:
         pass
 
 
+def _reason(e: OSError, *named: str) -> str:
+    """The OS's reason (`[Errno 20] Not a directory`), with the file it concerns when the message
+    does not already name it."""
+    if e.errno is None:
+        return str(e) or type(e).__name__
+    files = [f if isinstance(f, str) else os.fsdecode(f) if isinstance(f, bytes) else str(f)
+             for f in (e.filename, e.filename2) if f is not None]
+    known = {os.path.normpath(p) for p in named}
+    other = [f for f in files if os.path.normpath(f) not in known]
+    why = f"[Errno {e.errno}] {e.strerror or os.strerror(e.errno)}"
+    return why + (": " + ", ".join(repr(f) for f in other) if other else "")
+
+
+class _FSOp:
+    """`with _FSOp("writing", path):` an OSError inside becomes the FSError the ssh transport
+    raises for the same failure."""
+
+    def __init__(self, op: str, path: str, dst: str | None = None) -> None:
+        self.op, self.path, self.dst = op, path, dst
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if isinstance(e, OSError):
+            named = [self.path] if self.dst is None else [self.path, self.dst]
+            raise FSError(VIA, self.op, self.path, _reason(e, *named), dst=self.dst) from e
+
+
 class _FileLockHeld:
     def __init__(self, lk: Any, record: str | None) -> None:
         self._lk, self._record = lk, record
@@ -109,86 +146,107 @@ class _FileLockHeld:
     def release(self) -> None:
         try:
             if self._record:
-                Path(self._record).unlink(missing_ok=True)
+                with _FSOp("removing", self._record):
+                    Path(self._record).unlink(missing_ok=True)
         finally:
-            self._lk.release(force=True)
+            with _FSOp("unlocking", str(self._lk.lock_file)):
+                self._lk.release(force=True)
 
 
 class LocalFS:
+    """The shared FS as a local directory (SharedFS); OS errors surface as `FSError`."""
+
     def __init__(self, root: str) -> None:
         self.root = root
 
     def read_bytes(self, path: str) -> bytes | None:
-        try:
-            return Path(path).read_bytes()
-        except FileNotFoundError:
-            return None
+        with _FSOp("reading", path):
+            try:
+                return Path(path).read_bytes()
+            except (FileNotFoundError, NotADirectoryError):  # not there (as `[ -e ]` says over ssh)
+                return None
 
     def write_atomic(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        atomic_write(Path(path), data, mode)
+        with _FSOp("writing", path):
+            atomic_write(Path(path), data, mode)
 
     def create_immutable(self, path: str, data: bytes) -> bool:
-        return create_immutable(Path(path), data)
+        with _FSOp("creating", path):
+            try:
+                return create_immutable(Path(path), data)
+            except AblateError as e:  # there with other content: a refusal, as over ssh
+                raise FSError(VIA, "creating", path,
+                              "it exists with other content; an immutable file is never overwritten") from e
 
     def append_line(self, path: str, line: str) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        # O_APPEND writes of one short line are atomic with respect to other appenders.
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (line.rstrip("\n") + "\n").encode())
-        finally:
-            os.close(fd)
+        with _FSOp("appending to", path):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            # O_APPEND writes of one short line are atomic with respect to other appenders.
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (line.rstrip("\n") + "\n").encode())
+            finally:
+                os.close(fd)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
     def listdir(self, path: str) -> list[str]:
-        try:
-            return sorted(os.listdir(path))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
+        with _FSOp("listing", path):
+            try:
+                return sorted(os.listdir(path))
+            except (FileNotFoundError, NotADirectoryError):
+                return []
 
     def remove(self, path: str) -> bool:
-        try:
-            os.unlink(path)  # a 0444 file in a writable directory unlinks like any other
-        except FileNotFoundError:
-            return False
+        with _FSOp("removing", path):
+            try:
+                os.unlink(path)  # a 0444 file in a writable directory unlinks like any other
+            except (FileNotFoundError, NotADirectoryError):
+                return False
         return True
 
     def rename_noreplace(self, src: str, dst: str) -> bool:
         if not os.path.lexists(src):
             return False
         if os.path.lexists(dst):
-            raise AblateError(f"{dst} exists; {src} is not renamed over it")
-        Path(dst).parent.mkdir(parents=True, exist_ok=True)
-        # The stdlib has no renameat2(NOREPLACE); the check above suffices because every renamer
-        # of these paths holds the controller lock.
-        os.rename(src, dst)
+            raise FSError(VIA, "renaming", src, "the destination exists; a rename never replaces it",
+                          dst=dst)
+        with _FSOp("renaming", src, dst):
+            Path(dst).parent.mkdir(parents=True, exist_ok=True)
+            # The stdlib has no renameat2(NOREPLACE); the check above suffices because every renamer
+            # of these paths holds the controller lock.
+            os.rename(src, dst)
         return True
 
     def lock(self, path: str, timeout: float,
              record: tuple[str, bytes] | None = None) -> _FileLockHeld | None:
         import filelock
 
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        lk = filelock.FileLock(path, thread_local=False)
-        try:
-            lk.acquire(timeout=max(0.0, timeout))
-        except filelock.Timeout:
-            return None
+        with _FSOp("locking", path):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            lk = filelock.FileLock(path, thread_local=False)
+            try:
+                lk.acquire(timeout=max(0.0, timeout))
+            except filelock.Timeout:  # an OSError too: caught before _FSOp sees it
+                return None
         try:
             if record:
-                atomic_write(Path(record[0]), record[1], 0o644)
+                with _FSOp("writing", record[0]):
+                    atomic_write(Path(record[0]), record[1], 0o644)
         except BaseException:
             lk.release(force=True)
             raise
         return _FileLockHeld(lk, record[0] if record else None)
 
     def probe(self, op: str, args: Mapping[str, Any]) -> Any:
-        return probe.run(op, dict(args))
+        root = args.get("root")
+        with _FSOp(f"probe {op} of", root if isinstance(root, str) else self.root):
+            return probe.run(op, dict(args))
 
     def fetch(self, path: str, local_path: str,
               on_bytes: Callable[[int], None] | None = None) -> int:
+        """Raises OSError (not FSError) when `path` cannot be read, as `SharedFS.fetch` says."""
         with open(path, "rb") as src, open(local_path, "wb") as dst:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)

@@ -12,6 +12,8 @@ import posixpath
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.project import LocalProject
+
 
 def write_checkpoint(path: Path, seed: int = 0) -> None:
     """A real checkpoint in the format its extension names."""
@@ -110,9 +112,8 @@ def truncate(path: Path, keep: float = 0.5) -> None:
     path.write_bytes(data[: int(len(data) * keep)])
 
 
-def publish_cells(project: Any, cells: list[tuple[str, str, int]]) -> Any:
-    """Configs, their durable results on the shared FS and one queue `q1` listing them
-    (`project` is a tests.conftest.LocalProject)."""
+def publish_cells(project: LocalProject, cells: list[tuple[str, str, int]]) -> LocalProject:
+    """Configs, their durable results on the shared FS and one queue `q1` listing them."""
     for i, (cfg, task, epochs) in enumerate(cells):
         project.cfg(cfg, seed=i)
         make_result(project.shared / "final_ckpts", cfg, task, epochs, project_dir=project.root, seed=i)

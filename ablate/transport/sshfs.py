@@ -1,0 +1,300 @@
+"""The shared FS over SSH (`SharedFS`): every operation is one small bash script run through a host
+that mounts the FS, the next host used only when one cannot be reached; the many-file reads are
+one run of the shipped probe (`ablate.remote`), content-addressed under `<root>/lib/<sha12>/`."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import select
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, BinaryIO
+
+import paramiko
+
+from ablate.errors import FSError, RemoteError
+from ablate.remote.layout import SweepLayout
+from ablate.transport.ssh import HostUnreachable, Sink, SSHHost
+
+
+class _Counted:
+    """A binary file that reports each chunk written (pull's progress bar)."""
+
+    def __init__(self, f: BinaryIO, on_bytes: Callable[[int], None]) -> None:
+        self.f, self.on_bytes = f, on_bytes
+
+    def write(self, data: bytes, /) -> int:
+        n = self.f.write(data)
+        self.on_bytes(len(data))
+        return n
+
+
+_READ = '[ -e "$1" ] || exit 3; exec cat -- "$1"'
+_TEMP = 'd=$(dirname -- "$1"); mkdir -p -- "$d"; t=$(mktemp "$d/.$(basename -- "$1").tmp.XXXXXXXX"); ' \
+        "trap 'rm -f -- \"$t\"' EXIT; cat > \"$t\"; sync -- \"$t\" 2>/dev/null || true; "
+_WRITE = "set -e; " + _TEMP + 'chmod "$2" "$t"; mv -f -- "$t" "$1"'
+# link() fails when the name exists, so two deployers racing can never overwrite each other.
+_IMMUTABLE = ('same() { [ "$(sha256sum < "$1" | cut -d" " -f1)" = "$2" ]; }\n'
+              'if [ -e "$1" ]; then if same "$1" "$2"; then echo same; exit 0; fi; exit 4; fi\n'
+              "set -e; " + _TEMP + 'same "$t" "$2" || exit 5; chmod 444 "$t"\n'
+              'if ln -- "$t" "$1" 2>/dev/null; then echo created; exit 0; fi\n'
+              'if same "$1" "$2"; then echo same; exit 0; fi; exit 4')
+_APPEND = 'mkdir -p -- "$(dirname -- "$1")" && printf "%s\\n" "$2" >> "$1"'
+_LISTDIR = '[ -d "$1" ] || exit 0; exec find "$1" -mindepth 1 -maxdepth 1 -printf "%f\\0"'
+_REMOVE = ('[ -d "$1" ] && { echo "Is a directory" >&2; exit 4; }; [ -e "$1" ] || [ -L "$1" ] || exit 3; '
+           'rm -f -- "$1"')
+# mv -T -n: never into or over an existing dst (renameat2 NOREPLACE where the FS has it); src
+# still there afterwards means it did not happen.
+_RENAME = ('there() { [ -e "$1" ] || [ -L "$1" ]; }; there "$1" || exit 3; there "$2" && exit 4\n'
+           'mkdir -p -- "$(dirname -- "$2")" || exit 5\n'
+           'err=$(mv -T -n -- "$1" "$2" 2>&1)\n'
+           'if there "$1"; then there "$2" && exit 4; printf "%s\\n" "$err" >&2; exit 6; fi')
+# The lock is held by flock(1) for as long as `cat` reads the channel: the controller's exit, death
+# or lost connection closes it, cat sees EOF, the holder record ($3, content $4) is removed while
+# the lock is still held, and the lock is free. -E 75: still busy when -w ran out.
+_FLOCKED = ('r=$1; if [ -n "$r" ]; then t="$r.tmp.$$"; printf "%s\\n" "$2" > "$t" && mv -f -- "$t" "$r" '
+            '|| exit 94; fi\necho ACQUIRED; cat >/dev/null; [ -z "$r" ] || rm -f -- "$r"')
+_FLOCK = ('mkdir -p -- "$(dirname -- "$1")" || exit 96; command -v flock >/dev/null || exit 95\n'
+          'exec flock -E 75 -w "$2" "$1" bash -c "$5" bash "$3" "$4"')
+_PROBE = ('d=$1; e=$2; py=$3; shift 3; [ -r "$d/ablate/remote/probe.py" ] || exit 97\n'
+          'if [ -n "$e" ]; then eval "$e" >&2 || exit 98; fi\n'
+          'cd "$d" && PYTHONPATH="$d" PYTHONDONTWRITEBYTECODE=1 exec "$py" -m ablate.remote.probe "$@"')
+
+
+def probe_lib() -> dict[str, bytes]:
+    """The files a host runs for `probe`: the stdlib-only package `ablate.remote` (probe, verify,
+    the path layout), as installed here, under a stub `ablate/__init__.py`."""
+    from ablate import resources as packaged
+
+    files = {"ablate/__init__.py": b'"""ablate host-side probe, shipped by the ssh transport."""\n'}
+    remote = packaged.listing("ablate.remote", ".py")
+    files.update({f"ablate/remote/{name}": data for name, data in remote.items()})
+    return files
+
+
+class RemoteFlock:
+    """A flock(2) on a shared-FS file held by `flock … cat` on a host for as long as `chan` is open."""
+
+    def __init__(self, chan: paramiko.Channel, host: str, path: str) -> None:
+        self.chan, self.host, self.path = chan, host, path
+
+    @classmethod
+    def wait(cls, chan: paramiko.Channel, host: str, path: str, deadline_s: float) -> RemoteFlock | None:
+        """Read the channel until flock says ACQUIRED (held) or exits (75: busy -> None)."""
+        out, err = b"", b""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            while chan.recv_ready():
+                out += chan.recv(4096)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(4096)
+            if b"ACQUIRED\n" in out:
+                return cls(chan, host, path)
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                rc = chan.recv_exit_status()
+                chan.close()
+                if rc == 75:
+                    return None
+                why = {94: "cannot write the holder record",
+                       95: "`flock` (util-linux) is not installed there",
+                       96: "cannot create the lock's directory"}.get(rc)
+                stderr = repr(err.decode(errors="replace").strip()[-300:])
+                if why is None:
+                    raise FSError(host, "locking", path, stderr, rc=rc)
+                raise FSError(host, "locking", path, f"{why}: {stderr}")
+            left = deadline - time.monotonic()
+            if left <= 0 or chan.closed:
+                chan.close()
+                raise RemoteError(f"{host}: no answer while locking {path} within {deadline_s:g}s")
+            select.select([chan], [], [], min(0.1, left))
+
+    def release(self) -> None:
+        """EOF to `cat`: it exits, flock exits, the lock is free (waited for, briefly)."""
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            self.chan.shutdown_write()
+            deadline = time.monotonic() + 10.0
+            while not self.chan.exit_status_ready() and time.monotonic() < deadline:
+                select.select([self.chan], [], [], 0.1)
+                while self.chan.recv_ready():
+                    self.chan.recv(4096)
+        self.chan.close()
+
+
+class SSHFS:
+    """The shared FS through a host that mounts it (SharedFS). With several hosts, a host that
+    cannot be reached is skipped for the next one; nothing is ever retried after it started."""
+
+    def __init__(self, hosts: SSHHost | Sequence[SSHHost], root: str, *, python: str = "python3",
+                 env: str | None = None, timeout: float = 120.0, probe_timeout: float = 900.0) -> None:
+        self.hosts = [hosts] if isinstance(hosts, SSHHost) else list(hosts)
+        if not self.hosts:
+            raise ValueError("SSHFS needs at least one host")
+        self.root = root.rstrip("/") or "/"
+        self.python = python
+        self.env = env or ""
+        self.timeout = timeout
+        self.probe_timeout = probe_timeout
+        self.via = self.hosts[0].name  # the host the last operation went through
+        self._lib_ready = False
+        lib = probe_lib()
+        digest = hashlib.sha256()
+        for rel in sorted(lib):
+            digest.update(rel.encode() + b"\0" + hashlib.sha256(lib[rel]).digest())
+        self.lib_dir = SweepLayout(self.root).lib_dir(digest.hexdigest()[:12])
+        self._lib = lib
+
+    def _sh(self, script: str, *args: str, stdin: bytes | None = None, timeout: float | None = None,
+            sink: Sink | None = None) -> tuple[int, bytes, bytes]:
+        # bash, not sh: a profile's `env` (`source …/activate`) is bash; dash has no `source`.
+        argv = ["bash", "-c", script, "bash", *args]
+        last: HostUnreachable | None = None
+        for host in self.hosts:
+            try:
+                rc, out, err = host.exec(shlex.join(argv), timeout=timeout or self.timeout,
+                                         stdin=stdin, sink=sink)
+            except HostUnreachable as e:
+                last = e
+                continue
+            self.via = host.name
+            return rc, out, err
+        assert last is not None
+        if len(self.hosts) == 1:
+            raise last
+        raise HostUnreachable(f"shared FS {self.root}: no host that mounts it answers "
+                              f"({', '.join(h.name for h in self.hosts)}); last: {last.message}")
+
+    def _fail(self, what: str, path: str, rc: int, err: bytes, dst: str | None = None) -> FSError:
+        return FSError(self.via, what, path, repr(err.decode(errors="replace").strip()[-300:]), rc=rc,
+                       dst=dst)
+
+    def read_bytes(self, path: str) -> bytes | None:
+        rc, out, err = self._sh(_READ, path)
+        if rc == 3:
+            return None
+        if rc != 0:
+            raise self._fail("reading", path, rc, err)
+        return out
+
+    def write_atomic(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        rc, _, err = self._sh(_WRITE, path, format(mode, "o"), stdin=data)
+        if rc != 0:
+            raise self._fail("writing", path, rc, err)
+
+    def create_immutable(self, path: str, data: bytes) -> bool:
+        rc, out, err = self._sh(_IMMUTABLE, path, hashlib.sha256(data).hexdigest(), stdin=data)
+        if rc == 4:
+            raise FSError(self.via, "creating", path,
+                          "it exists with other content; an immutable file is never overwritten")
+        if rc != 0:
+            raise self._fail("creating", path, rc, err)
+        return out.strip() == b"created"
+
+    def append_line(self, path: str, line: str) -> None:
+        rc, _, err = self._sh(_APPEND, path, line.rstrip("\n"))
+        if rc != 0:
+            raise self._fail("appending to", path, rc, err)
+
+    def exists(self, path: str) -> bool:
+        rc, _, _ = self._sh('[ -e "$1" ]', path)
+        return rc == 0
+
+    def listdir(self, path: str) -> list[str]:
+        rc, out, err = self._sh(_LISTDIR, path)
+        if rc != 0:
+            raise self._fail("listing", path, rc, err)
+        return sorted(n for n in out.decode(errors="replace").split("\0") if n)
+
+    def remove(self, path: str) -> bool:
+        rc, _, err = self._sh(_REMOVE, path)
+        if rc == 3:
+            return False
+        if rc != 0:
+            raise self._fail("removing", path, rc, err)
+        return True
+
+    def rename_noreplace(self, src: str, dst: str) -> bool:
+        rc, _, err = self._sh(_RENAME, src, dst)
+        if rc == 3:
+            return False
+        if rc == 4:
+            raise FSError(self.via, "renaming", src, "the destination exists; a rename never replaces it",
+                          dst=dst)
+        if rc != 0:
+            raise self._fail("renaming", src, rc, err, dst=dst)
+        return True
+
+    def lock(self, path: str, timeout: float, record: tuple[str, bytes] | None = None) -> RemoteFlock | None:
+        """flock(2) on `path` through the first host that answers, held by a long-lived channel.
+        `record` is one line of text (its bytes without the newline)."""
+        rec_path, rec = (record[0], record[1].decode().rstrip("\n")) if record else ("", "")
+        script = shlex.join(["bash", "-c", _FLOCK, "bash", path, format(max(0.0, timeout), "g"),
+                             rec_path, rec, _FLOCKED])
+        last: HostUnreachable | None = None
+        for host in self.hosts:
+            try:
+                chan = host.open_channel(script, timeout=self.timeout)
+            except HostUnreachable as e:
+                last = e
+                continue
+            self.via = host.name
+            return RemoteFlock.wait(chan, host.name, path, timeout + self.timeout)
+        assert last is not None
+        raise last
+
+    def fetch(self, path: str, local_path: str,
+              on_bytes: Callable[[int], None] | None = None) -> int:
+        """Stream `path` to `local_path` (created or truncated); the bytes written. The caller
+        checks size and sha256 before publishing the copy."""
+        with open(local_path, "wb") as f:
+            rc, _, err = self._sh(_READ, path, sink=_Counted(f, on_bytes) if on_bytes else f)
+            f.flush()
+            os.fsync(f.fileno())
+            size = f.tell()
+        if rc == 3:
+            raise FileNotFoundError(errno.ENOENT, f"{self.via}: no such file on the shared FS", path)
+        if rc != 0:
+            raise OSError(errno.EIO, f"{self.via}: reading failed (rc {rc}): "
+                                     f"{err.decode(errors='replace').strip()[-300:]}", path)
+        return size
+
+    def ship_probe(self) -> None:
+        """Place the probe's files content-addressed under <root>/lib/<sha12>/ (0444, never
+        overwritten): a changed ablate is a new directory, a running probe keeps its files."""
+        for rel, data in sorted(self._lib.items()):
+            self.create_immutable(f"{self.lib_dir}/{rel}", data)
+        self._lib_ready = True
+
+    def probe(self, op: str, args: Mapping[str, Any]) -> Any:
+        import json
+
+        payload = json.dumps(dict(args))
+        for _ in range(2):
+            rc, out, err = self._sh(_PROBE, self.lib_dir, self.env, self.python, op, payload,
+                                          timeout=self.probe_timeout)
+            if rc == 97 and not self._lib_ready:
+                self.ship_probe()
+                continue
+            break
+        command = shlex.join([self.python, "-m", "ablate.remote.probe", op, payload[:200]])
+        stderr = err.decode(errors="replace").strip()[-300:]
+        if rc == 98:
+            raise RemoteError(f"{self.via}: the profile's env `{self.env}` failed before "
+                              f"`{command}`: {stderr!r}")
+        if rc != 0:  # the probe failed next to the files (an OSError there, or no python)
+            text = err.decode(errors="replace").strip()
+            if "Traceback (most recent call last):" in text:  # its last line names the failure
+                stderr = text.splitlines()[-1][-300:]
+            root = args.get("root")
+            raise FSError(self.via, f"probe {op} of", root if isinstance(root, str) else self.root,
+                          f"`{command}`; stderr: {stderr!r}", rc=rc)
+        try:
+            return json.loads(out)
+        except ValueError:
+            raise RemoteError(
+                f"{self.via}: `{command}` did not print exactly one JSON document (does the "
+                f"profile's env print to stdout?); stdout: {out.decode(errors='replace')[:300]!r}; "
+                f"stderr: {stderr!r}") from None

@@ -1,0 +1,77 @@
+"""Projects on the SSH test bed (tests/testbed.py: three real sshd + tmux instances sharing one
+directory) as a user would write them, and what the sweep's shared FS records."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import ablate.demo.train as demo_train
+from tests.testbed import Testbed
+
+CKPT = "model.safetensors"
+# sys.executable lives outside /tmp (pyenv, /usr): the instances run the controller's Python.
+TRAIN_IN_WORKDIR = (f"{sys.executable} train.py --config {{cfg}} --epochs {{epochs}} "
+                    "--out {ckpt_dir} --resume {resume}")
+
+
+def ssh_project(tb: Testbed, tmp_path: Path, sweep: str,
+                train: str = "true {cfg} {epochs} {ckpt_dir} {resume}") -> Path:
+    """A project on the test bed's three instances (no trainer: `train` is any command)."""
+    proj = tmp_path / "proj"
+    (proj / "profiles").mkdir(parents=True)
+    (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
+        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt"}))
+    ssh_config = tb.write_ssh_config(tmp_path / "ssh_config", extra="\nHost *\n  ConnectTimeout 2\n")
+    (proj / "ablate.yaml").write_text(yaml.safe_dump({
+        "profile": "tb", "sweep": sweep, "workdir": f"{tb.shared_path}/work/{sweep}",
+        "train": train,
+        "artifacts": {"checkpoint": "m.bin"}, "tasks": {"recon": {"epochs": 1, "cost_per_epoch": 1.0}},
+        "budget": {"ckpt_size": "1MB", "scratch": "1MB"}, "ssh_config": str(ssh_config),
+        "hosts": {h: {"speed": 1.0} for h in tb.hosts}}, sort_keys=False))
+    return proj
+
+
+def make_project(tb: Testbed, tmp_path: Path, sweep: str, *, cells: int, epochs: int,
+                 step_time: float) -> Path:
+    """A user's repo on the controller; its configs are also in the workdir on the shared FS, so
+    every host trains from the same files the controller plans and reconciles against."""
+    proj = tmp_path / "proj"
+    (proj / "profiles").mkdir(parents=True)
+    (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
+        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt/{sweep}"}))
+    work = tb.shared_dir / "work" / sweep
+    # The trainer goes into the shared workdir: the instances cannot see the repo when it lives
+    # under /tmp (each instance has a private /tmp), as a CI clone may.
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(demo_train.__file__, work / "train.py")
+    for i in range(cells):
+        rel = f"configs/{sweep}/c{i}.yaml"
+        body = yaml.safe_dump({"lr": 0.1, "hidden": 4, "seed": i, "step_time": step_time})
+        for base in (proj, work):
+            (base / rel).parent.mkdir(parents=True, exist_ok=True)
+            (base / rel).write_text(body)
+    ssh_config = tb.write_ssh_config(tmp_path / "ssh_config", extra="\nHost *\n  ConnectTimeout 2\n")
+    (proj / "ablate.yaml").write_text(yaml.safe_dump({
+        "profile": "tb", "sweep": sweep, "workdir": f"{tb.shared_path}/work/{sweep}",
+        "train": TRAIN_IN_WORKDIR,
+        "artifacts": {"checkpoint": CKPT, "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
+        "tasks": {"recon": {"epochs": epochs, "cost_per_epoch": 1.0}},
+        "cells": [{"glob": f"configs/{sweep}/*.yaml", "task": "recon"}],
+        "budget": {"ckpt_size": "1MB", "scratch": "1MB"},
+        "heartbeat_secs": 1, "ssh_config": str(ssh_config),
+        "hosts": {h: {"speed": 1.0} for h in tb.hosts}}, sort_keys=False))
+    return proj
+
+
+def events(tb: Testbed, sweep: str, host: str, queue: str) -> list[dict[str, Any]]:
+    """The queue's events file on the test bed's shared FS (empty before its first event)."""
+    path = tb.shared_dir / "ablate" / sweep / "events" / f"{host}.{queue}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
