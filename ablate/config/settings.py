@@ -11,13 +11,10 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ablate.config.reader import Reader
 from ablate.errors import ConfigError
-
-if TYPE_CHECKING:
-    from ablate.config.project import Task
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
 _DUR_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
@@ -91,8 +88,7 @@ def _regex(value: Any, where: str, groups: int) -> str:
     return value
 
 
-def parse_costs(r: Reader, tasks: Mapping[str, Task]) -> tuple[CostOverride, ...]:
-
+def parse_costs(r: Reader, tasks: Mapping[str, object]) -> tuple[CostOverride, ...]:
     raw = r.data.get("costs") or []
     if not isinstance(raw, list):
         raise r.err("costs", "must be a list of {glob, cost} or {glob, cost_per_epoch}")

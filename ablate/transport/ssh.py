@@ -37,6 +37,9 @@ import paramiko
 from ablate.errors import RemoteError
 from ablate.transport.base import CommandResult
 
+# fd 3 keeps the channel's stdin for the watcher; the command itself reads /dev/null.
+GUARD = ('exec 3<&0 </dev/null; "$@" & p=$!; { read -r _ <&3; kill "$p" 2>/dev/null; } & w=$!; '
+         'wait "$p"; rc=$?; kill "$w" 2>/dev/null; exit "$rc"')
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
@@ -310,10 +313,42 @@ class SSHHost:
                              out.decode(errors="replace"), err.decode(errors="replace"))
 
     def stream(self, argv: Sequence[str], on_stdout: Callable[[bytes], None], *,
-               stop: Callable[[], bool] | None = None, poll: float = 0.5) -> int | None:
-        from ablate.transport.streaming import stream
-
-        return stream(self, argv, on_stdout, stop=stop, poll=poll)
+               stop: Callable[[], bool] | None = None, poll: float = 0.5,
+               open_timeout: float = 30.0) -> int | None:
+        """A long-running remote command whose stdout is handed over as it arrives (`logs -f`).
+        Closing an SSH channel does not end the remote command (no pty, no signal): a `tail -F`
+        would linger until it next wrote. So the command runs under GUARD, which ends it when the
+        channel's stdin reaches EOF: when we stop (`shutdown_write`) and when the connection closes."""
+        if not argv:
+            raise ValueError("stream: empty argv")
+        chan = self.open_channel(shlex.join(["bash", "-c", GUARD, "bash", *argv]), timeout=open_timeout)
+        transport = chan.get_transport()
+        asked = time.monotonic()
+        with chan:
+            chan.settimeout(max(0.1, poll))
+            while True:
+                got = False
+                while chan.recv_ready():
+                    on_stdout(chan.recv(1 << 16))
+                    got = True
+                while chan.recv_stderr_ready():
+                    chan.recv_stderr(1 << 16)  # tail's "file truncated" chatter: not the log
+                    got = True
+                if ((chan.eof_received or chan.closed) and chan.exit_status_ready()
+                        and not chan.recv_ready() and not chan.recv_stderr_ready()):
+                    rc = chan.recv_exit_status()
+                    return 255 if rc < 0 else rc
+                if not transport.is_active():
+                    self.close()
+                    raise RemoteError(f"{self.name}: the connection dropped while running `{argv[0]} …`")
+                if stop is not None and time.monotonic() - asked >= poll:
+                    asked = time.monotonic()
+                    if stop():
+                        with contextlib.suppress(OSError, paramiko.SSHException):
+                            chan.shutdown_write()  # EOF on the guard's fd 3: it kills the command
+                        return None
+                if not got:
+                    select.select([chan], [], [], min(0.1, poll))
 
     # ------------------------------------------------------------------ tmux
 
