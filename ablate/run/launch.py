@@ -1,24 +1,40 @@
 """`ablate launch` and `launch --all`: one detached tmux session per queue per host.
 
-A launch validates everything first (roster, host, slot, start index, the launched prefix of the
-queue file, no live copy) and changes nothing when it refuses. Then it deploys (idempotent), writes
-the FS copy of the queue, appends a ledger entry (`ablate.sweep.ledger`) and starts `run_queue` in
-tmux.
+Both are one pipeline (`_pipeline`) over a list of `LaunchRequest`s: `launch` feeds it one request
+and raises what refused it; `launch --all` feeds it every queue with a `# ablate: host=` header and
+reports each one `launched`, `running` or `failed`, a failure never hiding the others. In order:
+
+1. `_validate`: the user's input alone (roster name collisions; per request the host, the queue
+   name, the header's host, the slot, the start index). `launch` runs it before the controller lock
+   too, so such a refusal does not even create the lock file.
+2. Under the lock, `_observe`: ONE snapshot of the shared FS (every ledger, FS queue copy and
+   result), then ONE tmux query per involved host (the requested hosts and each queue's last ledger
+   host), hosts in parallel.
+3. `_prepare`, per request: live on its host or on the ledger's last host → `running`; the launched
+   prefix (`ledger.check_prefix`, naming the line from the FS copy); the start index (the given
+   one, else on a relaunch the first cell line without a durable result, else 0).
+4. `_refusals`: the disk/inode budget and the code drift (`ablate doctor`'s checks), once per host,
+   hosts in parallel.
+5. Only when something will start, `_start_all`: deploy (idempotent); per queue its FS copy, the
+   stop request removed and a ledger entry; the estimates once; then the tmux sessions, per host
+   in parallel over its one connection (`_argv` builds the `run_queue` command line).
+
+Nothing changes on the FS before step 5: a refusal leaves the project and the FS as they were.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from ablate.config.project import Host, Project
-from ablate.errors import AblateError, CheckFailed
+from ablate.errors import AblateError, CheckFailed, RemoteError
 from ablate.plan.cost import refresh_estimates
 from ablate.remote.layout import SweepLayout, session_name
 from ablate.run.deploy import DeployResult, deploy
-from ablate.sweep.cells import QueueFile, check_queue_name, load_roster, read_queue
-from ablate.sweep.ledger import LedgerEntry, check_prefix, entry_line, new_entry, parse_ledger
+from ablate.sweep.cells import QueueFile, check_queue_name, load_roster, read_all_queues, read_queue
+from ablate.sweep.ledger import check_prefix, entry_line, new_entry
 from ablate.sweep.lock import controller_lock
 from ablate.sweep.snapshot import Snapshot, probe_only
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
@@ -59,12 +75,148 @@ class LaunchResult:
                 f"to go, tmux {self.session}, wrappers {self.version}"]
 
 
-# --------------------------------------------------------------------------- launch
+@dataclass(frozen=True)
+class LaunchRequest:
+    queue: str
+    host: str
+    start_index: int | None = None  # None: 0 on a first launch, the first unfinished cell after
+    slot: int | None = None  # None: the header's `slot=`, if any
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A request whose input holds: its queue file read, its slot resolved."""
+
+    qf: QueueFile
+    host: str
+    slot: int | None
+    start_index: int | None
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A request that passed every check on the FS and the hosts: about to start."""
+
+    qf: QueueFile
+    host: str
+    slot: int | None
+    start_index: int
+    resumed: bool
+
+    @property
+    def cells(self) -> int:
+        return sum(1 for ln in self.qf.cells if ln.index >= self.start_index)
+
+
+# Per request: launched / running, or what refused it (`launch` raises it, `launch --all` reports it).
+Outcome: TypeAlias = LaunchResult | Exception
+Sessions: TypeAlias = Mapping[str, set[str] | Exception]  # host -> its tmux sessions, or why not
+
+
+# --------------------------------------------------------------------------- the two commands
+
+
+def launch(project: Project, queue: str, host: str, start_index: int | None = None,
+           slot: int | None = None, log: Log | None = None) -> LaunchResult:
+    req = LaunchRequest(queue, host, start_index, slot)
+    checked = _validate(project, [req])[0]  # bad input refuses before the lock is taken
+    if isinstance(checked, AblateError):
+        raise checked
+    with controller_lock(project, f"launch {queue} --host {host}", log=log):
+        [got] = _pipeline(project, [req], log)
+    if isinstance(got, Exception):
+        raise got
+    if got.status == "running":
+        raise AblateError(f"{queue} is already running on {got.host}; "
+                          f"`ablate stop {queue} --host {got.host}` first")
+    return got
+
+
+def launch_all(project: Project, log: Log | None = None) -> list[LaunchResult]:
+    """Every queue whose `# ablate: host=H` header names a host, on all hosts at once. Live queues
+    are reported (`running`), not relaunched; a queue or host that fails is reported (`failed`,
+    with the error) and the others still go."""
+    load_roster(project)  # a name collision refuses before the lock (and its file) is taken
+    _planned(project, None)
+    with controller_lock(project, "launch --all", log=log):
+        requests = _planned(project, log)
+        got = _pipeline(project, requests, log)
+    return [g if isinstance(g, LaunchResult) else _failed(project, r.queue, r.host, _message(g))
+            for r, g in zip(requests, got, strict=True)]
 
 
 def is_live(project: Project, host: Host, queue: str, transport: HostTransport | None = None) -> bool:
     ht = transport or host_transport(project, host)
     return session_name(project.sweep, host.name, queue) in ht.tmux_sessions()
+
+
+def _planned(project: Project, log: Log | None) -> list[LaunchRequest]:
+    queues = read_all_queues(project)
+    planned = [LaunchRequest(q.name, q.host) for q in queues if q.host]
+    if not planned:
+        raise AblateError("no queue file has a `# ablate: host=H` header; run `ablate plan`, "
+                          "or launch one with `ablate launch QUEUE --host H`")
+    for q in queues:
+        if not q.host and log:
+            log(f"{q.name}: no `# ablate: host=` header; skipped (launch it with --host)")
+    return planned
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+def _pipeline(project: Project, requests: Sequence[LaunchRequest], log: Log | None) -> list[Outcome]:
+    """The steps of the module docstring, under the controller lock; one outcome per request."""
+    out: dict[int, Outcome] = {}
+    checked: dict[int, _Checked] = {}
+    for i, got in _validate(project, requests).items():
+        if isinstance(got, _Checked):
+            checked[i] = got
+        else:
+            out[i] = got
+    if checked:
+        fs = shared_fs(project)
+        snap, sessions = _observe(project, fs, checked.values())
+        ready: dict[int, _Ready] = {}
+        for i, c in checked.items():
+            prepared = _prepare(project, c, snap, sessions, log)
+            if isinstance(prepared, _Ready):
+                ready[i] = prepared
+            else:
+                out[i] = prepared
+        out.update(_refusals(project, fs, ready))
+        ready = {i: r for i, r in ready.items() if i not in out}
+        if ready:
+            out.update(_start_all(project, fs, snap, ready, log))
+    return [out[i] for i in range(len(requests))]
+
+
+def _validate(project: Project, requests: Sequence[LaunchRequest]) -> dict[int, _Checked | AblateError]:
+    """The checks on the user's input alone (no FS, no host). A name collision anywhere in the
+    roster refuses the whole command (raised); anything else refuses its request."""
+    load_roster(project)
+    out: dict[int, _Checked | AblateError] = {}
+    for i, req in enumerate(requests):
+        try:
+            out[i] = _check(project, req)
+        except AblateError as e:
+            out[i] = e
+    return out
+
+
+def _check(project: Project, req: LaunchRequest) -> _Checked:
+    h = project.host(req.host)
+    qf = read_queue(project, check_queue_name(req.queue))
+    rel = f"queues/{req.queue}.txt"
+    if qf.host and qf.host != req.host:
+        raise AblateError(f"{rel} is planned for host {qf.host} (its `# ablate: host=` header); "
+                          f"launch it with --host {qf.host}, or change the header")
+    slot = _slot(h, qf, req.slot)
+    n = len(qf.lines)
+    if req.start_index is not None and not 0 <= req.start_index < n:
+        raise AblateError(f"--start-index {req.start_index} is out of range: {rel} has {n} lines "
+                          f"(indices 0..{n - 1})")
+    return _Checked(qf, req.host, slot, req.start_index)
 
 
 def _slot(h: Host, qf: QueueFile, slot: int | None) -> int | None:
@@ -77,6 +229,52 @@ def _slot(h: Host, qf: QueueFile, slot: int | None) -> int | None:
     return slot
 
 
+def _observe(project: Project, fs: SharedFS, checked: Iterable[_Checked]) -> tuple[Snapshot, Sessions]:
+    """One snapshot of the shared FS, then each involved host's tmux sessions, hosts in parallel
+    (a host that cannot be asked: its exception)."""
+    snap = probe_only(project, fs)
+    hosts: set[str] = set()
+    for c in checked:
+        hosts.add(c.host)
+        ledger = snap.ledgers.get(c.qf.name, ())
+        last = ledger[-1].host if ledger else None
+        if last is not None and last in project.hosts:
+            hosts.add(last)
+    return snap, fan_out(sorted(hosts),
+                         lambda name: host_transport(project, project.hosts[name]).tmux_sessions())
+
+
+def _prepare(project: Project, c: _Checked, snap: Snapshot, sessions: Sessions,
+             log: Log | None) -> _Ready | Outcome:
+    """Live (here, or on the ledger's last host) → `running`; else the launched prefix and the
+    start index, from the snapshot."""
+    name = c.qf.name
+    mine = sessions.get(c.host)
+    if isinstance(mine, Exception):  # cannot ask whether it runs the queue: never start a second copy
+        return RemoteError(f"cannot reach {c.host}: {_message(mine)}")
+    ledger = snap.ledgers.get(name, ())
+    last = ledger[-1].host if ledger else None
+    live_on = c.host if mine is not None and session_name(project.sweep, c.host, name) in mine else None
+    if live_on is None and last is not None and last != c.host and last in project.hosts:
+        theirs = sessions.get(last)
+        if isinstance(theirs, Exception):  # the previous host is gone: moving the queue is the point
+            if log:
+                log(f"{name}: cannot ask {last} whether it still runs it ({_message(theirs)}); going on")
+        elif theirs is not None and session_name(project.sweep, last, name) in theirs:
+            live_on = last
+    if live_on is not None:
+        return LaunchResult(name, live_on, "running", session_name(project.sweep, live_on, name))
+    try:
+        check_prefix(c.qf, ledger, snap.queue_copies.get(name))
+    except AblateError as e:
+        return e
+    if c.start_index is not None:
+        return _Ready(c.qf, c.host, c.slot, c.start_index, False)
+    if not ledger:
+        return _Ready(c.qf, c.host, c.slot, 0, False)
+    return _Ready(c.qf, c.host, c.slot, _resume_index(snap, c.qf), True)
+
+
 def _resume_index(snap: Snapshot, qf: QueueFile) -> int:
     """The first cell line without a durable result (an interrupted cell re-enters via its claim)."""
     for ln in qf.cells:
@@ -85,204 +283,94 @@ def _resume_index(snap: Snapshot, qf: QueueFile) -> int:
     return len(qf.lines)
 
 
-def _check_args(project: Project, queue: str, host: str, start_index: int | None,
-                slot: int | None) -> tuple[Host, QueueFile, int | None]:
-    """The checks on the user's input alone (no FS, no host): made before the lock is taken too."""
+def _by_host(ready: Mapping[int, _Ready]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for i, r in ready.items():
+        out.setdefault(r.host, []).append(i)
+    return out
+
+
+def _refusals(project: Project, fs: SharedFS, ready: Mapping[int, _Ready]) -> dict[int, Exception]:
+    """Rule 5 and code drift, once per host, hosts in parallel: each request on a refused host gets
+    the refusal (CheckFailed, exit 1), or what went wrong asking the host."""
+    hosts = _by_host(ready)
+    checked = fan_out(sorted(hosts),
+                      lambda host: _host_refusal(project, host, ready[hosts[host][0]].qf.name, fs))
+    out: dict[int, Exception] = {}
+    for host, got in checked.items():
+        if isinstance(got, Exception) or got:
+            err = got if isinstance(got, Exception) else CheckFailed(got)
+            out.update((i, err) for i in hosts[host])
+    return out
+
+
+def _host_refusal(project: Project, host: str, queue: str, fs: SharedFS) -> str | None:
+    """The disk/inode budget and the code drift, as `ablate doctor` checks them; None when fine.
+    `queue` counts for `host` in the budget (a queue without a header is launched there)."""
+    from ablate.run.doctor import budget_check, drift_check
+
     h = project.host(host)
-    qf = read_queue(project, check_queue_name(queue))
-    rel = f"queues/{queue}.txt"
-    if qf.host and qf.host != host:
-        raise AblateError(f"{rel} is planned for host {qf.host} (its `# ablate: host=` header); "
-                          f"launch it with --host {qf.host}, or change the header")
-    slot = _slot(h, qf, slot)
-    n = len(qf.lines)
-    if start_index is not None and not 0 <= start_index < n:
-        raise AblateError(f"--start-index {start_index} is out of range: {rel} has {n} lines "
-                          f"(indices 0..{n - 1})")
-    return h, qf, slot
-
-
-def _launch(project: Project, queue: str, host: str, start_index: int | None, slot: int | None,
-            log: Log | None, *, dep: DeployResult | None, report_live: bool) -> LaunchResult:
-    h, qf, slot = _check_args(project, queue, host, start_index, slot)
-    session = session_name(project.sweep, host, queue)
-    n = len(qf.lines)
-
     ht = host_transport(project, h)
-    fs = shared_fs(project)
-    layout = SweepLayout(fs.root)
-    ledger = parse_ledger(fs.read_bytes(layout.ledger(queue)))
-    live_on = [host] if is_live(project, h, queue, ht) else []
-    last_host = ledger[-1].host if ledger else None
-    if not live_on and isinstance(last_host, str) and last_host != host and last_host in project.hosts:
-        try:
-            if is_live(project, project.hosts[last_host], queue):
-                live_on = [last_host]
-        except AblateError as e:  # the previous host is gone: moving the queue is the point
-            if log:
-                log(f"{queue}: cannot ask {last_host} whether it still runs it ({e.message}); going on")
-    if live_on:
-        if report_live:
-            return LaunchResult(queue, live_on[0], "running", session_name(project.sweep, live_on[0], queue))
-        raise AblateError(f"{queue} is already running on {live_on[0]}; "
-                          f"`ablate stop {queue} --host {live_on[0]}` first")
-    check_prefix(qf, ledger, fs.read_bytes(layout.queue_file(queue)))
-    resumed = False
-    snap: Snapshot | None = None  # read once: the resume index, then the estimates
-    if start_index is None:
-        if ledger:
-            snap = probe_only(project, fs)
-        start_index = _resume_index(snap, qf) if snap is not None else 0
-        resumed = bool(ledger)
-    # Rule 5 and code drift: refused with the numbers (exit 1) before anything changes.
-    problem = _host_refusal(project, host, queue, fs, ht)
-    if problem:
-        raise CheckFailed(problem)
-
-    # Everything is checked: from here on, things change.
-    dep = dep or deploy(project, log)
-    hl = project.layout(h)
-    fs.write_atomic(layout.queue_file(queue), qf.normalized_text().encode())
-    cleared = fs.remove(layout.stop_request(host, queue))
-    fs.append_line(layout.ledger(queue), entry_line(new_entry(qf, host, slot, start_index, dep.specs[host],
-                                                              dep.run_queue, "launch", cleared)))
-    refresh_estimates(project, fs, snap, log)  # what drained runners steal by, before this one runs
-    argv = ["bash", dep.run_queue_path(hl), dep.spec_path(hl, host), queue, str(start_index)]
-    if slot is not None:
-        argv.append(str(slot))
-    ht.tmux_start(session, argv, {})
-    cells = sum(1 for ln in qf.cells if ln.index >= start_index)
-    if log:
-        log(f"{host}: tmux {session} runs {queue} from line {start_index} ({cells} cell(s))")
-    return LaunchResult(queue, host, "launched", session, slot, start_index, n, cells, resumed,
-                        dep.version, dep.specs[host], dep.run_queue)
+    return budget_check(project, h, ht, queue=queue, fs=fs) or drift_check(project, h, ht)
 
 
-def launch(project: Project, queue: str, host: str, start_index: int | None = None,
-           slot: int | None = None, log: Log | None = None) -> LaunchResult:
-    load_roster(project)  # a name collision anywhere refuses before anything runs
-    _check_args(project, queue, host, start_index, slot)
-    with controller_lock(project, f"launch {queue} --host {host}", log=log):
-        return _launch(project, queue, host, start_index, slot, log, dep=None, report_live=False)
-
-
-def launch_all(project: Project, log: Log | None = None) -> list[LaunchResult]:
-    """Every queue whose `# ablate: host=H` header names a host, on all hosts at once.
-
-    The shared-FS work stays serial and batched: deploy, one snapshot for every ledger, launched
-    queue copy and result, then the queue copies and ledger entries. The per-host work (is the
-    queue live there? start its tmux session) runs on every host in parallel, one connection each,
-    so a dead host costs one connect time-out, not one per queue. Live queues are reported, not
-    relaunched; a queue or host that fails is reported (`failed`, with the error) and the others
-    still go."""
-    load_roster(project)  # a name collision refuses before the lock (and its file) is taken
-    with controller_lock(project, "launch --all", log=log):
-        return _launch_all(project, log)
-
-
-def _launch_all(project: Project, log: Log | None) -> list[LaunchResult]:
-    roster = load_roster(project)
-    planned = [q for q in roster.queues if q.host]
-    if not planned:
-        raise AblateError("no queue file has a `# ablate: host=H` header; run `ablate plan`, "
-                          "or launch one with `ablate launch QUEUE --host H`")
-    for q in roster.queues:
-        if not q.host and log:
-            log(f"{q.name}: no `# ablate: host=` header; skipped (launch it with --host)")
+def _start_all(project: Project, fs: SharedFS, snap: Snapshot, ready: Mapping[int, _Ready],
+               log: Log | None) -> dict[int, Outcome]:
+    """Everything is checked: from here on, things change. The FS first (every queue's copy and
+    ledger entry before any queue starts), then the tmux sessions."""
     dep = deploy(project, log)
-    fs = shared_fs(project)
     layout = SweepLayout(fs.root)
-    snap = probe_only(project, fs)
-    ledgers = {q.name: snap.ledgers.get(q.name, ()) for q in planned}
-    asked: set[str] = {q.host for q in planned if q.host and q.host in project.hosts}
-    asked |= {str(lg[-1].host) for lg in ledgers.values() if lg and lg[-1].host in project.hosts}
-    sessions: Mapping[str, set[str] | Exception] = fan_out(sorted(asked),
-                       lambda name: host_transport(project, project.hosts[name]).tmux_sessions())
 
-    results: dict[str, LaunchResult] = {}
-    ready: list[_Ready] = []
-    for q in planned:
-        assert q.host is not None
-        try:
-            got = _prepare(project, q, q.host, ledgers[q.name], snap, sessions, log)
-        except AblateError as e:
-            got = _failed(project, q.name, q.host, e.message)
-        if isinstance(got, LaunchResult):
-            results[q.name] = got
-        else:
-            ready.append(got)
-
-    # Rule 5 and code drift, per host in parallel, before anything is written (as `launch` does).
-    by_host_ready: dict[str, list[_Ready]] = {}
-    for r in ready:
-        by_host_ready.setdefault(r.host, []).append(r)
-    checked = fan_out(sorted(by_host_ready),
-                      lambda host: _host_refusal(project, host, by_host_ready[host][0].qf.name, fs))
-    refused = {host: (_message(v) if isinstance(v, Exception) else v) for host, v in checked.items()
-               if isinstance(v, Exception) or v}
-    for r in [r for r in ready if r.host in refused]:
-        results[r.qf.name] = _failed(project, r.qf.name, r.host, str(refused[r.host]))
-    ready = [r for r in ready if r.host not in refused]
-
-    # Everything is checked: from here on, things change. The FS first: each queue's copy, then its
-    # ledger entry (queues write disjoint files, so a few at once; sshd allows ~10 per connection).
-    def record(r: _Ready) -> None:
+    def record(i: int) -> None:
+        r = ready[i]
         fs.write_atomic(layout.queue_file(r.qf.name), r.qf.normalized_text().encode())
         cleared = fs.remove(layout.stop_request(r.host, r.qf.name))
         fs.append_line(layout.ledger(r.qf.name), entry_line(new_entry(
             r.qf, r.host, r.slot, r.start_index, dep.specs[r.host], dep.run_queue, "launch", cleared)))
 
-    recorded = fan_out(range(len(ready)), lambda i: record(ready[i]), max_workers=4)
-    written: list[_Ready] = []
-    for i, r in enumerate(ready):
-        err = recorded.failed.get(i)
-        if err is not None:
-            results[r.qf.name] = _failed(project, r.qf.name, r.host, _message(err))
-        else:
-            written.append(r)
-
-    if written:  # what drained runners steal by, from the snapshot read above: one FS write
-        refresh_estimates(project, fs, snap, log)
-    by_host: dict[str, list[_Ready]] = {}
-    for r in written:
-        by_host.setdefault(r.host, []).append(r)
+    # Queues write disjoint files, so a few at once (sshd allows ~10 sessions per connection).
+    out: dict[int, Outcome] = dict(fan_out(sorted(ready), record, max_workers=4).failed)
+    written = {i: r for i, r in ready.items() if i not in out}
+    if not written:
+        return out
+    refresh_estimates(project, fs, snap, log)  # what drained runners steal by, before these run
+    hosts = _by_host(written)
     with steps(log, len(written), "launch", unit="queues") as bar:
-        started = fan_out(sorted(by_host),
-                          lambda host: _start_on_host(project, dep, by_host[host], bar.advance))
-    for host, rs in by_host.items():
-        outcome = started[host]
-        for r in rs:
-            err = outcome if isinstance(outcome, Exception) else outcome.get(r.qf.name)
-            if err is not None:
-                results[r.qf.name] = _failed(project, r.qf.name, host, _message(err))
-                continue
-            cells = sum(1 for ln in r.qf.cells if ln.index >= r.start_index)
-            results[r.qf.name] = LaunchResult(
-                r.qf.name, host, "launched", r.session, r.slot, r.start_index, len(r.qf.lines), cells,
-                r.resumed, dep.version, dep.specs[host], dep.run_queue)
-    return [results[q.name] for q in planned]
+        started = fan_out(sorted(hosts), lambda host: _start_on_host(
+            project, dep, host, {i: written[i] for i in hosts[host]}, bar.advance))
+    for host, got in started.items():
+        for i in hosts[host]:
+            r = written[i]
+            err = got if isinstance(got, Exception) else got[i]
+            out[i] = err if err is not None else LaunchResult(
+                r.qf.name, host, "launched", session_name(project.sweep, host, r.qf.name), r.slot,
+                r.start_index, len(r.qf.lines), r.cells, r.resumed, dep.version, dep.specs[host],
+                dep.run_queue)
+    return out
 
 
-@dataclass(frozen=True)
-class _Ready:
-    """A queue of `launch --all` that passed every check and is about to start."""
+def _start_on_host(project: Project, dep: DeployResult, host: str, ready: Mapping[int, _Ready],
+                   advance: Callable[[str], None]) -> dict[int, Exception | None]:
+    """Start this host's queues over its one connection; per request, None or what went wrong."""
+    ht = host_transport(project, project.hosts[host])
+    out: dict[int, Exception | None] = {}
+    for i, r in ready.items():
+        session = session_name(project.sweep, host, r.qf.name)
+        try:
+            ht.tmux_start(session, _argv(project, dep, r), {})
+        except Exception as e:  # one queue failing never hides the others
+            out[i] = e
+            continue
+        out[i] = None
+        advance(f"{host}: tmux {session} runs {r.qf.name} from line {r.start_index} ({r.cells} cell(s))")
+    return out
 
-    qf: QueueFile
-    host: str
-    session: str
-    slot: int | None
-    start_index: int
-    resumed: bool
 
-
-def _host_refusal(project: Project, host: str, queue: str, fs: SharedFS,
-                  ht: HostTransport | None = None) -> str | None:
-    """The disk/inode budget and the code drift, as `ablate doctor` checks them; None when fine."""
-    from ablate.run.doctor import budget_check, drift_check
-
-    h = project.host(host)
-    ht = ht or host_transport(project, h)
-    return budget_check(project, h, ht, queue=queue, fs=fs) or drift_check(project, h, ht)
+def _argv(project: Project, dep: DeployResult, r: _Ready) -> list[str]:
+    """`bash run_queue.<sha>.sh SPEC QUEUE START_INDEX [SLOT]`, paths as the host sees them."""
+    hl = project.layout(project.hosts[r.host])
+    argv = ["bash", dep.run_queue_path(hl), dep.spec_path(hl, r.host), r.qf.name, str(r.start_index)]
+    return argv if r.slot is None else [*argv, str(r.slot)]
 
 
 def _message(e: BaseException) -> str:
@@ -293,54 +381,3 @@ def _message(e: BaseException) -> str:
 
 def _failed(project: Project, queue: str, host: str, error: str) -> LaunchResult:
     return LaunchResult(queue, host, "failed", session_name(project.sweep, host, queue), error=error)
-
-
-def _prepare(project: Project, qf: QueueFile, host: str, ledger: Sequence[LedgerEntry],
-             snap: Snapshot, sessions: Mapping[str, set[str] | Exception],
-             log: Log | None) -> _Ready | LaunchResult:
-    """The checks of `_launch`, from one FS snapshot and the hosts' tmux sessions asked at once."""
-    h = project.host(host)
-    slot = _slot(h, qf, None)
-    session = session_name(project.sweep, host, qf.name)
-    mine = sessions.get(host)
-    if isinstance(mine, Exception):
-        raise AblateError(f"cannot reach {host}: {_message(mine)}")
-    if mine is not None and session in mine:
-        return LaunchResult(qf.name, host, "running", session)
-    last_host = ledger[-1].host if ledger else None
-    if isinstance(last_host, str) and last_host != host and last_host in project.hosts:
-        theirs = sessions.get(last_host)
-        if isinstance(theirs, Exception):  # the previous host is gone: moving the queue is the point
-            if log:
-                log(f"{qf.name}: cannot ask {last_host} whether it still runs it "
-                    f"({_message(theirs)}); going on")
-        elif theirs is not None and session_name(project.sweep, last_host, qf.name) in theirs:
-            return LaunchResult(qf.name, last_host, "running",
-                                session_name(project.sweep, last_host, qf.name))
-    check_prefix(qf, ledger, snap.queue_copies.get(qf.name))
-    if not ledger:
-        return _Ready(qf, host, session, slot, 0, False)
-    return _Ready(qf, host, session, slot, _resume_index(snap, qf), True)
-
-
-def _start_on_host(project: Project, dep: DeployResult, ready: Sequence[_Ready],
-                   log: Log | None) -> dict[str, Exception | None]:
-    """Start this host's queues over its one connection; per queue, None or what went wrong."""
-    h = project.host(ready[0].host)
-    ht = host_transport(project, h)
-    hl = project.layout(h)
-    out: dict[str, Exception | None] = {}
-    for r in ready:
-        argv = ["bash", dep.run_queue_path(hl), dep.spec_path(hl, r.host), r.qf.name, str(r.start_index)]
-        if r.slot is not None:
-            argv.append(str(r.slot))
-        try:
-            ht.tmux_start(r.session, argv, {})
-        except Exception as e:  # one queue failing never hides the others
-            out[r.qf.name] = e
-            continue
-        out[r.qf.name] = None
-        if log:
-            cells = sum(1 for ln in r.qf.cells if ln.index >= r.start_index)
-            log(f"{r.host}: tmux {r.session} runs {r.qf.name} from line {r.start_index} ({cells} cell(s))")
-    return out
