@@ -11,12 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ablate.errors import QueueError
 from ablate.sweep.cells import QueueFile
+from ablate.util.jsonv import as_int, as_num, as_str
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,12 @@ class LedgerEntry:
         """One ledger line's object; None when it is not an entry (no launched prefix)."""
         if not isinstance(obj, dict):
             return None
-        lines, sha = _int(obj.get("lines")), obj.get("prefix_sha256")
+        lines, sha = as_int(obj.get("lines")), obj.get("prefix_sha256")
         if lines is None or not isinstance(sha, str):
             return None
-        return cls(_num(obj.get("t")), _str(obj.get("host")), _int(obj.get("slot")),
-                   _int(obj.get("start_index")), lines, sha, _str(obj.get("spec")),
-                   _str(obj.get("run_queue")), str(obj.get("op") or "launch"),
+        return cls(as_num(obj.get("t")), as_str(obj.get("host")), as_int(obj.get("slot")),
+                   as_int(obj.get("start_index")), lines, sha, as_str(obj.get("spec")),
+                   as_str(obj.get("run_queue")), str(obj.get("op") or "launch"),
                    obj.get("cleared_stop") is True)
 
     def to_json(self) -> dict[str, Any]:
@@ -55,16 +56,7 @@ class LedgerEntry:
         return out
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
 
 
 def parse_entries(objs: Iterable[Any]) -> tuple[LedgerEntry, ...]:
@@ -127,7 +119,3 @@ def new_entry(qf: QueueFile, host: str, slot: int | None, start: int | None, spe
 
 def entry_line(entry: LedgerEntry) -> str:
     return json.dumps(entry.to_json())
-
-
-def ledgers_by_queue(raw: Mapping[str, Iterable[Any]]) -> dict[str, tuple[LedgerEntry, ...]]:
-    return {q: parse_entries(objs) for q, objs in raw.items()}

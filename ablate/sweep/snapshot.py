@@ -16,7 +16,6 @@ answer AND every heartbeat of it is stale (or it has none).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,22 +28,12 @@ from ablate.sweep.cells import QueueFile, parse_queue_text, read_all_queues
 from ablate.sweep.ledger import LedgerEntry, parse_entries
 from ablate.transport import SharedFS, fan_out, host_transport, shared_fs
 from ablate.util.fmt import age as fmt_age
+from ablate.util.jsonv import as_int, as_num, as_str
 
 QUEUE_STATES = ("not_launched", "running", "stale", "drained", "stopped")
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
-
-def _num(v: Any) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    return None
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
 
 
 # --------------------------------------------------------------------------- parts of a snapshot
@@ -72,10 +61,10 @@ class Event:
     def parse(cls, obj: Any) -> Event | None:
         if not isinstance(obj, dict) or not isinstance(obj.get("ev"), str):
             return None
-        return cls(obj["ev"], _num(obj.get("t")), _str(obj.get("host")), _str(obj.get("queue")),
-                   _str(obj.get("cell")), _int(obj.get("idx")), _int(obj.get("rc")), _num(obj.get("dur")),
-                   bool(obj.get("resume")), _str(obj.get("from_queue")), _str(obj.get("reason")),
-                   _str(obj.get("by")), _int(obj.get("slot")))
+        return cls(obj["ev"], as_num(obj.get("t")), as_str(obj.get("host")), as_str(obj.get("queue")),
+                   as_str(obj.get("cell")), as_int(obj.get("idx")), as_int(obj.get("rc")),
+                   as_num(obj.get("dur")), bool(obj.get("resume")), as_str(obj.get("from_queue")),
+                   as_str(obj.get("reason")), as_str(obj.get("by")), as_int(obj.get("slot")))
 
 
 @dataclass(frozen=True)
@@ -103,11 +92,12 @@ class Heartbeat:
     @classmethod
     def parse(cls, key: str, mtime: float, data: Any) -> Heartbeat:
         d = data if isinstance(data, dict) else {}
-        return cls(key, mtime, _str(d.get("host")), _str(d.get("queue")), str(_str(d.get("state")) or ""),
-                   _num(d.get("t")), _int(d.get("slot")), _int(d.get("pid")), _int(d.get("pgid")),
-                   _int(d.get("idx")), _str(d.get("cell")), _num(d.get("cell_started")),
-                   _str(d.get("from_queue")), _num(d.get("log_mtime")), _int(d.get("log_size")),
-                   _str(d.get("run_queue")), _str(d.get("spec")))
+        return cls(key, mtime, as_str(d.get("host")), as_str(d.get("queue")),
+                   str(as_str(d.get("state")) or ""),
+                   as_num(d.get("t")), as_int(d.get("slot")), as_int(d.get("pid")), as_int(d.get("pgid")),
+                   as_int(d.get("idx")), as_str(d.get("cell")), as_num(d.get("cell_started")),
+                   as_str(d.get("from_queue")), as_num(d.get("log_mtime")), as_int(d.get("log_size")),
+                   as_str(d.get("run_queue")), as_str(d.get("spec")))
 
     @classmethod
     def from_bytes(cls, key: str, raw: bytes | None) -> Heartbeat | None:
@@ -164,9 +154,9 @@ class Result:
     def parse(cls, name: str, m: Any) -> Result:
         if not isinstance(m, dict):
             return cls(name, None, False)
-        return cls(name, _str(m.get("sha256")), bool(m.get("valid")), _str(m.get("cfg")),
-                   _str(m.get("task")), _int(m.get("epochs")), _str(m.get("cfg_sha256")),
-                   _str(m.get("host")), _str(m.get("queue")))
+        return cls(name, as_str(m.get("sha256")), bool(m.get("valid")), as_str(m.get("cfg")),
+                   as_str(m.get("task")), as_int(m.get("epochs")), as_str(m.get("cfg_sha256")),
+                   as_str(m.get("host")), as_str(m.get("queue")))
 
 
 @dataclass(frozen=True)
@@ -213,7 +203,7 @@ class Snapshot:
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> Snapshot:
         warn: list[str] = []
-        now = _num(raw.get("now"))
+        now = as_num(raw.get("now"))
         if now is None:
             raise AblateError("the shared FS probe answered without a clock (`now`); is the probe "
                               "on the host the same version as this ablate?")
@@ -221,7 +211,7 @@ class Snapshot:
                   for k, v in _dict(raw.get("events")).items() if isinstance(v, list)}
         heartbeats = {}
         for key, hb in _dict(raw.get("heartbeats")).items():
-            mtime = _num(hb.get("mtime")) if isinstance(hb, dict) else None
+            mtime = as_num(hb.get("mtime")) if isinstance(hb, dict) else None
             if mtime is None:
                 continue
             data = hb.get("data")
@@ -240,22 +230,22 @@ class Snapshot:
         for name, tl in _dict(raw.get("tails")).items():
             if isinstance(tl, dict):
                 lines = tuple(str(x) for x in tl.get("lines") or () if isinstance(x, str))
-                tails[str(name)] = Tail(lines, _str(tl.get("oom")), _num(tl.get("mtime")))
+                tails[str(name)] = Tail(lines, as_str(tl.get("oom")), as_num(tl.get("mtime")))
         approvals = {}
         for host, rec in _dict(raw.get("approvals")).items():
-            t = _num(rec.get("t")) if isinstance(rec, dict) else None
+            t = as_num(rec.get("t")) if isinstance(rec, dict) else None
             if t is None or not isinstance(rec, dict):
                 warn.append(f"gate/release.{host}.json on the shared FS is unreadable; ignored")
                 continue
-            approvals[str(host)] = Approval(str(host), t, _num(rec.get("mtime")) or t, _str(rec.get("ran")),
-                                            _str(rec.get("by")))
+            approvals[str(host)] = Approval(str(host), t, as_num(rec.get("mtime")) or t,
+                                            as_str(rec.get("ran")), as_str(rec.get("by")))
         manifests = _dict(raw.get("manifests"))
         known = {"now", "events", "events_mtime", "heartbeats", "claims", "final", "manifests", "partial",
                  "staging", "tails", "ledgers", "queues", "released", "approvals", "reconcile"}
         return cls(
             now=now, events=events,
             events_mtime={str(k): float(v) for k, v in _dict(raw.get("events_mtime")).items()
-                          if _num(v) is not None},
+                          if as_num(v) is not None},
             heartbeats=heartbeats,
             claims={str(n): Claim.parse(str(n), o) for n, o in _dict(raw.get("claims")).items()},
             results={str(n): Result.parse(str(n), manifests.get(n)) for n in _list(raw.get("final"))},
