@@ -96,3 +96,70 @@ def test_the_import_scan_sees_every_form(tmp_path: Path, source: str, names: set
     got = {name for _, name in imported(module, tmp_path)}
     assert got == names
     assert any(FORBIDDEN.fullmatch(n) for n in got)
+
+
+# --------------------------------------------------------------------------- the package's layout
+
+PACKAGE = TESTS.parent / "ablate"
+# Layers from the bottom: a module may import its own layer or any below it, never one above.
+LAYERS = {"errors": 0, "resources": 0, "util": 0, "remote": 1, "config": 1, "transport": 2, "sweep": 3,
+          "plan": 4, "run": 4, "monitor": 4, "results": 4, "report": 4, "demo": 5, "cli": 5, "__main__": 5}
+
+
+def _ablate_modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        if "__pycache__" in p.parts:
+            continue
+        parts = p.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if parts == ["ablate"]:
+        return 0  # the package's __init__: its version only
+    return LAYERS.get(parts[1]) if len(parts) > 1 and parts[0] == "ablate" else None
+
+
+def test_ablate_imports_run_one_way() -> None:
+    """Commands on top, the shared-FS model and transports below, leaf helpers at the bottom."""
+    wrong = []
+    for name, path in _ablate_modules().items():
+        mine = _layer(name)
+        assert mine is not None, f"{name}: a top-level part of ablate with no layer in LAYERS"
+        for line, dep in imported(path, PACKAGE.parent):
+            theirs = _layer(dep) if dep.startswith("ablate.") else None
+            if theirs is not None and theirs > mine:
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {dep}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_ablate_has_no_import_cycles() -> None:
+    """Not even through a function-local or type-only import."""
+    modules = _ablate_modules()
+    graph = {name: sorted({dep for _, dep in imported(path, PACKAGE.parent) if dep in modules} - {name})
+             for name, path in modules.items()}
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    cycles: list[str] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in graph[node]:
+            if state.get(dep) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(dep):], dep]))
+            elif dep not in state:
+                visit(dep, [*stack, dep])
+        state[node] = 2
+
+    for name in graph:
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_no_module_is_over_about_500_lines() -> None:
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in _ablate_modules().values()
+            if (n := len(p.read_text().splitlines())) > 530}
+    assert not long, f"split these: {long}"
