@@ -1,0 +1,2 @@
+"""Commands about results and teardown: `pull`, `reconcile`, `remediate` and the `release` gate.
+"""
