@@ -22,18 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.remote import verify
-from ablate.remote.layout import MANIFEST
-from ablate.remote.verify import sha256_file  # the one hash helper (stdlib-only, runs on hosts too)
-from ablate.sweep.classify import sweep_roster
 from ablate.config.project import Project
-from ablate.remote.layout import SweepLayout
-from ablate.util.fmt import size
-from ablate.util.progress import TransferProgress, transfer_progress
+from ablate.remote import verify
+from ablate.remote.layout import MANIFEST, SweepLayout
+from ablate.remote.verify import sha256_file  # the one hash helper (stdlib-only, runs on hosts too)
 from ablate.results.reconcile import artifacts_arg, default_results_dir
+from ablate.sweep.classify import sweep_roster
 from ablate.transport import SharedFS, shared_fs
-from ablate.util.fmt import Log
-
+from ablate.util.fmt import Log, size
+from ablate.util.progress import TransferProgress, transfer_progress
 
 
 @dataclass

@@ -30,16 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.remote import verify
-from ablate.remote.layout import MANIFEST
-from ablate.sweep.cells import Cell, Roster
-from ablate.sweep.classify import CellState, Verification, cell_lines, collect, count_line, sweep_roster
 from ablate.config.project import Project
 from ablate.errors import AblateError
-from ablate.remote.layout import SweepLayout
-from ablate.util.progress import steps
+from ablate.remote import verify
+from ablate.remote.layout import MANIFEST, SweepLayout
+from ablate.sweep.cells import Cell, Roster
+from ablate.sweep.classify import CellState, Verification, cell_lines, collect, count_line, sweep_roster
 from ablate.transport import shared_fs
 from ablate.util.fmt import Log
+from ablate.util.progress import steps
 
 STALE = "stale: config changed since the result was made"
 

@@ -24,16 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ablate.config.project import Host, Project
+from ablate.errors import CheckFailed, ConfigError, RemoteError
+from ablate.remote.layout import MANIFEST, SweepLayout
 from ablate.sweep.cells import Roster
 from ablate.sweep.classify import sweep_roster
-from ablate.util.fmt import Log
 from ablate.sweep.snapshot import load
-from ablate.config.project import Host, Project
-from ablate.errors import AblateError, CheckFailed, ConfigError, RemoteError
+from ablate.transport import SharedFS, shared_fs
+from ablate.util.fmt import Log
 from ablate.util.fs import read_json_object
-from ablate.remote.layout import SweepLayout, session_name
-from ablate.transport import SharedFS, host_transport, shared_fs
-from ablate.remote.layout import MANIFEST
 
 RELEASE_TIMEOUT = 600.0
 Confirm = Callable[[str], bool]
@@ -64,7 +63,8 @@ def release(project: Project, host: str, yes: bool = False, confirm: Confirm | N
         return _release(project, host, yes, confirm, log)
 
 
-def _release(project: Project, host: str, yes: bool, confirm: Confirm | None, log: Log | None) -> ReleaseResult:
+def _release(project: Project, host: str, yes: bool, confirm: Confirm | None,
+             log: Log | None) -> ReleaseResult:
     h = project.host(host)
     argv = release_argv(h)
     sfs = shared_fs(project)

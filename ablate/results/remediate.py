@@ -33,18 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ablate.plan.balance import balance
-from ablate.sweep.cells import QueueFile, check_queue_name, load_roster
-from ablate.sweep.classify import TARGETS, warn, CellState, Classification, cell_lines, collect, count_line
 from ablate.config.project import Project
-from ablate.plan.cost import known_cells, learn
 from ablate.errors import AblateError, CheckFailed
-from ablate.util.fs import atomic_write
+from ablate.plan.balance import balance
+from ablate.plan.cost import known_cells, learn
 from ablate.remote.layout import SweepLayout
+from ablate.sweep.cells import QueueFile, check_queue_name, load_roster
+from ablate.sweep.classify import TARGETS, CellState, Classification, cell_lines, collect, count_line, warn
 from ablate.sweep.lock import controller_lock, whoami
-from ablate.util.progress import steps
 from ablate.transport import SharedFS, shared_fs
 from ablate.util.fmt import Log
+from ablate.util.fs import atomic_write
+from ablate.util.progress import steps
 
 if TYPE_CHECKING:  # launch is imported when --launch needs it
     from ablate.run.launch import LaunchResult
@@ -312,8 +312,8 @@ def _release(fs: SharedFS, layout: SweepLayout, name: str, c: CellState, t: str)
 
 def _launch(project: Project, queues: list[str], waiting: Mapping[str, QueueFile],
             new_queues: list[NewQueue], log: Log | None) -> list[LaunchResult]:
-    from ablate.run.launch import LaunchResult, launch
     from ablate.remote.layout import session_name
+    from ablate.run.launch import LaunchResult, launch
 
     hosts = {nq.queue: nq.host for nq in new_queues}
     hosts.update({q: qf.host for q, qf in waiting.items() if qf.host})
