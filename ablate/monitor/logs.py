@@ -24,7 +24,6 @@ from typing import Any
 from ablate.config.project import Project
 from ablate.errors import AblateError, CheckFailed, RemoteError
 from ablate.remote.layout import SweepLayout
-from ablate.sweep.cells import load_roster
 from ablate.sweep.classify import warn
 from ablate.sweep.snapshot import Heartbeat, SweepState, load
 from ablate.transport import SharedFS, host_transport, shared_fs
@@ -58,9 +57,10 @@ def locate(project: Project, cell: str, log: Log | None = None) -> LogSource:
     state = load(project, fs)
     warn(log, state.warnings)
     snap = state.snap
-    roster = load_roster(project)
+    # The roster as the state has it: the local queue files and the FS copies this laptop lacks.
+    roster = {ln.cell.name for q in state.queues.values() for ln in q.cells if ln.cell is not None}
     seen = {e.cell for evs in snap.events.values() for e in evs if e.cell is not None}
-    known = set(roster.cells) | set(snap.results) | set(snap.claims) | seen
+    known = roster | set(snap.results) | set(snap.claims) | seen
     if cell not in known:
         close = difflib.get_close_matches(cell, sorted(known), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `ablate status` lists the queues"
@@ -73,7 +73,7 @@ def locate(project: Project, cell: str, log: Log | None = None) -> LogSource:
         return LogSource(cell, "durable", posixpath.join(layout.final_dir(cell), f"{cell}.log"))
     host, queue = _ran_on(state, cell)
     if host is None:
-        raise CheckFailed(f"cell {cell} has not run yet: {_waiting(state, roster, cell)}")
+        raise CheckFailed(f"cell {cell} has not run yet: {_waiting(state, cell)}")
     return LogSource(cell, "instance", _instance_path(project, host, cell) if host in project.hosts
                      else "", host, queue)
 
@@ -92,8 +92,8 @@ def _ran_on(state: SweepState, cell: str) -> tuple[str | None, str | None]:
     return (None, None) if last is None else (last.host, last.queue)
 
 
-def _waiting(state: SweepState, roster: Any, cell: str) -> str:
-    for q in roster.queues:
+def _waiting(state: SweepState, cell: str) -> str:
+    for q in state.queues.values():
         if any(ln.cell is not None and ln.cell.name == cell for ln in q.cells):
             view = state.queue(q.name)
             if view.state == "not_launched":

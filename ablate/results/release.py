@@ -27,9 +27,9 @@ from typing import Any
 from ablate.config.project import Host, Project
 from ablate.errors import CheckFailed, ConfigError, RemoteError
 from ablate.remote.layout import MANIFEST, SweepLayout
-from ablate.sweep.cells import Roster
-from ablate.sweep.classify import sweep_roster
-from ablate.sweep.snapshot import load
+from ablate.sweep.cells import Roster, build_roster
+from ablate.sweep.classify import warn
+from ablate.sweep.snapshot import SweepState, load
 from ablate.transport import SharedFS, shared_fs
 from ablate.util.fmt import Log
 from ablate.util.fs import read_json_object
@@ -68,11 +68,13 @@ def _release(project: Project, host: str, yes: bool, confirm: Confirm | None,
     h = project.host(host)
     argv = release_argv(h)
     sfs = shared_fs(project)
-    roster = sweep_roster(project, sfs, log)
+    state = load(project, sfs)  # one read of the FS (and each host's tmux) for the roster and the queues
+    warn(log, state.warnings)
+    roster = build_roster(state.queues.values())  # local queue files + the FS copies this laptop lacks
     layout = SweepLayout(sfs.root)
 
     unmet = reconcile_conditions(sfs, layout, roster)
-    unmet += live_queues(project, h, sfs)
+    unmet += live_queues(project, h, state)
     if unmet:
         raise CheckFailed(f"release {host} refused: " + "; ".join(unmet))
 
@@ -237,10 +239,9 @@ def _sha256(path: Path) -> str | None:
     return h.hexdigest()
 
 
-def live_queues(project: Project, h: Host, sfs: SharedFS) -> list[str]:
+def live_queues(project: Project, h: Host, state: SweepState) -> list[str]:
     """One message per queue of this sweep still busy on host h (`SweepState.busy`: a tmux session
     of this sweep there, or a fresh heartbeat that says running)."""
-    state = load(project, sfs)
     busy = state.busy_queues_on(h.name, list(project.hosts))
     return [f"queue {q} {why}; wait for it to drain or run `ablate stop {q} --host {h.name}`"
             for q, why in sorted(busy.items())]
