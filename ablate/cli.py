@@ -69,13 +69,32 @@ def _hosts(value: str | None) -> list[str] | None:
     return names
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _accept_new(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        from ablate.transport import accept_new_host_keys as set_accept_new
+
+        set_accept_new(True)
+
+
+_ACCEPT_HELP = "Record an unknown SSH host key (as OpenSSH accept-new); a changed key is refused."
+
+
+class _Group(click.Group):
+    """Every subcommand also takes --accept-new-host-keys (`ablate doctor --accept-new-host-keys`
+    as well as `ablate --accept-new-host-keys doctor`)."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        cmd.params.append(click.Option(["--accept-new-host-keys"], is_flag=True, expose_value=False,
+                                       is_eager=True, callback=_accept_new, help=_ACCEPT_HELP))
+        super().add_command(cmd, name)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="ablate")
 @click.option("-C", "directory", default=".", metavar="DIR", help="Run as if started in DIR.")
 @click.option("-v", "--verbose", count=True, help="More output.")
 @click.option("-q", "--quiet", count=True, help="Less output.")
-@click.option("--accept-new-host-keys", is_flag=True,
-              help="Record an unknown SSH host key (as OpenSSH accept-new); a changed key is refused.")
+@click.option("--accept-new-host-keys", is_flag=True, help=_ACCEPT_HELP)
 @click.option("--lock-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
               help="How long to wait for another controller acting on the sweep "
               "(env ABLATE_LOCK_TIMEOUT; default 120).")

@@ -626,7 +626,12 @@ def test_11_controller_killed_during_launch_all(testbed: Testbed, sweep: Callabl
     sw.write_ssh_config()  # the link is well again
     again = sw.ok("launch", "--all")["launched"]
     status = {r["queue"]: r["status"] for r in again}
-    assert status == {h: ("running" if h in started else "launched") for h in sw.queues}, (status, started)
+    assert {h: s for h, s in status.items() if h in started} == dict.fromkeys(started, "running")
+    # The killed controller's start to `slow` is still in flight in its ssh connection (OpenSSH's
+    # master outlives it) and may land before or during this launch: either one copy starts here
+    # or this launch sees that one running; never two (counted below).
+    assert {h: s for h, s in status.items() if h not in started} in (
+        {slow: "launched"}, {slow: "running"}), (status, started)
     for cells in sw.queues.values():
         sw.clear(cells[0], "hang")
     sw.wait_synced()

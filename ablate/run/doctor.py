@@ -27,7 +27,7 @@ from ablate.run.hostcheck import Section, ask_text, measure, parse_df
 from ablate.sweep.cells import QueueFile, read_all_queues
 from ablate.sweep.ledger import last_host, parse_ledger
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
-from ablate.transport.ssh import load_ssh_config
+from ablate.transport.shellhost import ShellHost
 from ablate.util.fmt import Log
 from ablate.util.fmt import count as fmt_count
 from ablate.util.fmt import size as fmt_size
@@ -272,18 +272,14 @@ def _gpu(host: Host, ask: dict[str, Any] | None, sec: Section | None) -> Check:
 # --------------------------------------------------------------------------- one host
 
 
-def _proxy_host(project: Project, host: Host) -> str | None:
+def _proxy_host(host: Host, t: HostTransport) -> str | None:
     """The RunPod SSH proxy (no exec channel without a PTY, no SFTP) when the host goes through it."""
-    if host.transport != "ssh":
+    if host.transport != "ssh" or not isinstance(t, ShellHost):
         return None
-    target = host.ssh.rpartition("@")[2]
     try:
-        path = os.path.expanduser(project.ssh_config) if project.ssh_config else None
-        if path and not os.path.isabs(path):
-            path = str(project.dir / path)
-        target = load_ssh_config(path).lookup(host.ssh).get("hostname", target)
+        target = t.target()
     except AblateError:
-        pass  # the transport reports an unreadable ssh config itself
+        return None  # the transport reports an unusable ssh config itself
     return target if target.lower().rstrip(".") == RUNPOD_PROXY else None
 
 
@@ -380,12 +376,12 @@ def _shared(project: Project, host: Host, plan: _Plan, sec: Section | None) -> C
 
 
 def _check_host(project: Project, host: Host, plan: _Plan) -> HostReport:
-    proxy = _proxy_host(project, host)
+    t = host_transport(project, host)
+    proxy = _proxy_host(host, t)
     if proxy:
         return HostReport(host.name, (Check("reachable", False, f"{host.ssh} goes through the RunPod proxy "
                                             f"{proxy} (no exec, no SFTP): use full SSH (root@IP -p PORT) "
                                             "with the pod's public IP and exposed port 22"),))
-    t = host_transport(project, host)
     try:
         got, why = measure(t, _sections(project, host, plan))
     except AblateError as e:

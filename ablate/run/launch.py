@@ -342,11 +342,19 @@ def _start_all(project: Project, fs: SharedFS, snap: Snapshot, ready: Mapping[in
         for i in hosts[host]:
             r = written[i]
             err = got if isinstance(got, Exception) else got[i]
+            if isinstance(err, _AlreadyRunning):  # another start won the race: one live copy
+                out[i] = LaunchResult(r.qf.name, host, "running",
+                                      session_name(project.sweep, host, r.qf.name))
+                continue
             out[i] = err if err is not None else LaunchResult(
                 r.qf.name, host, "launched", session_name(project.sweep, host, r.qf.name), r.slot,
                 r.start_index, len(r.qf.lines), r.cells, r.resumed, dep.version, dep.specs[host],
                 dep.run_queue)
     return out
+
+
+class _AlreadyRunning(Exception):
+    """The queue's tmux session appeared between our look and our start."""
 
 
 def _start_on_host(project: Project, dep: DeployResult, host: str, ready: Mapping[int, _Ready],
@@ -359,7 +367,9 @@ def _start_on_host(project: Project, dep: DeployResult, host: str, ready: Mappin
         try:
             ht.tmux_start(session, _argv(project, dep, r), {})
         except Exception as e:  # one queue failing never hides the others
-            out[i] = e
+            # tmux refuses a second session of the name: a start still in flight from a killed
+            # controller, or another controller, landed after we looked. It runs; never twice.
+            out[i] = _AlreadyRunning() if "duplicate session:" in str(e) else e
             continue
         out[i] = None
         advance(f"{host}: tmux {session} runs {r.qf.name} from line {r.start_index} ({r.cells} cell(s))")

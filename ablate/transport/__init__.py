@@ -1,8 +1,10 @@
 """Pick the transport for a host and for the shared FS.
 
-ssh: one `SSHHost` per (ssh config, alias, accept_new) for the life of the process, so a command
-opens one connection per host and reuses it; `close_all()` closes them (also at exit). The shared
-FS is reached through the first host in ablate.yaml whose profile is the default profile, and
+ssh: one host object per (ssh config, alias, accept_new) for the life of the process, so a command
+opens one connection per host and reuses it; `close_all()` lets them go (also at exit). The client
+is OpenSSH's own (`ssh.SSHHost`, which reads the user's config exactly), or the paramiko fallback
+(`paramiko_ssh.ParamikoHost`) where no `ssh` binary is on PATH or `ABLATE_SSH=paramiko` asks for
+it. The shared FS is reached through the first host in ablate.yaml whose profile is the default profile, and
 through the next such host when that one cannot be reached.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import threading
 
 from ablate.config.project import Host, Project
@@ -17,13 +20,14 @@ from ablate.errors import AblateError
 from ablate.transport.base import CommandResult, HostTransport, SharedFS
 from ablate.transport.fanout import fan_out
 from ablate.transport.local import LocalFS, LocalHost
+from ablate.transport.shellhost import ShellHost
 from ablate.transport.ssh import SSHHost
 from ablate.transport.sshfs import SSHFS
 
 __all__ = ["CommandResult", "HostTransport", "SharedFS", "accept_new_host_keys", "close_all", "fan_out",
            "host_transport", "shared_fs"]
 
-_SSH_HOSTS: dict[tuple[str | None, str, str, bool], SSHHost] = {}
+_SSH_HOSTS: dict[tuple[str | None, str, str, bool], ShellHost] = {}
 _SSH_LOCK = threading.Lock()
 _ACCEPT_NEW = False
 
@@ -42,16 +46,36 @@ def _ssh_config_path(project: Project) -> str | None:
     return path if os.path.isabs(path) else str(project.dir / path)
 
 
-def _ssh_host(project: Project, host: Host, accept_new: bool) -> SSHHost:
+def ssh_client() -> str:
+    """Which SSH client the ssh transport uses: "openssh" or "paramiko" (see the module doc)."""
+    want = os.environ.get("ABLATE_SSH", "").strip().lower()
+    if want not in ("", "openssh", "paramiko"):
+        raise AblateError(f"ABLATE_SSH={want!r}: give openssh or paramiko (or leave it unset)")
+    if want == "paramiko" or (not want and shutil.which("ssh") is None):
+        return "paramiko"
+    if shutil.which("ssh") is None:
+        raise AblateError("ABLATE_SSH=openssh, but no `ssh` client is on PATH: install OpenSSH's "
+                          "client, or unset ABLATE_SSH to use the paramiko fallback")
+    return "openssh"
+
+
+def _ssh_host(project: Project, host: Host, accept_new: bool) -> ShellHost:
     key = (_ssh_config_path(project), host.name, host.ssh, accept_new)
     with _SSH_LOCK:
         if key not in _SSH_HOSTS:
-            _SSH_HOSTS[key] = SSHHost(host.name, host.ssh, ssh_config=key[0], accept_new=accept_new)
+            if ssh_client() == "paramiko":
+                from ablate.transport.paramiko_ssh import ParamikoHost
+
+                _SSH_HOSTS[key] = ParamikoHost(host.name, host.ssh, ssh_config=key[0],
+                                               accept_new=accept_new)
+            else:
+                _SSH_HOSTS[key] = SSHHost(host.name, host.ssh, ssh_config=key[0], accept_new=accept_new)
         return _SSH_HOSTS[key]
 
 
 def close_all() -> None:
-    """Close every SSH connection this process opened (the end of a command)."""
+    """Let go of every SSH connection this process used (the end of a command; OpenSSH's
+    ControlMaster sockets stay for the next command, see `ssh.py`)."""
     with _SSH_LOCK:
         hosts = list(_SSH_HOSTS.values())
         _SSH_HOSTS.clear()

@@ -1,131 +1,196 @@
-"""The ssh transport: hosts reached with Fabric/Paramiko, the shared FS through a host that mounts it.
+"""The ssh transport: OpenSSH's own client, so a host is reached exactly as `ssh -F <cfg> <alias>`
+would reach it — Include, Match, ProxyJump, ProxyCommand, HostKeyAlias, certificates, security
+keys, the agent, hashed and marked known_hosts are OpenSSH's to honour, not ours to re-implement.
 
-Aliases resolve through the user's ssh config (`ssh_config:` in ablate.yaml, else ~/.ssh/config):
-HostName, Port, User, IdentityFile, IdentitiesOnly, ProxyJump (each hop checked like the target),
-ProxyCommand, ConnectTimeout, UserKnownHostsFile, GlobalKnownHostsFile, StrictHostKeyChecking.
-Host keys are never trusted blindly: an unknown key is refused unless the user asked for
-`accept-new` (the `--accept-new-host-keys` flag, or StrictHostKeyChecking accept-new/no in the ssh
-config), which adds it to the known_hosts file like OpenSSH does; a changed key is always refused.
-
-One connection per host, opened on first use and shared by every operation (and thread) of a
-command; a host that cannot be reached fails fast for `retry_after` seconds instead of costing one
-connect time-out per operation.
-
-A failed operation on the shared FS (a script that exited non-zero on the host) raises `FSError`
-naming the host it went through, the operation, the path, the rc and stderr's tail: the type the
-local transport raises for the same failure. A host that cannot be reached is `HostUnreachable`.
+What ablate adds on top, always on the command line (which wins over any config file):
+- `BatchMode=yes` and no controlling terminal: nothing ever prompts.
+- Host keys: `StrictHostKeyChecking=yes`, or `accept-new` when the user asked for it (the
+  `--accept-new-host-keys` flag, or `accept-new` / `no` in their config). A changed key is refused
+  whatever the config says; a `@revoked` key always is; a new key is recorded by OpenSSH itself
+  (under HostKeyAlias, hashed when HashKnownHosts says so).
+- One connection per host, shared by every command of this process and of the next ones: a
+  ControlMaster socket (`ControlPersist`, `ABLATE_SSH_PERSIST` seconds, default 120) under a private
+  directory (`ABLATE_SSH_CONTROL_DIR`, default `$XDG_RUNTIME_DIR/ablate-ssh` or
+  `/tmp/ablate-ssh-<uid>`), one per alias and resolved config (`ssh -G`). A master this process
+  did not start is checked with one round trip (within ConnectTimeout + 2 s) before it is trusted,
+  and replaced when it does not answer (host rebooted, link dropped); its keep-alives end it on
+  their own within about 15 s of a dead link.
+- Every command first prints a marker on stderr, so "the command started" is known: a failure
+  before it is the connection's (classified from ssh's own message: host key, authentication,
+  config, unreachable), and "nothing was run" is then true.
+- A host that cannot be reached fails fast for `retry_after` seconds: one connect time-out per
+  command, not one per operation.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
+import fcntl
 import hashlib
-import math
 import os
 import re
-import select
+import selectors
 import shlex
+import shutil
+import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
 
-import fabric
-import paramiko
+from ablate.errors import AblateError, RemoteError
+from ablate.transport.shellhost import (
+    AuthFailed,
+    HostKeyError,
+    HostUnreachable,
+    Live,
+    ShellHost,
+    Sink,
+    SSHConfigError,
+)
 
-from ablate.errors import RemoteError
-from ablate.transport.base import CommandResult
+__all__ = ["AuthFailed", "HostKeyError", "HostUnreachable", "SSHConfigError", "SSHHost", "Sink",
+           "control_dir"]
 
-# fd 3 keeps the channel's stdin for the watcher; the command itself reads /dev/null.
-GUARD = ('exec 3<&0 </dev/null; "$@" & p=$!; { read -r _ <&3; kill "$p" 2>/dev/null; } & w=$!; '
-         'wait "$p"; rc=$?; kill "$w" 2>/dev/null; exit "$rc"')
 DEFAULT_CONNECT_TIMEOUT = 10.0
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"
-GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_KNOWN_HOSTS_LOCK = threading.Lock()
+DEFAULT_PERSIST = 120
+MARK = b"\x1e@ablate\x1e"
+TIMED_OUT = -1  # _wait: the command outlived its time-out
+_MARK_CMD = r"printf '\036@ablate\036' >&2; "
+# ssh's own words when a connection that was running a command went away
+_DROPPED = re.compile(r"closed by remote host|Broken pipe|not responding|Connection reset|"
+                      r"mux_client_\w+: read from master failed|client_loop: send disconnect")
 
 
-class Sink(Protocol):
-    """Where a streamed stdout goes (a binary file, or one that also counts)."""
-
-    def write(self, data: bytes, /) -> int: ...
-
-
-class HostUnreachable(RemoteError):
-    """The connection could not be opened (nothing was run): another host may serve instead."""
-
-
-class HostKeyError(RemoteError):
-    """The host's key is unknown or changed; never retried through another host silently."""
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
-    return f"{key.get_name()} SHA256:{digest}"
+def control_dir() -> str:
+    """The private directory of the ControlMaster sockets (created 0700; refused when another
+    user owns it or can write to it: a socket there would carry our sessions)."""
+    path = os.environ.get("ABLATE_SSH_CONTROL_DIR")
+    if not path:
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        path = (os.path.join(runtime, "ablate-ssh") if runtime and os.path.isdir(runtime)
+                else os.path.join(tempfile.gettempdir(), f"ablate-ssh-{os.getuid()}"))
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise AblateError(f"{path}: the SSH control socket directory must be owned by you and "
+                          "private (mode 0700); fix it or set ABLATE_SSH_CONTROL_DIR")
+    return path
 
 
-class _RefuseUnknown(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # paramiko is untyped
-    def __init__(self, label: str, alias: str) -> None:
-        self.label, self.alias = label, alias
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        raise HostKeyError(
-            f"{self.label}: unknown host key for {hostname} ({fingerprint(key)}); refusing to "
-            f"connect. To trust it, run `ssh {self.alias}` once and check the fingerprint, or "
-            "pass --accept-new-host-keys")
-
-
-class _AcceptNew(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # paramiko is untyped
-    """OpenSSH `accept-new`: record an unknown key in known_hosts (a changed key never gets here)."""
-
-    def __init__(self, known_hosts: str) -> None:
-        self.path = known_hosts
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-        with _KNOWN_HOSTS_LOCK:
-            os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, line.encode())
-            finally:
-                os.close(fd)
-        client.get_host_keys().add(hostname, key.get_name(), key)
-
-
-def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
-    """The user's ssh config: `path` (must exist) or ~/.ssh/config (may be absent)."""
-    explicit = path is not None
-    full = os.path.expanduser(path or "~/.ssh/config")
-    if not os.path.exists(full):
-        if explicit:
-            raise RemoteError(f"ssh config {path} not found (ssh_config in ablate.yaml)")
-        return paramiko.SSHConfig()
+def _persist() -> int:
+    raw = os.environ.get("ABLATE_SSH_PERSIST", str(DEFAULT_PERSIST))
     try:
-        return paramiko.SSHConfig.from_path(full)
-    except (OSError, ValueError, paramiko.SSHException) as e:
-        raise RemoteError(f"ssh config {full}: cannot parse: {e}") from e
+        return max(0, int(raw))
+    except ValueError:
+        raise AblateError(f"ABLATE_SSH_PERSIST={raw!r}: give whole seconds (0: no reuse across "
+                          "commands)") from None
 
 
-class SSHHost:
-    """One instance over SSH: runs commands and drives its tmux (HostTransport)."""
+class ProcLive:
+    """A running `ssh … command` process (`Live`), with the start marker taken out of stderr."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], stdin: bytes | None = None) -> None:
+        self.proc = proc
+        self.started = False
+        self.early = b""  # stderr before the marker: ssh's own messages (or login-shell noise)
+        self.pending = b""  # stdout read while waiting for the start, handed out by the next read
+        self._sel = selectors.DefaultSelector()
+        for f in (proc.stdout, proc.stderr):
+            assert f is not None
+            os.set_blocking(f.fileno(), False)
+            self._sel.register(f, selectors.EVENT_READ)
+        self._writer: threading.Thread | None = None
+        if stdin is not None:
+            self._writer = threading.Thread(target=self._feed, args=(stdin,), daemon=True)
+            self._writer.start()
+
+    def _feed(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        # the command may exit without reading all of it; its rc tells
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.write(data)
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()
+
+    def read(self, timeout: float) -> tuple[bytes, bytes]:
+        out, err = self.pending, b""
+        self.pending = b""
+        if out:
+            timeout = 0.0
+        if not self._sel.get_map():
+            return out, err
+        for key, _ in self._sel.select(max(0.0, timeout)):
+            f = key.fileobj
+            try:
+                chunk = os.read(key.fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                self._sel.unregister(f)
+            elif f is self.proc.stdout:
+                out += chunk
+            else:
+                err += chunk
+        if err and not self.started:
+            self.early += err
+            err = b""
+            i = self.early.find(MARK)
+            if i >= 0:
+                self.started = True
+                err = self.early[:i] + self.early[i + len(MARK):]
+                self.early = b""
+        return out, err
+
+    def exit_status(self) -> int | None:
+        if self._sel.get_map():
+            return None
+        rc = self.proc.wait()
+        return 255 if rc < 0 else rc
+
+    def shutdown_write(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.proc.stdin.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._sel.close()
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+
+
+class SSHHost(ShellHost):
+    """One instance through OpenSSH's client (HostTransport)."""
 
     def __init__(self, name: str, alias: str | None = None, *, ssh_config: str | None = None,
                  accept_new: bool = False, connect_timeout: float | None = None,
-                 tmux_socket: str | None = None, retry_after: float = 30.0) -> None:
+                 tmux_socket: str | None = None, retry_after: float = 30.0,
+                 ssh: str | None = None) -> None:
         self.name = name
         self.alias = alias or name
+        if self.alias.startswith("-") or not self.alias.strip() or any(c.isspace() for c in self.alias):
+            raise AblateError(f"host {name}: ssh alias {self.alias!r} is not a host name; give the "
+                              "alias of a Host entry in your ssh config")
         self.accept_new = accept_new
         self.tmux_socket = tmux_socket  # None: the host's default tmux server (`tmux attach` works)
         self.retry_after = retry_after
-        self._sshconf = load_ssh_config(ssh_config)
-        self._fabric_config = fabric.Config(ssh_config=self._sshconf, lazy=True)
+        self.ssh_config = os.path.expanduser(ssh_config) if ssh_config else None
+        if self.ssh_config and not os.path.exists(self.ssh_config):
+            raise SSHConfigError(f"ssh config {ssh_config} not found (ssh_config in ablate.yaml)")
+        self.ssh = ssh or shutil.which("ssh") or "ssh"
         self._connect_timeout = connect_timeout
+        self.multiplex = os.name != "nt"  # Windows' OpenSSH has no ControlMaster
         self._lock = threading.Lock()
-        self._conns: list[fabric.Connection] = []  # the target last, its ProxyJump hops before
+        self._opts: dict[str, str] | None = None
+        self._ready = False  # the master (or a direct connection) answered in this process
         self._failed: tuple[RemoteError, float] | None = None
+        self._sock: str | None = None
+        self._resolved = b""  # `ssh -G`'s output: what the connection is made of
 
     def __enter__(self) -> SSHHost:
         return self
@@ -136,245 +201,303 @@ class SSHHost:
     def __repr__(self) -> str:
         return f"SSHHost({self.name!r}, alias={self.alias!r})"
 
-    # ------------------------------------------------------------------ connection
+    # ------------------------------------------------------------------ what OpenSSH resolved
+
+    def options(self) -> dict[str, str]:
+        """`ssh -G`: the settings OpenSSH applies to this alias (first value of each key)."""
+        if self._opts is None:
+            argv = [self.ssh, *self._config_args(), "-G", "--", self.alias]
+            try:
+                r = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise RemoteError(f"{self.name}: `{shlex.join(argv)}` failed: {e}") from e
+            if r.returncode != 0:
+                text = r.stderr.decode(errors="replace").strip()
+                raise SSHConfigError(f"{self.name}: ssh config rejected by OpenSSH "
+                                     f"(`{shlex.join(argv)}`): {_last_lines(text)}")
+            opts: dict[str, str] = {}
+            self._resolved = r.stdout
+            for line in r.stdout.decode(errors="replace").splitlines():
+                key, _, value = line.partition(" ")
+                opts.setdefault(key.lower(), value)
+            self._opts = opts
+        return self._opts
+
+    def target(self) -> str:
+        return self.options().get("hostname", self.alias)
 
     @property
     def connect_timeout(self) -> float:
         if self._connect_timeout is not None:
             return self._connect_timeout
-        return float(self._sshconf.lookup(self.alias).get("connecttimeout", DEFAULT_CONNECT_TIMEOUT))
+        raw = self.options().get("connecttimeout", "none")
+        return float(raw) if raw.isdigit() else DEFAULT_CONNECT_TIMEOUT
 
-    def _connection(self, alias: str, gateway: fabric.Connection | None, depth: int) -> fabric.Connection:
-        """A fabric Connection for `alias` whose host keys are checked our way, hops included."""
-        opts = self._sshconf.lookup(alias)
-        gw: fabric.Connection | str | bool = False  # False: fabric must not build its own gateway
-        jump = opts.get("proxyjump", "none")
-        if gateway is not None:
-            gw = gateway
-        elif jump.lower() != "none" and depth < 8:
-            prev: fabric.Connection | None = None
-            for hop in jump.split(","):
-                if hop.strip() != alias:  # `Host *` + ProxyJump would otherwise jump through itself
-                    prev = self._connection(hop.strip(), prev, depth + 1)
-            gw = prev if prev is not None else False
-        elif "proxycommand" in opts and opts["proxycommand"].lower() != "none":
-            gw = opts["proxycommand"]
-        timeout = self.connect_timeout
-        kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout}
-        if opts.get("identitiesonly", "no").lower() == "yes":
-            kwargs.update(allow_agent=False, look_for_keys=False)
-        conn = fabric.Connection(alias, config=self._fabric_config, gateway=gw,
-                                 connect_timeout=max(1, math.ceil(timeout)), connect_kwargs=kwargs)
-        user_files = [os.path.expanduser(f) for f in
-                      opts.get("userknownhostsfile", DEFAULT_KNOWN_HOSTS).split()]
-        client = conn.client
-        for f in opts.get("globalknownhostsfile", GLOBAL_KNOWN_HOSTS).split():
-            if os.path.isfile(f):
-                client.load_system_host_keys(f)
-        for f in user_files:
-            if os.path.isfile(f):
-                client.load_host_keys(f)
-        strict = opts.get("stricthostkeychecking", "ask").lower()
-        if self.accept_new or strict in ("accept-new", "no", "off"):
-            client.set_missing_host_key_policy(_AcceptNew(user_files[0]))
-        else:
-            client.set_missing_host_key_policy(_RefuseUnknown(self.name, alias))
-        self._conns.append(conn)
-        return conn
+    def _config_args(self) -> list[str]:
+        return ["-F", self.ssh_config] if self.ssh_config else []
 
-    def _transport(self) -> paramiko.Transport:
+    def _where(self) -> str:
+        o = self.options()
+        return f"{self.name} ({o.get('user', '?')}@{o.get('hostname', self.alias)}:{o.get('port', '22')})"
+
+    def _hint_ssh(self) -> str:
+        return shlex.join(["ssh", *self._config_args(), self.alias])
+
+    def _base(self) -> list[str]:
+        """The ssh command line up to the options every use shares (config, batch, host keys)."""
+        strict = self.options().get("stricthostkeychecking", "ask").lower()
+        accept = self.accept_new or strict in ("accept-new", "false", "no", "off")
+        if accept:  # OpenSSH records a new key in the first file, but creates no directory for it
+            first = (self.options().get("userknownhostsfile") or "~/.ssh/known_hosts").split()[0]
+            with contextlib.suppress(OSError):
+                os.makedirs(os.path.dirname(os.path.expanduser(first)) or ".", mode=0o700, exist_ok=True)
+        argv = [self.ssh, *self._config_args(), "-o", "BatchMode=yes",
+                "-o", f"StrictHostKeyChecking={'accept-new' if accept else 'yes'}",
+                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+        if self._connect_timeout is not None or self.options().get("connecttimeout", "none") == "none":
+            argv += ["-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}"]
+        return argv
+
+    def _socket(self) -> str:
+        """One socket per alias and per everything OpenSSH resolved for it: a changed config
+        (HostName, Port, ProxyCommand, keys...) is a new connection, never an old one reused."""
+        if self._sock is None:
+            self.options()
+            tag = hashlib.sha256(self.alias.encode() + b"\0" + self._resolved).hexdigest()[:20]
+            self._sock = os.path.join(control_dir(), tag)
+        return self._sock
+
+    # ------------------------------------------------------------------ the connection
+
+    def _ensure(self) -> None:
+        """A connection this process may use: a verified master, or (no multiplexing) the
+        knowledge that the host answers. Raises the classified failure (cached for unreachable)."""
         with self._lock:
-            if self._conns and self._conns[-1].is_connected:
-                return self._conns[-1].client.get_transport()
+            if self._ready and (not self.multiplex or os.path.exists(self._socket())):
+                return
             if self._failed and time.monotonic() < self._failed[1]:
                 raise self._failed[0]
-            self._close_conns()
             try:
-                conn = self._connection(self.alias, None, 0)
-                conn.open()
-            except Exception as e:
-                err = self._explain(e)
-                self._close_conns()
-                self._failed = (err, time.monotonic() + self.retry_after)
-                raise err from e
+                if self.multiplex:
+                    self._master()
+                else:
+                    self._probe_direct()
+            except HostUnreachable as e:
+                self._failed = (e, time.monotonic() + self.retry_after)
+                raise
             self._failed = None
-            transport = conn.client.get_transport()
-            transport.set_keepalive(15)
-            return transport
+            self._ready = True
 
-    def _explain(self, e: Exception) -> RemoteError:
-        if isinstance(e, RemoteError):
-            return e
-        opts = self._sshconf.lookup(self.alias)
-        where = f"{self.name} ({opts.get('user', '')}@{opts.get('hostname', self.alias)}:" \
-                f"{opts.get('port', 22)})".replace("(@", "(")
-        if isinstance(e, paramiko.BadHostKeyException):
-            files = opts.get("userknownhostsfile", "~/.ssh/known_hosts").split()[0]
+    def _probe_direct(self) -> None:
+        live = self._spawn([*self._base(), "-T", "-o", "ControlPath=none", "--", self.alias,
+                            _MARK_CMD + "true"])
+        try:
+            rc = self._wait(live, self.connect_timeout * 3 + 5, None, None)
+        finally:
+            live.close()
+        if rc != 0:
+            raise HostUnreachable(f"{self._where()}: `true` did not succeed there (rc {rc})")
+
+    def _master(self) -> None:
+        sock = self._socket()
+        with open(f"{sock}.lock", "a") as lockf:
+            fcntl.flock(lockf, fcntl.LOCK_EX)  # one master per socket, across ablate processes
+            if os.path.exists(sock):
+                if self._ctl("check") and self._verify(sock):
+                    return
+                self._ctl("exit")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(sock)
+            persist = _persist()
+            argv = [*self._base(), "-o", "ControlMaster=yes", "-o", f"ControlPath={sock}",
+                    "-o", f"ControlPersist={persist if persist else 'yes'}", "-N", "-f", "--",
+                    self.alias]
+            with tempfile.TemporaryFile() as errf:
+                try:
+                    # -f: back to us once authenticated, the master in the background. stderr to
+                    # a file: the master keeps no pipe of ours open.
+                    rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=errf, timeout=self.connect_timeout * 3 + 5,
+                                        start_new_session=True).returncode
+                except subprocess.TimeoutExpired:
+                    raise HostUnreachable(f"{self._where()}: no answer within the "
+                                          f"{self.connect_timeout:g}s connect time-out (host down "
+                                          "or network unreachable)") from None
+                errf.seek(0)
+                err = errf.read().decode(errors="replace")
+            if rc != 0 or not os.path.exists(sock):
+                raise self._explain(err or f"ssh exited {rc} without a word")
+
+    def _ctl(self, op: str) -> bool:
+        """`ssh -O op` on our socket (local to this machine: check, exit)."""
+        try:
+            r = subprocess.run([self.ssh, *self._config_args(), "-o", f"ControlPath={self._socket()}",
+                                "-O", op, "--", self.alias], capture_output=True, timeout=10,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return r.returncode == 0
+
+    def _verify(self, sock: str) -> bool:
+        """One round trip through a master this process did not start: True when it answers,
+        False when the master is gone (a new connection is then made). Silence for the connect
+        time-out (at least 3 s) is the host's: HostUnreachable, so a dead host costs one time-out."""
+        budget = max(self.connect_timeout, 3.0)
+        argv = [*self._base(), "-T", "-o", "ControlMaster=no", "-o", f"ControlPath={sock}", "--",
+                self.alias, "true"]
+        try:
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=budget,
+                               start_new_session=True)
+        except subprocess.TimeoutExpired:
+            self._ctl("exit")
+            raise HostUnreachable(f"{self._where()}: no answer within {budget:g}s on the kept "
+                                  "connection (host down or network unreachable)") from None
+        return r.returncode == 0
+
+    def _explain(self, err: str) -> RemoteError:
+        """Classify a connection failure from ssh's own words."""
+        text = err.replace(MARK.decode(), "").strip()
+        tail = _last_lines(text)
+        if "REVOKED" in text or "revoked" in text:
+            return HostKeyError(f"{self.name}: the host key of {self._where()} is marked @revoked in "
+                                f"known_hosts; refusing to connect, whatever the config says: {tail}")
+        if "IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested" in text:
+            fix = re.search(r"^\s*(ssh-keygen -f .+ -R .+?)\s*$", text, re.M)
+            how = (f"`{fix.group(1)}`" if fix else f"`ssh-keygen -R` on the entry ssh names ({tail})")
             return HostKeyError(
-                f"{self.name}: the host key of {e.hostname} CHANGED (now {fingerprint(e.key)}, "
-                f"known_hosts has {fingerprint(e.expected_key)}); refusing to connect. If the "
-                f"instance was re-created, remove the old key with `ssh-keygen -R {e.hostname} -f "
-                f"{files}`, then run `ssh {self.alias}` once and check the fingerprint")
-        if isinstance(e, paramiko.AuthenticationException):
-            return HostUnreachable(f"{where}: authentication failed ({e}); check IdentityFile / "
-                                   "the ssh agent for this host")
-        if isinstance(e, TimeoutError):
-            return HostUnreachable(f"{where}: no answer within the {self.connect_timeout:g}s "
-                                   "connect time-out (host down or network unreachable)")
-        return HostUnreachable(f"{where}: cannot connect: {type(e).__name__}: {e}".rstrip(": "))
+                f"{self.name}: the host key of {self._where()} CHANGED; refusing to connect. If the "
+                f"instance was re-created, remove the old key with {how}, then run "
+                f"`{self._hint_ssh()}` once and check the fingerprint")
+        if "host key is known for" in text or "Host key verification failed" in text:
+            return HostKeyError(
+                f"{self.name}: unknown host key for {self._where()}; refusing to connect. To trust "
+                f"it, run `{self._hint_ssh()}` once and check the fingerprint, or pass "
+                f"--accept-new-host-keys ({tail})")
+        if "Permission denied" in text or "Too many authentication failures" in text:
+            return AuthFailed(f"{self._where()}: authentication failed: {tail}; check IdentityFile, "
+                              f"the ssh agent and CertificateFile for this host (`{self._hint_ssh()} "
+                              "-v` shows what was offered)")
+        if re.search(r"Bad configuration option|bad configuration options|Unsupported option|"
+                     r"Can't open user config|garbage at end of line|no argument after keyword", text):
+            return SSHConfigError(f"{self.name}: ssh config rejected by OpenSSH: {tail}")
+        if re.search(r"timed out|Operation timed out", text):
+            return HostUnreachable(f"{self._where()}: no answer within the {self.connect_timeout:g}s "
+                                   f"connect time-out (host down or network unreachable): {tail}")
+        return HostUnreachable(f"{self._where()}: cannot connect: {tail}")
 
-    def _close_conns(self) -> None:
-        for conn in reversed(self._conns):
-            # closing a half-open connection may raise anything; it is gone either way
-            with contextlib.suppress(Exception):
-                conn.close()
-        self._conns = []
+    def _drop_master(self) -> None:
+        """The master stopped answering: end it so the next operation connects afresh."""
+        self._ready = False
+        if self.multiplex:
+            self._ctl("exit")
+
+    def disconnect(self) -> None:
+        """End the shared connection (the ControlMaster) now, for every process that uses it."""
+        with self._lock:
+            self._drop_master()
 
     def close(self) -> None:
+        """End of a command: the master stays for the next one (unless ABLATE_SSH_PERSIST=0);
+        it is checked again before this process trusts it again."""
         with self._lock:
-            self._close_conns()
+            if self.multiplex and self._ready and _persist() == 0:
+                self._ctl("exit")
+            self._ready = False
             self._failed = None
 
     # ------------------------------------------------------------------ commands
 
+    def _spawn(self, argv: list[str], stdin: bytes | None = None, keep_stdin: bool = False) -> ProcLive:
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE if stdin is not None or keep_stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as e:
+            raise RemoteError(f"{self.name}: cannot run the ssh client {self.ssh!r}: {e}") from e
+        return ProcLive(proc, stdin)
+
+    def _command(self, command: str) -> list[str]:
+        mux = (["-o", "ControlMaster=no", "-o", f"ControlPath={self._socket()}"] if self.multiplex
+               else ["-o", "ControlPath=none"])
+        return [*self._base(), "-T", *mux, "--", self.alias, _MARK_CMD + command]
+
+    def _start(self, command: str, stdin: bytes | None = None, keep_stdin: bool = False) -> ProcLive:
+        self._ensure()
+        return self._spawn(self._command(command), stdin, keep_stdin)
+
+    def _wait(self, live: ProcLive, timeout: float, sink: Sink | None,
+              parts: tuple[list[bytes], list[bytes]] | None, *, start_only: bool = False) -> int | None:
+        """Pump `live` until it exits (its rc, or `TIMED_OUT`), or until it has started when
+        `start_only` (None; stdout read so far stays in `live.pending`). Raises the connection's
+        failure when it ends, or does not start in time, before the command started."""
+        t0 = time.monotonic()
+        # through a live master a command starts within its own time-out (a loaded host may take
+        # seconds; a dead link ends the master within ~15 s); a new connection adds the connect
+        start_within = timeout if self._ready and self.multiplex else timeout + self.connect_timeout * 2
+        deadline = t0 + timeout
+        while True:
+            out, err = live.read(0.05)
+            if out:
+                if start_only:
+                    live.pending += out
+                elif sink is not None:
+                    sink.write(out)
+                    deadline = time.monotonic() + timeout
+                elif parts is not None:
+                    parts[0].append(out)
+            if err and parts is not None:
+                parts[1].append(err)
+            if live.started and start_only:
+                return None
+            rc = live.exit_status()
+            if rc is not None:
+                if not live.started:
+                    raise self._explain(live.early.decode(errors="replace")
+                                        or f"ssh exited {rc} before the command started")
+                return rc
+            now = time.monotonic()
+            if not live.started and now - t0 > start_within:
+                self._drop_master()
+                raise HostUnreachable(f"{self.name}: the open connection did not answer within "
+                                      f"{start_within:g}s; nothing was run")
+            if now > deadline:
+                return TIMED_OUT
+
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
              sink: Sink | None = None) -> tuple[int, bytes, bytes]:
-        """Run one remote shell command line; (rc, stdout, stderr). rc 124 on time-out.
-
-        With `sink`, stdout is streamed into it (and returned empty) and `timeout` counts from the
-        last data received, so a long transfer that keeps moving never times out."""
-        transport = self._transport()
-        deadline = time.monotonic() + timeout
-        try:
-            chan = transport.open_session(timeout=timeout)
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            self.close()  # the next operation reconnects (and fails fast if that fails)
-            raise HostUnreachable(f"{self.name}: the open connection did not answer within "
-                                  f"{timeout:g}s ({e or type(e).__name__}); nothing was run") from e
         out: list[bytes] = []
         err: list[bytes] = []
-        with chan:
-            chan.settimeout(max(0.1, timeout))
-            chan.exec_command(command)
-            if stdin:
-                # the command may exit without reading all of it; its rc tells
-                with contextlib.suppress(OSError, paramiko.SSHException):
-                    chan.sendall(stdin)
-            chan.shutdown_write()
-            while True:
-                got = False
-                while chan.recv_ready():
-                    chunk = chan.recv(1 << 16)
-                    if sink is None:
-                        out.append(chunk)
-                    else:
-                        sink.write(chunk)
-                        deadline = time.monotonic() + timeout
-                    got = True
-                while chan.recv_stderr_ready():
-                    err.append(chan.recv_stderr(1 << 16))
-                    got = True
-                # sshd may send the exit status before the last output: wait for EOF as well.
-                if ((chan.eof_received or chan.closed) and chan.exit_status_ready() and not chan.recv_ready()
-                        and not chan.recv_stderr_ready()):
-                    break
-                if not transport.is_active():
-                    self.close()
-                    raise RemoteError(f"{self.name}: the connection dropped while running "
-                                      f"`{command[:200]}`")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return 124, b"".join(out), b"".join(err) + f"timed out after {timeout}s".encode()
-                if not got:
-                    select.select([chan], [], [], min(0.05, left))
-            rc = chan.recv_exit_status()
-        return (255 if rc < 0 else rc), b"".join(out), b"".join(err)
-
-    def open_channel(self, command: str, *, timeout: float = 60.0) -> paramiko.Channel:
-        """Start one remote shell command line and hand back its channel, still open: the
-        command lives until the channel closes (or the connection drops). The caller reads it."""
-        transport = self._transport()
+        live = self._start(command, stdin)
         try:
-            chan = transport.open_session(timeout=timeout)
-            chan.exec_command(command)
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            self.close()
-            raise HostUnreachable(f"{self.name}: the open connection did not answer within "
-                                  f"{timeout:g}s ({e or type(e).__name__}); nothing was run") from e
-        return chan
+            rc = self._wait(live, timeout, sink, (out, err))
+        finally:
+            live.close()
+        assert rc is not None
+        stderr = b"".join(err)
+        if rc == TIMED_OUT:
+            return 124, b"".join(out), stderr + f"timed out after {timeout}s".encode()
+        if rc == 255 and _DROPPED.search(stderr.decode(errors="replace")):
+            self._drop_master()
+            raise RemoteError(f"{self.name}: the connection dropped while running `{command[:200]}`: "
+                              f"{_last_lines(stderr.decode(errors='replace'))}")
+        return rc, b"".join(out), stderr
 
-    def run(self, argv: Sequence[str], *, timeout: float = 60.0,
-            stdin: bytes | None = None) -> CommandResult:
-        if not argv:
-            raise ValueError("run: empty argv")
-        # Every element is one literal word for the remote login shell, never interpreted.
-        rc, out, err = self.exec(shlex.join(argv), timeout=timeout, stdin=stdin)
-        return CommandResult(self.name, tuple(argv), rc,
-                             out.decode(errors="replace"), err.decode(errors="replace"))
-
-    def stream(self, argv: Sequence[str], on_stdout: Callable[[bytes], None], *,
-               stop: Callable[[], bool] | None = None, poll: float = 0.5,
-               open_timeout: float = 30.0) -> int | None:
-        """A long-running remote command whose stdout is handed over as it arrives (`logs -f`).
-        Closing an SSH channel does not end the remote command (no pty, no signal): a `tail -F`
-        would linger until it next wrote. So the command runs under GUARD, which ends it when the
-        channel's stdin reaches EOF: when we stop (`shutdown_write`) and when the connection closes."""
-        if not argv:
-            raise ValueError("stream: empty argv")
-        chan = self.open_channel(shlex.join(["bash", "-c", GUARD, "bash", *argv]), timeout=open_timeout)
-        transport = chan.get_transport()
-        asked = time.monotonic()
-        with chan:
-            chan.settimeout(max(0.1, poll))
-            while True:
-                got = False
-                while chan.recv_ready():
-                    on_stdout(chan.recv(1 << 16))
-                    got = True
-                while chan.recv_stderr_ready():
-                    chan.recv_stderr(1 << 16)  # tail's "file truncated" chatter: not the log
-                    got = True
-                if ((chan.eof_received or chan.closed) and chan.exit_status_ready()
-                        and not chan.recv_ready() and not chan.recv_stderr_ready()):
-                    rc = chan.recv_exit_status()
-                    return 255 if rc < 0 else rc
-                if not transport.is_active():
-                    self.close()
-                    raise RemoteError(f"{self.name}: the connection dropped while running `{argv[0]} …`")
-                if stop is not None and time.monotonic() - asked >= poll:
-                    asked = time.monotonic()
-                    if stop():
-                        with contextlib.suppress(OSError, paramiko.SSHException):
-                            chan.shutdown_write()  # EOF on the guard's fd 3: it kills the command
-                        return None
-                if not got:
-                    select.select([chan], [], [], min(0.1, poll))
-
-    # ------------------------------------------------------------------ tmux
-
-    def _tmux(self, *args: str) -> list[str]:
-        return ["tmux", *(["-L", self.tmux_socket] if self.tmux_socket else []), *args]
-
-    def tmux_start(self, session: str, argv: Sequence[str], env: Mapping[str, str],
-                   cwd: str | None = None) -> None:
-        bad = [k for k in env if not _ENV_NAME.match(k)]
-        if bad:
-            raise RemoteError(f"{self.name}: invalid environment variable names {bad}")
-        # tmux hands the command string to a shell: quote it as a whole too.
-        command = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else argv)
-        self.run(self._tmux("new-session", "-d", "-s", session,
-                            *(["-c", cwd] if cwd else []), command)).check()
-
-    def tmux_sessions(self) -> set[str]:
-        r = self.run(self._tmux("list-sessions", "-F", "#{session_name}"))
-        if r.rc != 0:
-            if re.search(r"no server running|error connecting|No such file", r.stderr):
-                return set()
-            r.check()
-        return {line for line in r.stdout.splitlines() if line}
-
-    def tmux_kill(self, session: str) -> None:
-        self.run(self._tmux("kill-session", "-t", f"={session}"))  # `=`: exact name, no prefix match
+    def open_live(self, command: str, *, timeout: float = 60.0) -> Live:
+        live = self._start(command, keep_stdin=True)
+        try:
+            self._wait(live, timeout, None, None, start_only=True)
+        except BaseException:
+            live.close()
+            raise
+        return live
 
 
-# --------------------------------------------------------------------------- the shared FS
+def _last_lines(text: str, n: int = 2) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("@@@")]
+    return " / ".join(lines[-n:])[-400:] or "(no message)"
+
+
+def run_argv(host: SSHHost, argv: Sequence[str]) -> list[str]:
+    """The full ssh command line that runs `argv` on `host` (for logs and tests)."""
+    return host._command(shlex.join(argv))

@@ -8,17 +8,14 @@ import contextlib
 import errno
 import hashlib
 import os
-import select
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO
 
-import paramiko
-
 from ablate.errors import FSError, RemoteError
 from ablate.remote.layout import SweepLayout
-from ablate.transport.ssh import HostUnreachable, Sink, SSHHost
+from ablate.transport.shellhost import HostUnreachable, Live, ShellHost, Sink
 
 
 class _Counted:
@@ -77,26 +74,24 @@ def probe_lib() -> dict[str, bytes]:
 
 
 class RemoteFlock:
-    """A flock(2) on a shared-FS file held by `flock … cat` on a host for as long as `chan` is open."""
+    """A flock(2) on a shared-FS file held by `flock … cat` on a host for as long as `live` runs."""
 
-    def __init__(self, chan: paramiko.Channel, host: str, path: str) -> None:
-        self.chan, self.host, self.path = chan, host, path
+    def __init__(self, live: Live, host: str, path: str) -> None:
+        self.live, self.host, self.path = live, host, path
 
     @classmethod
-    def wait(cls, chan: paramiko.Channel, host: str, path: str, deadline_s: float) -> RemoteFlock | None:
-        """Read the channel until flock says ACQUIRED (held) or exits (75: busy -> None)."""
+    def wait(cls, live: Live, host: str, path: str, deadline_s: float) -> RemoteFlock | None:
+        """Read the command until flock says ACQUIRED (held) or exits (75: busy -> None)."""
         out, err = b"", b""
         deadline = time.monotonic() + deadline_s
         while True:
-            while chan.recv_ready():
-                out += chan.recv(4096)
-            while chan.recv_stderr_ready():
-                err += chan.recv_stderr(4096)
+            o, e = live.read(min(0.1, max(0.0, deadline - time.monotonic())))
+            out, err = out + o, err + e
             if b"ACQUIRED\n" in out:
-                return cls(chan, host, path)
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                rc = chan.recv_exit_status()
-                chan.close()
+                return cls(live, host, path)
+            rc = live.exit_status()
+            if rc is not None:
+                live.close()
                 if rc == 75:
                     return None
                 why = {94: "cannot write the holder record",
@@ -106,31 +101,27 @@ class RemoteFlock:
                 if why is None:
                     raise FSError(host, "locking", path, stderr, rc=rc)
                 raise FSError(host, "locking", path, f"{why}: {stderr}")
-            left = deadline - time.monotonic()
-            if left <= 0 or chan.closed:
-                chan.close()
+            if time.monotonic() >= deadline:
+                live.close()
                 raise RemoteError(f"{host}: no answer while locking {path} within {deadline_s:g}s")
-            select.select([chan], [], [], min(0.1, left))
 
     def release(self) -> None:
         """EOF to `cat`: it exits, flock exits, the lock is free (waited for, briefly)."""
-        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-            self.chan.shutdown_write()
+        with contextlib.suppress(OSError, RemoteError):
+            self.live.shutdown_write()
             deadline = time.monotonic() + 10.0
-            while not self.chan.exit_status_ready() and time.monotonic() < deadline:
-                select.select([self.chan], [], [], 0.1)
-                while self.chan.recv_ready():
-                    self.chan.recv(4096)
-        self.chan.close()
+            while self.live.exit_status() is None and time.monotonic() < deadline:
+                self.live.read(0.1)
+        self.live.close()
 
 
 class SSHFS:
     """The shared FS through a host that mounts it (SharedFS). With several hosts, a host that
     cannot be reached is skipped for the next one; nothing is ever retried after it started."""
 
-    def __init__(self, hosts: SSHHost | Sequence[SSHHost], root: str, *, python: str = "python3",
+    def __init__(self, hosts: ShellHost | Sequence[ShellHost], root: str, *, python: str = "python3",
                  env: str | None = None, timeout: float = 120.0, probe_timeout: float = 900.0) -> None:
-        self.hosts = [hosts] if isinstance(hosts, SSHHost) else list(hosts)
+        self.hosts = [hosts] if isinstance(hosts, ShellHost) else list(hosts)
         if not self.hosts:
             raise ValueError("SSHFS needs at least one host")
         self.root = root.rstrip("/") or "/"
@@ -236,12 +227,12 @@ class SSHFS:
         last: HostUnreachable | None = None
         for host in self.hosts:
             try:
-                chan = host.open_channel(script, timeout=self.timeout)
+                live = host.open_live(script, timeout=self.timeout)
             except HostUnreachable as e:
                 last = e
                 continue
             self.via = host.name
-            return RemoteFlock.wait(chan, host.name, path, timeout + self.timeout)
+            return RemoteFlock.wait(live, host.name, path, timeout + self.timeout)
         assert last is not None
         raise last
 
