@@ -244,3 +244,41 @@ def test_probe_runs_a_bash_profile_env_first(testbed: Testbed, tmp_path: Path) -
                env=f"source {testbed.shared_path}/activate && test \"$ABLATE_TEST_ENV_ACTIVE\" = 1")
     snap = fs.probe("snapshot", {"root": root})
     assert isinstance(snap["now"], float) and snap["final"] == []
+
+
+def test_the_next_command_reuses_the_connection_and_a_dead_one_is_replaced(testbed: Testbed) -> None:
+    first = SSHHost("tb-h2", ssh_config=str(testbed.ssh_config), connect_timeout=2)
+    assert first.run(["hostname"]).stdout == "tb-h2\n"
+    master = first.master_pid()
+    assert master is not None
+    first.close()  # the end of one `ablate` command
+    second = SSHHost("tb-h2", ssh_config=str(testbed.ssh_config), connect_timeout=2)
+    assert second.run(["hostname"]).stdout == "tb-h2\n"
+    assert second.master_pid() == master  # no new handshake: the kept connection answered
+    second.close()
+
+    testbed.reboot("tb-h2")  # the kept connection now leads nowhere
+    third = SSHHost("tb-h2", ssh_config=str(testbed.ssh_config), connect_timeout=2)
+    assert third.run(["hostname"]).stdout == "tb-h2\n"
+    assert third.master_pid() not in (None, master)  # detected and replaced, never trusted
+    third.close()
+
+    testbed.link_down("tb-h2")  # a kept connection that went silent
+    t0 = time.monotonic()
+    with pytest.raises(HostUnreachable):
+        SSHHost("tb-h2", ssh_config=str(testbed.ssh_config), connect_timeout=2).run(["true"])
+    assert time.monotonic() - t0 < 5  # one time-out, not the round trip's plus a new connect's
+    testbed.link_up("tb-h2")
+    assert SSHHost("tb-h2", ssh_config=str(testbed.ssh_config), connect_timeout=2).run(
+        ["hostname"]).stdout == "tb-h2\n"
+
+
+def test_a_changed_ssh_config_is_a_new_connection(testbed: Testbed, tmp_path: Path) -> None:
+    cfg = testbed.write_ssh_config(tmp_path / "ssh_config")
+    old = SSHHost("tb-h1", ssh_config=str(cfg))
+    old.run(["true"]).check()
+    pid = old.master_pid()
+    cfg.write_text(cfg.read_text().replace(testbed.address("tb-h1"), testbed.address("tb-h3"), 1))
+    new = SSHHost("tb-h1", ssh_config=str(cfg))
+    assert new.run(["hostname"]).stdout == "tb-h3\n"  # HostName changed: the old master is not used
+    assert new.master_pid() not in (None, pid)

@@ -19,7 +19,6 @@ from ablate.config.project import Host, Project
 from ablate.errors import AblateError
 from ablate.transport.base import CommandResult, HostTransport, SharedFS
 from ablate.transport.fanout import fan_out
-from ablate.transport.local import LocalFS, LocalHost
 from ablate.transport.shellhost import ShellHost
 from ablate.transport.ssh import SSHHost
 from ablate.transport.sshfs import SSHFS
@@ -88,6 +87,8 @@ atexit.register(close_all)
 
 def host_transport(project: Project, host: Host, *, accept_new: bool | None = None) -> HostTransport:
     if host.transport == "local":
+        from ablate.transport.local import LocalHost  # libtmux: only when a host is local
+
         return LocalHost(host.name)
     return _ssh_host(project, host, _ACCEPT_NEW if accept_new is None else accept_new)
 
@@ -98,6 +99,8 @@ def shared_fs(project: Project, *, accept_new: bool | None = None, via: str | No
     `reconcile --fs --host H`)."""
     profile = project.profile
     if profile.transport == "local":
+        from ablate.transport.local import LocalFS
+
         return LocalFS(project.sweep_root())
     accept = _ACCEPT_NEW if accept_new is None else accept_new
     if via is not None:

@@ -329,6 +329,17 @@ class SSHHost(ShellHost):
             if rc != 0 or not os.path.exists(sock):
                 raise self._explain(err or f"ssh exited {rc} without a word")
 
+    def master_pid(self) -> int | None:
+        """The pid of the ControlMaster this host's commands go through (None: none runs)."""
+        try:
+            r = subprocess.run([self.ssh, *self._config_args(), "-o", f"ControlPath={self._socket()}",
+                                "-O", "check", "--", self.alias], capture_output=True, timeout=10,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        got = re.search(rb"pid=(\d+)", r.stderr)
+        return int(got.group(1)) if r.returncode == 0 and got else None
+
     def _ctl(self, op: str) -> bool:
         """`ssh -O op` on our socket (local to this machine: check, exit)."""
         try:
