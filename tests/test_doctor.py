@@ -218,7 +218,8 @@ def test_testbed_unknown_host_key_fails_that_host(testbed: Testbed, tb_project: 
     host, check, reason = only_failure(cli, tb_project)
     assert (host, check) == ("tb-h2", "reachable")
     assert "unknown host key" in reason and testbed.address("tb-h2") in reason
-    assert f"`ssh -F {cfg} tb-h2`" in reason and "--accept-new-host-keys" in reason
+    assert f"`ssh -F {cfg} -o StrictHostKeyChecking=ask tb-h2`" in reason
+    assert "--accept-new-host-keys" in reason
     assert known.read_text().count("\n") == 2  # nothing was trusted behind the user's back
 
 

@@ -10,7 +10,7 @@ UTS namespace (own hostname, own tmpfs `/tmp` so its own tmux server, its own lo
 Everything a run creates carries a per-run id (bridge, veths, namespaces, subnet, state dir), and a
 run whose pytest process died is cleaned up by the next one, so parallel and leftover runs never
 clash. Faults: `kill`, `reboot`, `link_down`/`link_up`, `fill_disk`, `read_only`, `slow_link`,
-`change_host_key`; `heal()` undoes them.
+`change_host_key`, `configure_sshd` (extra sshd_config lines); `heal()` undoes them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import re
 import secrets
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from typing import Any
 
 BASE = Path("/var/lib/ablate-testbed")  # not under /tmp: each instance mounts its own /tmp
 SSHD = "/usr/sbin/sshd"
+_EXTRA_MARK = "# -- extra lines (Testbed.configure_sshd) --\n"
 TOOLS = ("ip", "tmux", "ssh-keygen", "unshare", "nsenter", "mount", "rsync")
 
 
@@ -105,6 +107,7 @@ class Testbed:
         self._dead: set[str] = set()
         self._filled: set[str] = set()
         self._rekeyed: set[str] = set()
+        self._reconfigured: set[str] = set()
         self._read_only: dict[str, list[str]] = {}
 
     # ------------------------------------------------------------------ names
@@ -366,6 +369,36 @@ class Testbed:
         os.kill(self.sshd_pid(host), 1)  # SIGHUP: sshd re-execs itself and reads the new key
         _wait(lambda: _server_key(self.address(host)) == new, 10, f"{host} serving its new host key")
 
+    def configure_sshd(self, host: str, extra: str = "") -> None:
+        """Restart `host`'s sshd with the `extra` sshd_config lines after its own (`HostCertificate
+        <path>`, `ListenAddress <addr>:2299`, ...); `configure_sshd(host)` restores its own config.
+        Its processes (tmux, open sessions) live on: sshd re-execs itself on SIGHUP. Returns once
+        every ListenAddress of the new config is listening again."""
+        hdir = self.host_dir(host)
+        path, log = hdir / "sshd_config", hdir / "sshd.log"
+        text = path.read_text().split(_EXTRA_MARK)[0] + (_EXTRA_MARK + extra if extra else "")
+        trial = hdir / "sshd_config.new"
+        trial.write_text(text)
+        checked = _sh(SSHD, "-t", "-f", str(trial), check=False)
+        if checked.returncode != 0:
+            trial.unlink()
+            raise RuntimeError(f"testbed: sshd rejects the extra config for {host}: {checked.stderr.strip()}")
+        trial.replace(path)
+        if extra:
+            self._reconfigured.add(host)
+        else:
+            self._reconfigured.discard(host)
+        if self._procs[host].poll() is not None:
+            return  # dead: `revive` starts it with this config
+        listeners = sum(1 for line in text.splitlines() if line.split()[:1] == ["ListenAddress"])
+
+        def listening() -> int:
+            return log.read_text().count("Server listening on ")
+
+        before = listening()
+        os.kill(self.sshd_pid(host), signal.SIGHUP)
+        _wait(lambda: listening() >= before + listeners, 10, f"{host}'s sshd listening again")
+
     def heal(self) -> None:
         """Undo every fault injected so far (links up, dead revived, disks back, keys trusted)."""
         for host in sorted(self._down):
@@ -376,6 +409,8 @@ class Testbed:
             self.unfill_disk(host)
         for host in sorted(self._read_only):
             self.writable(host)
+        for host in sorted(self._reconfigured):
+            self.configure_sshd(host)
         if self._rekeyed:
             self.trust_current_keys()
             self._rekeyed.clear()

@@ -241,8 +241,12 @@ class SSHHost(ShellHost):
         o = self.options()
         return f"{self.name} ({o.get('user', '?')}@{o.get('hostname', self.alias)}:{o.get('port', '22')})"
 
-    def _hint_ssh(self) -> str:
-        return shlex.join(["ssh", *self._config_args(), self.alias])
+    def _hint_ssh(self, ask: bool = False) -> str:
+        """The `ssh` command to paste (`ask`: one that asks to trust an unknown key even where the
+        config says StrictHostKeyChecking yes)."""
+        strict = self.options().get("stricthostkeychecking", "ask").lower() in ("true", "yes")
+        extra = ["-o", "StrictHostKeyChecking=ask"] if ask and strict else []
+        return shlex.join(["ssh", *self._config_args(), *extra, self.alias])
 
     def _base(self) -> list[str]:
         """The ssh command line up to the options every use shares (config, batch, host keys)."""
@@ -383,7 +387,7 @@ class SSHHost(ShellHost):
         if "host key is known for" in text or "Host key verification failed" in text:
             return HostKeyError(
                 f"{self.name}: unknown host key for {self._where()}; refusing to connect. To trust "
-                f"it, run `{self._hint_ssh()}` once and check the fingerprint, or pass "
+                f"it, run `{self._hint_ssh(ask=True)}` once and check the fingerprint, or pass "
                 f"--accept-new-host-keys ({tail})")
         if "Permission denied" in text or "Too many authentication failures" in text:
             return AuthFailed(f"{self._where()}: authentication failed: {tail}; check IdentityFile, "
