@@ -1,54 +1,157 @@
 #!/usr/bin/env python3
-"""Wall time of `launch --all` and `status` against 1, 2, 4 and 8 test-bed hosts (needs root).
+"""Fan-out wall time of `ablate status` and `ablate launch --all` against GNU parallel's
+`parallel -j0 ssh {} true` to the same test-bed hosts, side by side (needs root and GNU parallel).
 
-For each size a fresh test bed (tests/testbed.py: real sshd + tmux per instance, one shared dir) is
-built; each repetition uses a fresh sweep with one queue of one trivial cell per host, and times
-`launch_all` and then `status` in-process, each after `close_all()` so the SSH connects are counted
-like a fresh `ablate` invocation pays them. Prints the medians and writes them, with the machine,
-to docs/BENCHMARKS.md (between markers, so the rest of that file is kept).
+For each size (default 8 and 32 instances) one test bed is built (tests/testbed.py: a real sshd +
+tmux per instance in its own namespaces, one shared directory) with an ssh config whose every host
+has `ConnectTimeout --connect-timeout`. Each repetition makes a fresh sweep (one queue of one
+trivial cell per host) and then times, one right after the other so that any noise hits all four:
 
-    sudo python3 scripts/bench_fanout.py [--sizes 1,2,4,8] [--reps 5] [--no-write]
+  launch   `ablate launch --all` on the fresh sweep, cold (no SSH connection open before it)
+  parallel `parallel -j0 ssh -F CFG -o ControlMaster=no -o ControlPath=none {} true ::: HOSTS`
+           (fresh connections every time, never ablate's sockets)
+  cold     `ablate status`, cold
+  warm     `ablate status` again, right after `cold` (its connections may be reused)
+
+"Cold" means ablate gets a fresh empty `ABLATE_SSH_CONTROL_DIR`, so no ControlMaster of an earlier
+command can serve it; "warm" reuses the directory the cold status just used. Every ablate command
+is a separate process, `<this python> -m ablate -C <project> ...` with this checkout first on
+PYTHONPATH (the real interpreter, not a pyenv shim), its output to a file: the time is until the
+process exits. The first repetition warms the page cache and is dropped; the medians of the rest
+are reported with their ratio to the parallel median. Targets: launch, cold and warm each <= 1.0x
+parallel, warm <= 0.3x. `ablate --version` (interpreter + CLI start, no SSH) is timed too, as the
+floor under every ablate figure.
+
+Every instance gets its own copy of root's `~/.pyenv/shims` (tests/testbed.py does it): the
+instances share this machine's /root, and a `.bashrc` running `pyenv init -` would otherwise make
+every remote command of every instance queue on one rehash lock file.
+
+Once per size, untimed, one launch, cold status and warm status run with a logging `ssh` first on
+PATH: how many connections and remote commands each makes, and how many go through the shared-FS
+host and how many at a time (the notes under the tables).
+
+Then, once per size, a dead host: one instance's network drops (its veth down, with a permanent
+neighbour entry on the bridge so packets are silently lost and only the connect time-out ends a
+connect), and `ablate status` is timed cold and warm (masters opened before the drop); then the
+instance is killed (`Testbed.kill`: its address still answers, with a TCP reset) and status is
+timed cold. Target: each costs at most one ConnectTimeout (as `ssh -G` resolves it for that host)
+over the healthy cold status, not one per operation.
+
+Prints the tables and writes them, with the machine, to docs/BENCHMARKS.md between the
+bench_fanout markers (the rest of the file is kept).
+
+    sudo python3 scripts/bench_fanout.py [--sizes 8,32] [--reps 5] [--connect-timeout 5] [--no-write]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
-from benchlib import machine  # noqa: E402
+from benchlib import measured_line, median, write_section  # noqa: E402
 
-from ablate.config.project import load_project  # noqa: E402  (after the sys.path line above)
-from ablate.monitor.status import status  # noqa: E402
-from ablate.run.launch import launch_all  # noqa: E402
-from ablate.transport import close_all  # noqa: E402
-from tests.testbed import Testbed, missing_requirement  # noqa: E402
+from tests.testbed import Testbed, missing_requirement  # noqa: E402  (after the sys.path lines above)
 
-BENCH_MD = REPO / "docs" / "BENCHMARKS.md"
-START, END = "<!-- bench_fanout:start -->", "<!-- bench_fanout:end -->"
+ABLATE = [sys.executable, "-m", "ablate"]
 # The trivial cell: writes its checkpoint in a few milliseconds, no Python start-up.
 TRAIN = "mkdir -p {ckpt_dir} && cat {cfg} > {ckpt_dir}/ckpt.bin"
+KEYS = ("cold", "launch", "warm", "parallel", "start")
+LABELS = {"cold": "`ablate status`, cold", "launch": "`ablate launch --all`, fresh sweep, cold",
+          "warm": "`ablate status`, warm (re-run)", "parallel": "`parallel -j0 ssh {} true`, cold",
+          "start": "`ablate --version` (process start, no SSH)"}
+TARGET = {"cold": 1.0, "launch": 1.0, "warm": 0.3}
 
 
-def timed(fn: Callable[[], object]) -> float:
-    close_all()  # every measurement opens its own connections, as one `ablate` command does
-    t0 = time.perf_counter()
-    fn()
-    took = time.perf_counter() - t0
-    close_all()
-    return took
+@dataclass
+class Size:
+    n: int
+    times: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KEYS})
+    sockets_cold: list[int] = field(default_factory=list)  # control sockets a cold status left
+    held_open: list[str] = field(default_factory=list)  # processes still holding ablate's stdout
+    connect_timeout: float = float("nan")
+    # (fault, secs, rc, ssh runs that reached out to the dead host)
+    dead: list[tuple[str, float, int | None, int]] = field(default_factory=list)
+    private_shims: bool = False
+    failures: list[str] = field(default_factory=list)  # runs that exited non-zero, with their error
+    failed: dict[str, int] = field(default_factory=dict)  # how many per measurement
+    anatomy: list[str] = field(default_factory=list)  # what each command did over SSH (traced run)
+
+    def med(self, key: str) -> float:
+        return median(self.times[key])
 
 
-def project(tb: Testbed, base: Path, sweep: str) -> Path:
+class Bench:
+    def __init__(self, tmp: Path, connect_timeout: float) -> None:
+        self.tmp = tmp
+        self.connect_timeout = connect_timeout
+        self.ctl_root = Path(tempfile.mkdtemp(prefix="abf", dir="/tmp"))  # short: socket paths
+        self.logs = tmp / "logs"
+        self.logs.mkdir()
+        self.count = 0
+        # A logging `ssh` first on PATH, for the traced (untimed) runs only: what each ssh run was
+        # and when it started and ended (ablate finds its client with shutil.which("ssh")).
+        self.shim_dir = tmp / "shim"
+        self.shim_dir.mkdir()
+        real = shutil.which("ssh") or "/usr/bin/ssh"
+        (self.shim_dir / "ssh").write_text(  # a start line, then (unless killed) an end line
+            '#!/bin/bash\na="$*"; a="${a//$\'\\n\'/ }"\n'
+            'printf "S %s %s %s\\n" "$$" "$(date +%s.%N)" "${a:0:300}" >> "$ABF_SSH_LOG"\n'
+            f'{shlex.quote(real)} "$@"\nrc=$?\n'
+            'printf "E %s %s %s\\n" "$$" "$(date +%s.%N)" "$rc" >> "$ABF_SSH_LOG"\n'
+            "exit $rc\n")
+        (self.shim_dir / "ssh").chmod(0o755)
+
+    def fresh_ctl(self) -> Path:
+        """A fresh, empty ABLATE_SSH_CONTROL_DIR: no ControlMaster can be reused from it."""
+        return Path(tempfile.mkdtemp(dir=self.ctl_root))
+
+    def run(self, argv: list[str], ctl: Path | None, timeout: float = 300.0,
+            trace: Path | None = None) -> tuple[float, int | None, Path]:
+        """Wall seconds until the process exits (None rc: killed at `timeout`), and its log.
+        Output goes to a file, not a pipe: a daemonised ControlMaster that kept the pipe open would
+        otherwise be timed too (`held_by` tells whether one does)."""
+        self.count += 1
+        log = self.logs / f"{self.count:04d}.log"
+        env = dict(os.environ, NO_COLOR="1",
+                   PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        if ctl is not None:
+            env["ABLATE_SSH_CONTROL_DIR"] = str(ctl)
+        if trace is not None:
+            env["PATH"] = f"{self.shim_dir}{os.pathsep}{env.get('PATH', '')}"
+            env["ABF_SSH_LOG"] = str(trace)
+        with open(log, "wb") as out:
+            t0 = time.perf_counter()
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 env=env, start_new_session=True)
+            try:
+                rc: int | None = p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                rc = None
+            took = time.perf_counter() - t0
+        return took, rc, log
+
+
+def project(tb: Testbed, base: Path, sweep: str, ssh_config: Path) -> Path:
     proj = base / sweep
     (proj / "profiles").mkdir(parents=True)
     (proj / "queues").mkdir()
@@ -63,93 +166,401 @@ def project(tb: Testbed, base: Path, sweep: str) -> Path:
     (proj / "ablate.yaml").write_text(yaml.safe_dump({
         "profile": "tb", "sweep": sweep, "workdir": f"{tb.shared_path}/bench/{sweep}", "train": TRAIN,
         "artifacts": {"checkpoint": "ckpt.bin"}, "tasks": {"t": {"epochs": 1}},
-        "heartbeat_secs": 1, "ssh_config": str(tb.ssh_config),
+        "heartbeat_secs": 1, "ssh_config": str(ssh_config),
         "hosts": {h: {} for h in tb.hosts}}, sort_keys=False))
     return proj
 
 
-def measure(n: int, reps: int, base: Path) -> tuple[float, float]:
-    """Median seconds of (launch --all, status) against n hosts."""
-    launches: list[float] = []
-    statuses: list[float] = []
-    with Testbed(n) as tb:
-        for r in range(reps + 1):  # the first repetition warms the page cache and is dropped
-            proj = load_project(project(tb, base, f"b{n}r{r}"))
-            results: list[object] = []
-            t_launch = timed(lambda: results.extend(launch_all(proj)))  # noqa: B023  (called at once)
-            bad = [x for x in results if getattr(x, "status", "") != "launched"]
-            if bad:
-                raise SystemExit(f"bench: launch --all on {n} hosts failed: {bad}")
-            t_status = timed(lambda: status(proj))  # noqa: B023
-            if r:
-                launches.append(t_launch)
-                statuses.append(t_status)
-        close_all()
-    return statistics.median(launches), statistics.median(statuses)
+def _pids_mentioning(text: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if text.encode() in (d / "cmdline").read_bytes():
+                    pids.append(int(d.name))
+    return pids
 
 
-def table(rows: dict[int, tuple[float, float]]) -> list[str]:
-    one = rows.get(1)
-    out = ["| hosts | launch --all (s) | x 1 host | status (s) | x 1 host |",
-           "|------:|-----------------:|---------:|-----------:|---------:|"]
-    for n, (la, st) in sorted(rows.items()):
-        rl = f"{la / one[0]:.2f}" if one else "-"
-        rs = f"{st / one[1]:.2f}" if one else "-"
-        out.append(f"| {n} | {la:.3f} | {rl} | {st:.3f} | {rs} |")
+def sockets(ctl: Path) -> list[Path]:
+    return [p for p in ctl.rglob("*") if p.is_socket()] if ctl.exists() else []
+
+
+def close_masters(ctl: Path) -> None:
+    """End the ControlMasters ablate left in `ctl` (`ssh -O exit`, then any process still naming
+    the directory on its command line, by pid): one measurement's masters never serve another."""
+    for sock in sockets(ctl):
+        subprocess.run(["ssh", "-S", str(sock), "-O", "exit", "x"], capture_output=True, timeout=10,
+                       check=False)
+    for pid in _pids_mentioning(str(ctl)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(ctl, ignore_errors=True)
+
+
+def held_by(path: Path) -> list[str]:
+    """Processes (pid and command) that still have `path` open."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (d / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) == str(path):
+                        cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                        out.append(f"{d.name}: {cmd.strip()[:120]}")
+                        break
     return out
 
 
-def write_md(rows: dict[int, tuple[float, float]], reps: int, m: dict[str, str]) -> None:
-    lines = [START, "## Fan-out: `launch --all` and `status` against N hosts", "",
-             f"Measured {m['date']} by `scripts/bench_fanout.py` on {m['nproc']} CPU(s), {m['cpu']}, "
-             f"Linux {m['kernel']}, Python {m['python']}.", "",
-             f"Test-bed instances (tests/testbed.py: real sshd + tmux in network namespaces on this one "
-             f"machine, one shared directory); one queue of one trivial cell per host; a fresh sweep "
-             f"per repetition; median of {reps} repetitions; SSH connects included (each measurement "
-             "starts with no open connection, like one `ablate` command).", "", *table(rows), ""]
-    if 1 in rows and 8 in rows:
-        la = rows[8][0] / rows[1][0]
-        st = rows[8][1] / rows[1][1]
-        lines += [f"8 hosts / 1 host: launch --all **{la:.2f}x**, status **{st:.2f}x** "
-                  "(serial would be about 8x). What still grows with N: the serial shared-FS work "
-                  "(deploy places one run spec per host, one SSH round trip each, ~0.1 s here) and the "
-                  "SSH handshakes, which share this machine's CPUs with every instance.", ""]
-    lines.append(END)
-    block = "\n".join(lines) + "\n"
-    old = BENCH_MD.read_text() if BENCH_MD.exists() else "# Benchmarks\n\n"
-    if START in old and END in old:
-        new = old[: old.index(START)] + block + old[old.index(END) + len(END):].lstrip("\n")
-    else:
-        new = old.rstrip("\n") + "\n\n" + block
-    BENCH_MD.parent.mkdir(parents=True, exist_ok=True)
-    BENCH_MD.write_text(new)
+def resolved_connect_timeout(cfg: Path, host: str) -> float:
+    out = subprocess.run(["ssh", "-G", "-F", str(cfg), host], capture_output=True, text=True,
+                         check=True).stdout
+    for line in out.splitlines():
+        k, _, v = line.partition(" ")
+        if k == "connecttimeout":
+            return float(v) if v.strip().isdigit() else float("nan")
+    return float("nan")
+
+
+def blackhole(tb: Testbed, host: str) -> None:
+    """`host`'s network drops and its packets are lost without an answer: its veth goes down and
+    a permanent neighbour entry keeps ARP from failing first, so a connect ends only at its time-out."""
+    mac = subprocess.run(["ip", "netns", "exec", tb.netns(host), "cat", "/sys/class/net/eth0/address"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(["ip", "neigh", "replace", tb.address(host), "lladdr", mac, "dev", tb.bridge,
+                    "nud", "permanent"], check=True, capture_output=True)
+    tb.link_down(host)
+
+
+def unblackhole(tb: Testbed, host: str) -> None:
+    subprocess.run(["ip", "neigh", "del", tb.address(host), "dev", tb.bridge], check=False,
+                   capture_output=True)
+    tb.link_up(host)
+
+
+def settle(tb: Testbed, timeout: float = 60.0) -> float:
+    """Wait until every instance runs nothing but sshd (the launched queues have ended), so what
+    the launch started does not load the next measurement; seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        busy = False
+        for host in tb.hosts:
+            pids = subprocess.run(["ip", "netns", "pids", tb.netns(host)], capture_output=True,
+                                  text=True, check=False).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{pid}/comm").read_text().strip() != "sshd":
+                        busy = True
+                        break
+            if busy:
+                break
+        if not busy:
+            return time.monotonic() - t0
+        time.sleep(0.2)
+    print(f"bench: the instances still run more than sshd {timeout:g}s after the launch", file=sys.stderr)
+    return time.monotonic() - t0
+
+
+def measure(bench: Bench, n: int, reps: int) -> Size:
+    size = Size(n)
+    t0 = time.perf_counter()
+    with Testbed(n, startup_timeout=60.0) as tb:
+        print(f"{n} hosts: test bed up in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        cfg = tb.write_ssh_config(tb.dir / "bench_ssh_config",
+                                  extra=f"\nHost *\n  ConnectTimeout {bench.connect_timeout:g}\n")
+        size.connect_timeout = resolved_connect_timeout(cfg, tb.hosts[-1])
+        size.private_shims = (tb.host_dir(tb.hosts[0]) / "pyenv-shims").is_dir()  # the test bed's own
+        par = ["parallel", "--will-cite", "-j0", "ssh", "-F", str(cfg), "-o", "ControlMaster=no",
+               "-o", "ControlPath=none", "{}", "true", ":::", *tb.hosts]
+        proj = Path()
+
+        def one(key: str, r: int, argv: list[str], ctl: Path | None) -> tuple[float, Path]:
+            """Seconds of one run, NaN when it failed (recorded, and left out of the medians)."""
+            took, rc, log = bench.run(argv, ctl, timeout=300.0)
+            if rc == 0:
+                return took, log
+            tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-2:]
+            why = f"exit {rc}" if rc is not None else "killed at 300 s"
+            size.failures.append(f"{LABELS[key]}, rep {r} ({took:.1f}s): {why}: {' / '.join(tail)[:500]}")
+            size.failed[key] = size.failed.get(key, 0) + 1
+            print(f"bench: {size.failures[-1]}", file=sys.stderr)
+            return float("nan"), log
+
+        for r in range(reps + 1):  # the first repetition warms the page cache and is dropped
+            proj = project(tb, bench.tmp, f"b{n}r{r}", cfg)
+            got: dict[str, float] = {}
+            ctl = bench.fresh_ctl()
+            got["launch"], _ = one("launch", r, [*ABLATE, "-C", str(proj), "launch", "--all"], ctl)
+            close_masters(ctl)
+            waited = settle(tb)
+            got["parallel"], _ = one("parallel", r, par, None)
+            ctl = bench.fresh_ctl()
+            got["cold"], _ = one("cold", r, [*ABLATE, "-C", str(proj), "status"], ctl)
+            size.sockets_cold.append(len(sockets(ctl)))
+            got["warm"], log = one("warm", r, [*ABLATE, "-C", str(proj), "status"], ctl)
+            if r == reps:  # while the masters live: does one of them hold ablate's stdout?
+                size.held_open = held_by(log)
+            close_masters(ctl)
+            got["start"], _ = one("start", r, [*ABLATE, "--version"], None)
+            line = (", ".join(f"{k} {v:.3f}s" for k, v in got.items())
+                    + f" (queues ended {waited:.1f}s after the launch)")
+            print(f"{n} hosts, rep {r}{' (warm-up, dropped)' if r == 0 else ''}: {line}", file=sys.stderr)
+            if r:
+                for k, v in got.items():
+                    if v == v:  # not NaN
+                        size.times[k].append(v)
+        trace_commands(bench, tb, cfg, size)
+        dead(bench, tb, proj, size)
+    return size
+
+
+@dataclass
+class SshRun:
+    start: float
+    end: float
+    host: str
+    kind: str  # "local" (ssh -G / -O: no network), "connect" (a new master), "session" (a command)
+
+
+def read_trace(path: Path) -> list[SshRun]:
+    """The ssh runs of a trace; one killed before it ended (a time-out) ends at the trace's end."""
+    starts: dict[str, SshRun] = {}
+    ends: dict[str, float] = {}
+    last = 0.0
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        parts = line.split(" ", 3)
+        if len(parts) < 4 or parts[0] not in ("S", "E"):
+            continue
+        t = float(parts[2])
+        last = max(last, t)
+        if parts[0] == "E":
+            ends[parts[1]] = t
+            continue
+        args = f" {parts[3]} "
+        m = re.search(r" -- (\S+)", args)
+        kind = ("local" if re.search(r" -(G|O) ", args) else
+                "connect" if "ControlMaster=yes" in args else
+                "lock" if "flock" in args else "session")  # the controller lock, held all along
+        starts[parts[1]] = SshRun(t, t, m.group(1) if m else "?", kind)
+    for pid, run in starts.items():
+        run.end = ends.get(pid, last)
+    return sorted(starts.values(), key=lambda r: r.start)
+
+
+def max_overlap(runs: list[SshRun]) -> int:
+    edges = sorted([(r.start, 1) for r in runs] + [(r.end, -1) for r in runs])
+    now = most = 0
+    for _, d in edges:
+        now += d
+        most = max(most, now)
+    return most
+
+
+def busy(runs: list[SshRun]) -> float:
+    """Seconds during which at least one of `runs` was under way."""
+    total, end = 0.0, float("-inf")
+    for r in sorted(runs, key=lambda r: r.start):
+        if r.end > end:
+            total += r.end - max(r.start, end)
+            end = r.end
+    return total
+
+
+def anatomy(label: str, runs: list[SshRun], n: int) -> str:
+    """What one ablate command did over SSH, from its trace."""
+    sessions = [r for r in runs if r.kind in ("session", "lock")]
+    connects = [r for r in runs if r.kind == "connect"]
+    per_host: dict[str, list[SshRun]] = {}
+    for r in sessions:
+        per_host.setdefault(r.host, []).append(r)
+    fs_host, on_it = max(per_host.items(), key=lambda kv: len(kv[1]), default=("-", []))
+    others = [len(v) for h, v in per_host.items() if h != fs_host]
+    span = max((r.end for r in runs), default=0.0) - min((r.start for r in runs), default=0.0)
+    held = " besides the one holding the controller lock" if any(r.kind == "lock" for r in on_it) else ""
+    on_it = [r for r in on_it if r.kind != "lock"]
+    return (f"{label}: {len(connects)} new connection(s) and {len(sessions)} remote commands for {n} "
+            f"hosts (GNU parallel: {n} connections, {n} commands); {fs_host}, the shared-FS host, ran "
+            f"{len(on_it)}{held}, at most {max_overlap(on_it)} at a time, busy {busy(on_it):.1f}s of "
+            f"the {span:.1f}s the command spent over SSH; each other host "
+            f"{min(others, default=0)}-{max(others, default=0)}")
+
+
+def trace_commands(bench: Bench, tb: Testbed, cfg: Path, size: Size) -> None:
+    """One untimed launch, cold status and warm status with the logging ssh: how many SSH round
+    trips each makes, and how many go through the shared-FS host, how many at a time."""
+    proj = project(tb, bench.tmp, f"b{size.n}trace", cfg)
+    status = [*ABLATE, "-C", str(proj), "status"]
+    steps = (("`launch --all` (cold)", [*ABLATE, "-C", str(proj), "launch", "--all"], True),
+             ("`status` (cold)", status, True), ("`status` (warm)", status, False))
+    ctl: Path | None = None
+    for i, (label, argv, fresh) in enumerate(steps):
+        if fresh:
+            if ctl is not None:
+                close_masters(ctl)
+                settle(tb)
+            ctl = bench.fresh_ctl()
+        trace = bench.tmp / f"trace-{size.n}-{i}.log"
+        took, rc, _ = bench.run(argv, ctl, trace=trace)
+        size.anatomy.append(anatomy(f"{label}, {took:.1f}s traced, exit {rc}", read_trace(trace), size.n))
+        print(f"{size.n} hosts, traced {size.anatomy[-1]}", file=sys.stderr)
+    if ctl is not None:
+        close_masters(ctl)
+
+
+def dead(bench: Bench, tb: Testbed, proj: Path, size: Size) -> None:
+    """Status with one host gone: network dropped (cold, and warm over masters opened before the
+    drop), then the instance killed (cold)."""
+    host = tb.hosts[-1]
+    cap = 60.0 + 4 * bench.connect_timeout
+    status = [*ABLATE, "-C", str(proj), "status"]
+
+    def timed(fault: str, ctl: Path) -> None:
+        trace = bench.tmp / f"trace-{size.n}-dead-{len(size.dead)}.log"
+        took, rc, log = bench.run(status, ctl, timeout=cap, trace=trace)
+        tries = [r for r in read_trace(trace) if r.host == host and r.kind != "local"]
+        size.dead.append((fault, took, rc, len(tries)))
+        print(f"{size.n} hosts, {fault}: status {took:.3f}s (rc {rc})", file=sys.stderr)
+        if rc not in (0, 1):  # 1: a host could not be reached
+            size.failures.append(f"status, {fault}: exit {rc}: {log.read_text(errors='replace')[-500:]}")
+
+    warm = bench.fresh_ctl()
+    bench.run(status, warm)  # opens the masters the warm case then finds
+    blackhole(tb, host)
+    try:
+        timed(f"{host} unreachable (link down, packets lost), cold", cold := bench.fresh_ctl())
+        close_masters(cold)
+        timed(f"{host} unreachable, warm (masters opened before the drop)", warm)
+    finally:
+        close_masters(warm)
+        unblackhole(tb, host)
+    tb.kill(host)
+    timed(f"{host} killed (sshd gone: connect refused), cold", cold := bench.fresh_ctl())
+    close_masters(cold)
+
+
+def fmt_ratio(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def tables(sizes: list[Size]) -> list[str]:
+    out = ["| hosts | command | median (s) | min-max (s) | x parallel | target | result |",
+           "|--:|:--|--:|--:|--:|:--|:--|"]
+    for s in sizes:
+        par = s.med("parallel")
+        for k in ("cold", "launch", "warm", "parallel", "start"):
+            xs = s.times[k] or [float("nan")]
+            ratio = s.med(k) / par
+            failed = s.failed.get(k, 0)
+            if k in TARGET:
+                limits = [1.0, TARGET[k]] if TARGET[k] < 1.0 else [1.0]
+                target = " and ".join(f"<= {t:g}x" for t in sorted(set(limits), reverse=True))
+                result = "PASS" if not failed and all(ratio <= t for t in limits) else "FAIL"
+            else:
+                target, result = "-", "-"
+            if failed:
+                result += f" ({failed} run(s) failed)"
+            out.append(f"| {s.n} | {LABELS[k]} | {s.med(k):.3f} | {min(xs):.3f}-{max(xs):.3f} | "
+                       f"{fmt_ratio(ratio)} | {target} | {result} |")
+    out += ["", "| hosts | status with one host dead | wall (s) | exit | over healthy cold (s) | "
+            "ConnectTimeout (s) | about | ssh runs to it | target | result |",
+            "|--:|:--|--:|--:|--:|--:|--:|--:|:--|:--|"]
+    for s in sizes:
+        for fault, took, rc, tries in s.dead:
+            extra = took - s.med("cold")
+            ct = s.connect_timeout
+            result = "PASS" if rc in (0, 1) and extra <= 1.5 * ct else "FAIL"
+            rc_s = "killed at cap" if rc is None else str(rc)
+            out.append(f"| {s.n} | {fault} | {took:.3f} | {rc_s} | {extra:+.3f} | {ct:g} | "
+                       f"{max(0.0, extra) / ct:.1f} time-outs | {tries} | one time-out at most | {result} |")
+    return out
+
+
+def notes(sizes: list[Size]) -> list[str]:
+    out = []
+    out.append("- Dead host: \"over healthy cold\" is the wall time a dead host adds to `status`; when "
+               "the healthy status takes longer than the time-out, the time-out runs under it, and \"ssh "
+               "runs to it\" (the ssh processes that tried that host) is the gauge: one try, one time-out.")
+    for s in sizes:
+        socks = sorted(set(s.sockets_cold))
+        out.append(f"- {s.n} hosts: ControlMaster sockets a cold `status` left in its "
+                   f"ABLATE_SSH_CONTROL_DIR: {'/'.join(map(str, socks))} of {s.n}"
+                   + (" (none: this transport keeps no connection between commands, so the warm row "
+                      "is a second cold one)" if socks == [0] else "") + ".")
+        for a in s.anatomy:
+            out.append(f"- {s.n} hosts, traced {a}.")
+        for f in s.failures:
+            out.append(f"- {s.n} hosts: failed: {f}")
+        if s.held_open:
+            out.append(f"- {s.n} hosts: after `ablate status` exited, {len(s.held_open)} process(es) "
+                       f"still held its stdout (a pipe reader such as `ablate status | less` would wait "
+                       f"for them), e.g. {s.held_open[0]}.")
+    return out
+
+
+def ablate_version() -> str:
+    """The commit measured, and whether ablate/ had uncommitted changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                              check=False).stdout.strip()
+    rev = git("rev-parse", "--short", "HEAD") or "unknown"
+    return f"{rev} plus uncommitted changes in ablate/" if git("status", "--porcelain", "--", "ablate") \
+        else rev
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="1,2,4,8", help="comma-separated host counts (default 1,2,4,8)")
-    ap.add_argument("--reps", type=int, default=5, help="repetitions per size; the median is kept")
+    ap.add_argument("--sizes", default="8,32", help="comma-separated instance counts (default 8,32)")
+    ap.add_argument("--reps", type=int, default=5,
+                    help="repetitions kept per size (one more runs first, as a warm-up); median reported")
+    ap.add_argument("--connect-timeout", type=float, default=5.0,
+                    help="ConnectTimeout of every host in the bench's ssh config (default 5)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md alone")
     args = ap.parse_args(argv)
     reason = missing_requirement()
+    if reason is None and shutil.which("parallel") is None:
+        reason = "GNU parallel is missing: apt-get install parallel (scripts/test.sh does)"
     if reason:
         print(f"bench_fanout: {reason}", file=sys.stderr)
         return 2
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
-    rows: dict[int, tuple[float, float]] = {}
+    reps = max(1, args.reps)
+    runner = f"`{shlex.join(ABLATE)}` with this checkout on PYTHONPATH (not a pyenv shim)"
+    print(f"ablate runs as {runner}, one process per command", file=sys.stderr)
+    results: list[Size] = []
     with tempfile.TemporaryDirectory(prefix="ablate-bench-") as tmp:
-        for n in sizes:
-            rows[n] = measure(n, max(1, args.reps), Path(tmp))
-            print(f"{n} host(s): launch --all {rows[n][0]:.3f}s, status {rows[n][1]:.3f}s", file=sys.stderr)
-    m = machine()
-    print(f"{m['nproc']} CPU(s), {m['cpu']}, Linux {m['kernel']}; median of {args.reps}")
-    print("\n".join(table(rows)))
-    if 1 in rows and 8 in rows:
-        print(f"8 hosts / 1 host: launch --all {rows[8][0] / rows[1][0]:.2f}x, "
-              f"status {rows[8][1] / rows[1][1]:.2f}x")
+        bench = Bench(Path(tmp), args.connect_timeout)
+        try:
+            for n in sizes:
+                results.append(measure(bench, n, reps))
+        finally:
+            for ctl in list(bench.ctl_root.iterdir()):
+                close_masters(ctl)
+            shutil.rmtree(bench.ctl_root, ignore_errors=True)
+    cmd = "python3 scripts/bench_fanout.py" + ("" if args.sizes == "8,32" else f" --sizes {args.sizes}") \
+        + ("" if reps == 5 else f" --reps {reps}")
+    body = tables(results)
+    lines = ["## Fan-out: `ablate status` / `launch --all` against GNU parallel", "",
+             measured_line(cmd) + f" ablate at {ablate_version()}.", "",
+             f"Test-bed instances (tests/testbed.py: real sshd + tmux in network namespaces on this one "
+             f"machine, one shared directory), `ConnectTimeout {args.connect_timeout:g}` for every host; "
+             f"one queue of one trivial cell per host, a fresh sweep per repetition. ablate runs as "
+             f"{runner}, a separate process per command with `-C <project>`, timed until it exits. "
+             f"Each repetition times launch, parallel, cold status, warm status in that order; "
+             f"median of {reps} repetitions after one warm-up. Cold: a fresh empty "
+             "`ABLATE_SSH_CONTROL_DIR` (no earlier ControlMaster can serve); warm: the directory the "
+             "cold status just used. GNU parallel: `parallel -j0 ssh -F CFG -o ControlMaster=no "
+             "-o ControlPath=none {} true ::: HOSTS`. Before parallel, the bench waits until the "
+             "launched queues have ended (every instance runs only sshd again)."
+             + (" Every instance has its own copy of root's `~/.pyenv/shims` (root's `.bashrc` runs "
+                "`pyenv init -`, so every remote command does a `pyenv rehash` under a lock file "
+                "there, which the instances would otherwise share)." if any(s.private_shims for s in results)
+                else ""), "",
+             *body, "", *notes(results), ""]
+    print("\n".join(lines))
     if not args.no_write:
-        write_md(rows, args.reps, m)
-        print(f"wrote {BENCH_MD.relative_to(REPO)}")
+        path = write_section("bench_fanout", lines)
+        print(f"wrote {path.relative_to(REPO)}")
     return 0
 
 

@@ -1,8 +1,10 @@
-"""Smoke test of scripts/bench_fanout.py: it builds test beds, launches, asks status and prints the
-table (tiny sizes, no file written; the figures themselves are not asserted)."""
+"""Smoke test of scripts/bench_fanout.py: on a 2-instance test bed it launches, asks status cold and
+warm, runs GNU parallel, takes one host down and prints both tables (one repetition, no file
+written; the figures themselves are not asserted)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +20,22 @@ def test_bench_fanout_runs_and_prints_the_table() -> None:
     reason = missing_requirement()
     if reason:
         pytest.skip(reason)
+    if shutil.which("parallel") is None:
+        pytest.skip("bench_fanout compares against GNU parallel: apt-get install parallel "
+                    "(scripts/test.sh does)")
     bench = SCRIPT.parent.parent / "docs" / "BENCHMARKS.md"
     before = bench.read_bytes() if bench.exists() else None
-    p = subprocess.run([sys.executable, str(SCRIPT), "--sizes", "1,2", "--reps", "1", "--no-write"],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    rows = [line for line in p.stdout.splitlines() if line.startswith("| ")]
-    assert [r.split("|")[1].strip() for r in rows] == ["hosts", "1", "2"]
+    p = subprocess.run([sys.executable, str(SCRIPT), "--sizes", "2", "--reps", "1", "--no-write",
+                        "--connect-timeout", "3"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in p.stdout.splitlines()
+            if line.startswith("| 2 |")]
+    commands = [r[1] for r in rows if len(r) == 7]
+    assert commands == ["`ablate status`, cold", "`ablate launch --all`, fresh sweep, cold",
+                        "`ablate status`, warm (re-run)", "`parallel -j0 ssh {} true`, cold",
+                        "`ablate --version` (process start, no SSH)"], p.stdout
+    assert all(r[6] in ("PASS", "FAIL") for r in rows[:3] if len(r) == 7), p.stdout
+    dead = [r for r in rows if len(r) == 10]
+    assert len(dead) == 3 and all(r[9] in ("PASS", "FAIL") for r in dead), p.stdout
+    assert "traced `launch --all`" in p.stdout and "traced `status` (warm)" in p.stdout, p.stdout
     assert (bench.read_bytes() if bench.exists() else None) == before

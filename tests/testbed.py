@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
+import pwd
 import re
 import secrets
 import shlex
@@ -212,10 +213,12 @@ class Testbed:
         """Start the instance: private mounts + hostname, then `sshd -D` as its first process."""
         hdir = self.host_dir(host)
         q = shlex.quote
+        shims = _private_shims(hdir)
         # Order matters: bind the dirs first, then hide /tmp behind a private tmpfs.
         script = (f"mount --make-rprivate / && hostname {q(self.hostname(host))} && "
                   f"mount --bind {q(str(hdir / 'local'))} {q(self.local_path)} && "
                   f"mount --bind {q(str(self.shared_dir))} {q(self.shared_path)} && "
+                  + (f"mount --bind {q(str(shims[0]))} {q(str(shims[1]))} && " if shims else "") +
                   "mount -t tmpfs -o mode=1777 tmpfs /tmp && "
                   f"exec {SSHD} -D -f {q(str(hdir / 'sshd_config'))} -E {q(str(hdir / 'sshd.log'))}")
         # `ip netns exec`, `unshare` and `sh -c ... exec` all exec: the Popen pid is sshd's.
@@ -432,6 +435,23 @@ def _server_key(addr: str) -> str | None:
         return None
     finally:
         t.close()
+
+
+def _private_shims(hdir: Path) -> tuple[Path, Path] | None:
+    """Every instance shares this machine's /root, and root's .bashrc may run `pyenv init -`: every
+    remote command's login shell then runs `pyenv rehash` under one lock file in the shims dir.
+    Shared, it queues all instances' commands, and an instance killed while holding it leaves a
+    lock every later shell waits 60 s on. Each instance gets its own copy (like its own /tmp)."""
+    shims = Path(pwd.getpwuid(0).pw_dir) / ".pyenv" / "shims"
+    if not shims.is_dir():
+        return None
+    mine = hdir / "pyenv-shims"
+    mine.mkdir(exist_ok=True)
+    for f in shims.iterdir():  # a rehash elsewhere may add or remove files meanwhile
+        if not f.name.startswith(".pyenv-"):  # its lock and prototype files
+            with contextlib.suppress(FileNotFoundError, FileExistsError):
+                shutil.copy2(f, mine / f.name, follow_symlinks=False)
+    return mine, shims
 
 
 def _kill_pids(ns: str) -> None:

@@ -12,9 +12,11 @@ What ablate adds on top, always on the command line (which wins over any config 
   ControlMaster socket (`ControlPersist`, `ABLATE_SSH_PERSIST` seconds, default 120) under a private
   directory (`ABLATE_SSH_CONTROL_DIR`, default `$XDG_RUNTIME_DIR/ablate-ssh` or
   `/tmp/ablate-ssh-<uid>`), one per alias and resolved config (`ssh -G`). A master this process
-  did not start is checked with one round trip (within ConnectTimeout + 2 s) before it is trusted,
-  and replaced when it does not answer (host rebooted, link dropped); its keep-alives end it on
-  their own within about 15 s of a dead link.
+  did not start is not trusted until a command has started through it: if it cannot carry the
+  request at all (its host rebooted: the request met a reset), it is replaced and the command sent
+  again, once; if it stays silent for the connect time-out (at least 3 s; link dropped), the host is
+  unreachable and the master ended: one time-out, never two. Its keep-alives end a master over a
+  dead link on their own within about 15 s.
 - Every command first prints a marker on stderr, so "the command started" is known: a failure
   before it is the connection's (classified from ssh's own message: host key, authentication,
   config, unreachable), and "nothing was run" is then true.
@@ -57,6 +59,9 @@ DEFAULT_PERSIST = 120
 MARK = b"\x1e@ablate\x1e"
 TIMED_OUT = -1  # _wait: the command outlived its time-out
 _MARK_CMD = r"printf '\036@ablate\036' >&2; "
+# a mux client's words when its master could not carry the session request
+_MASTER_FAILED = re.compile(r"read from master failed|master hello exchange failed|mux_client_\w+|"
+                            r"Control socket connect|Connection to .* closed|Broken pipe|Connection reset")
 # ssh's own words when a connection that was running a command went away
 _DROPPED = re.compile(r"closed by remote host|Broken pipe|not responding|Connection reset|"
                       r"mux_client_\w+: read from master failed|client_loop: send disconnect")
@@ -188,6 +193,7 @@ class SSHHost(ShellHost):
         self._lock = threading.Lock()
         self._opts: dict[str, str] | None = None
         self._ready = False  # the master (or a direct connection) answered in this process
+        self._kept = False  # the master was left by an earlier command: trusted once a command starts
         self._failed: tuple[RemoteError, float] | None = None
         self._sock: str | None = None
         self._resolved = b""  # `ssh -G`'s output: what the connection is made of
@@ -308,7 +314,8 @@ class SSHHost(ShellHost):
         with open(f"{sock}.lock", "a") as lockf:
             fcntl.flock(lockf, fcntl.LOCK_EX)  # one master per socket, across ablate processes
             if os.path.exists(sock):
-                if self._ctl("check") and self._verify(sock):
+                if self._ctl("check"):  # local: the master process lives; the link is unproven
+                    self._kept = True
                     return
                 self._ctl("exit")
                 with contextlib.suppress(FileNotFoundError):
@@ -332,6 +339,7 @@ class SSHHost(ShellHost):
                 err = errf.read().decode(errors="replace")
             if rc != 0 or not os.path.exists(sock):
                 raise self._explain(err or f"ssh exited {rc} without a word")
+            self._kept = False
 
     def master_pid(self) -> int | None:
         """The pid of the ControlMaster this host's commands go through (None: none runs)."""
@@ -352,22 +360,6 @@ class SSHHost(ShellHost):
                                stdin=subprocess.DEVNULL, start_new_session=True)
         except (OSError, subprocess.TimeoutExpired):
             return False
-        return r.returncode == 0
-
-    def _verify(self, sock: str) -> bool:
-        """One round trip through a master this process did not start: True when it answers,
-        False when the master is gone (a new connection is then made). Silence for the connect
-        time-out (at least 3 s) is the host's: HostUnreachable, so a dead host costs one time-out."""
-        budget = max(self.connect_timeout, 3.0)
-        argv = [*self._base(), "-T", "-o", "ControlMaster=no", "-o", f"ControlPath={sock}", "--",
-                self.alias, "true"]
-        try:
-            r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=budget,
-                               start_new_session=True)
-        except subprocess.TimeoutExpired:
-            self._ctl("exit")
-            raise HostUnreachable(f"{self._where()}: no answer within {budget:g}s on the kept "
-                                  "connection (host down or network unreachable)") from None
         return r.returncode == 0
 
     def _explain(self, err: str) -> RemoteError:
@@ -400,6 +392,14 @@ class SSHHost(ShellHost):
             return HostUnreachable(f"{self._where()}: no answer within the {self.connect_timeout:g}s "
                                    f"connect time-out (host down or network unreachable): {tail}")
         return HostUnreachable(f"{self._where()}: cannot connect: {tail}")
+
+    def _forget_master(self) -> None:
+        """A kept master failed at once (its host rebooted: the first packet met a reset, so the
+        request reached no sshd): replace it; the command is then sent again, once."""
+        with self._lock:
+            self._drop_master()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._socket())
 
     def _drop_master(self) -> None:
         """The master stopped answering: end it so the next operation connects afresh."""
@@ -450,6 +450,9 @@ class SSHHost(ShellHost):
         # through a live master a command starts within its own time-out (a loaded host may take
         # seconds; a dead link ends the master within ~15 s); a new connection adds the connect
         start_within = timeout if self._ready and self.multiplex else timeout + self.connect_timeout * 2
+        kept = self._kept and self.multiplex
+        if kept:  # unproven: silence for the connect time-out is the host's (one time-out, no more)
+            start_within = min(timeout, max(self.connect_timeout, 3.0))
         deadline = t0 + timeout
         while True:
             out, err = live.read(0.05)
@@ -465,15 +468,22 @@ class SSHHost(ShellHost):
                 parts[1].append(err)
             if live.started and start_only:
                 return None
+            if live.started and kept:
+                self._kept = kept = False  # the kept connection carried a command: proven
             rc = live.exit_status()
             if rc is not None:
                 if not live.started:
-                    raise self._explain(live.early.decode(errors="replace")
-                                        or f"ssh exited {rc} before the command started")
+                    early = live.early.decode(errors="replace")
+                    if kept and _MASTER_FAILED.search(early):
+                        raise _StaleMaster(early)
+                    raise self._explain(early or f"ssh exited {rc} before the command started")
                 return rc
             now = time.monotonic()
             if not live.started and now - t0 > start_within:
                 self._drop_master()
+                if kept:
+                    raise HostUnreachable(f"{self._where()}: no answer within {start_within:g}s on the "
+                                          "kept connection (host down or network unreachable)")
                 raise HostUnreachable(f"{self.name}: the open connection did not answer within "
                                       f"{start_within:g}s; nothing was run")
             if now > deadline:
@@ -483,11 +493,17 @@ class SSHHost(ShellHost):
              sink: Sink | None = None) -> tuple[int, bytes, bytes]:
         out: list[bytes] = []
         err: list[bytes] = []
-        live = self._start(command, stdin)
-        try:
-            rc = self._wait(live, timeout, sink, (out, err))
-        finally:
-            live.close()
+        for attempt in (1, 2):
+            live = self._start(command, stdin)
+            try:
+                rc = self._wait(live, timeout, sink, (out, err))
+                break
+            except _StaleMaster:
+                if attempt == 2:
+                    raise
+                self._forget_master()
+            finally:
+                live.close()
         assert rc is not None
         stderr = b"".join(err)
         if rc == TIMED_OUT:
@@ -499,13 +515,24 @@ class SSHHost(ShellHost):
         return rc, b"".join(out), stderr
 
     def open_live(self, command: str, *, timeout: float = 60.0) -> Live:
-        live = self._start(command, keep_stdin=True)
-        try:
-            self._wait(live, timeout, None, None, start_only=True)
-        except BaseException:
-            live.close()
-            raise
-        return live
+        for attempt in (1, 2):
+            live = self._start(command, keep_stdin=True)
+            try:
+                self._wait(live, timeout, None, None, start_only=True)
+                return live
+            except _StaleMaster:
+                live.close()
+                if attempt == 2:
+                    raise
+                self._forget_master()
+            except BaseException:
+                live.close()
+                raise
+        raise AssertionError("unreachable")
+
+
+class _StaleMaster(HostUnreachable):
+    """A kept ControlMaster that could not carry the request at all (see `_forget_master`)."""
 
 
 def _last_lines(text: str, n: int = 2) -> str:
