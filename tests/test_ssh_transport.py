@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import stat
 import subprocess
 import time
@@ -284,3 +285,16 @@ def test_a_changed_ssh_config_is_a_new_connection(testbed: Testbed, tmp_path: Pa
     new = SSHHost("tb-h1", ssh_config=str(cfg))
     assert new.run(["hostname"]).stdout == "tb-h3\n"  # HostName changed: the old master is not used
     assert new.master_pid() not in (None, pid)
+
+
+def test_a_socket_left_by_a_killed_master_is_not_trusted(testbed: Testbed) -> None:
+    first = SSHHost("tb-h3", ssh_config=str(testbed.ssh_config))
+    first.run(["true"]).check()
+    pid = first.master_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # no clean exit: its socket file stays behind
+    wait_for(lambda: first.master_pid() is None, timeout=10)
+    h = SSHHost("tb-h3", ssh_config=str(testbed.ssh_config))
+    assert h.run(["hostname"]).stdout == "tb-h3\n"  # ssh went direct, and said so only to us
+    assert h.run(["hostname"]).stdout == "tb-h3\n"
+    assert h.master_pid() not in (None, pid)  # the dead socket was replaced by a new master

@@ -206,6 +206,30 @@ def test_host_output_sections_split_cleanly() -> None:
     assert live.missing == ["b"]
 
 
+def test_host_output_carries_the_tmux_answer_status_reads_liveness_from() -> None:
+    live = parse_output("h1", "\x1eablate tmux\nablate-s-h1-q1\nother\n\x1eablate tmuxrc 0\n"
+                              "\x1eablate gpu\n0, T4, 5, 100, 15360\n")
+    assert live.sessions == {"ablate-s-h1-q1", "other"} and live.gpus is not None
+    none = parse_output("h1", "\x1eablate tmux\nno server running on /tmp/tmux-0/default\n"
+                              "\x1eablate tmuxrc 1\n")
+    assert none.sessions == set()  # no server: nothing runs, as `tmux_sessions` says
+    broken = parse_output("h1", "\x1eablate tmux\nlost server\n\x1eablate tmuxrc 1\n")
+    assert broken.sessions is None and "lost server" in (broken.tmux_error or "")
+
+
+def test_status_asks_each_host_once_for_tmux_gpus_and_logs(local_project: LocalProject, tmux_socket: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from ablate.transport.local import LocalHost
+
+    def refuse(self: LocalHost) -> set[str]:
+        raise AssertionError("status asked tmux in a second round trip")
+
+    local_project.queue("q1", [f"{local_project.cfg('configs/a.yaml')} recon 1"])
+    monkeypatch.setattr(LocalHost, "tmux_sessions", refuse)
+    report = status(load_project(local_project.root), live_info=True)
+    assert [r.queue for r in report.rows] == ["q1"] and not report.unreachable
+
+
 # What the usual trainers print; defaults must read the epoch and the main metric from each.
 TRAINER_LINES = [
     ("plain print", "epoch 3/20 val_loss=0.12345", None, (3, 20, "val_loss", 0.12345)),

@@ -20,10 +20,14 @@ from ablate.transport import fan_out, host_transport
 TAIL_BYTES = 16384
 _MARK = "\x1eablate"  # a record separator no log line carries
 _GPU_QUERY = "index,name,utilization.gpu,memory.used,memory.total"
-# $1 ckpt_root, $2 bytes, $3 the sweep's heartbeats dir (as this host sees it), $4 the host's name.
-# The current cells come from this host's own heartbeats (`"state": "running"`, `"cell": "<name>"`),
-# so the command needs nothing from the FS snapshot and runs alongside it.
-SCRIPT = r"""root=$1; n=$2; hb=$3; me=$4
+# $1 ckpt_root, $2 bytes, $3 the sweep's heartbeats dir (as this host sees it), $4 the host's name,
+# then the host's tmux command line: its sessions come first (the liveness rule's answer, in the same
+# round trip), the rc after them. The current cells come from this host's own heartbeats
+# (`"state": "running"`, `"cell": "<name>"`), so the command needs nothing from the FS snapshot and
+# runs alongside it.
+SCRIPT = r"""root=$1; n=$2; hb=$3; me=$4; shift 4
+printf '\036ablate tmux\n'
+"$@" list-sessions -F '#{session_name}' 2>&1; printf '\036ablate tmuxrc %s\n' "$?"
 if command -v nvidia-smi >/dev/null 2>&1; then
   printf '\036ablate gpu\n'
   nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits 2>&1 | head -n 64
@@ -82,6 +86,8 @@ class HostLive:
     gpu_error: str | None = None  # nvidia-smi exists but said something else (driver gone)
     tails: dict[str, str] = field(default_factory=dict)  # cell -> the last bytes of its log
     missing: list[str] = field(default_factory=list)  # cells whose log is not on this host
+    sessions: set[str] | None = None  # its tmux sessions (None: tmux could not be asked)
+    tmux_error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"gpus": None if self.gpus is None else [asdict(g) for g in self.gpus],
@@ -91,14 +97,28 @@ class HostLive:
 def host_live(project: Project, host: str, nbytes: int = TAIL_BYTES, timeout: float = 20.0) -> HostLive:
     """Ask one host, in one command. Raises the transport's error when the host cannot be reached."""
     h = project.host(host)
-    argv = ["bash", "-c", SCRIPT, "bash", h.ckpt_root, str(nbytes), project.layout(h).heartbeats, h.name]
-    r = host_transport(project, h).run(argv, timeout=timeout)
+    t = host_transport(project, h)
+    argv = ["bash", "-c", SCRIPT, "bash", h.ckpt_root, str(nbytes), project.layout(h).heartbeats, h.name,
+            *t.tmux_argv()]
+    r = t.run(argv, timeout=timeout)
     r.check()
     return parse_output(host, r.stdout)
 
 
+def _tmux_answer(live: HostLive, lines: list[str], rc: str) -> None:
+    """tmux's answer as `tmux_sessions` reads it: rc 0 -> the names; no server -> none."""
+    text = "\n".join(lines).strip()
+    if rc.strip() == "0":
+        live.sessions = {ln for ln in lines if ln}
+    elif re.search(r"no server running|error connecting|No such file", text):
+        live.sessions = set()
+    else:
+        live.tmux_error = f"tmux list-sessions exited {rc.strip()}: {text[-200:]!r}"
+
+
 def parse_output(host: str, text: str) -> HostLive:
     live = HostLive(host)
+    tmux_out: list[str] = []
     section: str | None = None
     cell = ""
     body: list[str] = []
@@ -107,6 +127,8 @@ def parse_output(host: str, text: str) -> HostLive:
         joined = "\n".join(body)
         if section == "gpu":
             live.gpus, live.gpu_error = parse_gpus(joined)
+        elif section == "tmux":
+            tmux_out.extend(body)
         elif section == "log":
             live.tails[cell] = joined
         body.clear()
@@ -117,6 +139,11 @@ def parse_output(host: str, text: str) -> HostLive:
             if kind == "missing":
                 live.missing.append(cell)
                 section = None
+                continue
+            if kind == "tmuxrc":
+                close()
+                section = None
+                _tmux_answer(live, tmux_out, rest)
                 continue
             close()
             section, cell = kind, rest
@@ -234,6 +261,24 @@ def gather(project: Project, hosts: Sequence[str] | None = None,
     """Every host (or those named), in parallel: its GPUs and its running cells' log tails."""
     names = list(project.hosts) if hosts is None else list(hosts)
     return dict(fan_out(names, lambda h: host_live(project, h, nbytes)))
+
+
+def sessions_of(project: Project, got: Mapping[str, HostLive | Exception]
+                ) -> tuple[dict[str, set[str] | None], dict[str, str]]:
+    """Each host's tmux sessions from a `gather` (None: not known) and why the unknown ones are,
+    in the shape `ablate.sweep.snapshot.ask_tmux` gives them."""
+    sessions: dict[str, set[str] | None] = {}
+    unreachable: dict[str, str] = {}
+    for name in project.hosts:
+        live = got.get(name)
+        if isinstance(live, HostLive) and live.sessions is not None:
+            sessions[name] = set(live.sessions)
+            continue
+        sessions[name] = None
+        why = (live.tmux_error if isinstance(live, HostLive) else str(live) if live is not None
+               else "not asked")
+        unreachable[name] = (why or "tmux did not answer").splitlines()[0]
+    return sessions, unreachable
 
 
 def attach_live(project: Project, report: Any,

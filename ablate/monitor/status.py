@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ablate.config.project import Project
-from ablate.monitor.hostinfo import attach_live, gather, live_lines
+from ablate.monitor.hostinfo import HostLive, attach_live, gather, live_lines, sessions_of
 from ablate.plan.cost import CostModel, eta_line, learn, queue_eta
 from ablate.sweep.cells import Cell
 from ablate.sweep.classify import (
@@ -25,7 +25,7 @@ from ablate.sweep.classify import (
     state_lines,
     warning_lines,
 )
-from ablate.sweep.snapshot import Snapshot, load
+from ablate.sweep.snapshot import Snapshot, load, state_of
 from ablate.transport import shared_fs
 from ablate.util.fmt import duration
 
@@ -109,11 +109,17 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
     """`live_info`: also each host's GPUs and the running cells' log progress (one more command per host,
     hosts in parallel; `ablate.monitor.hostinfo`)."""
     fs = shared_fs(project)
-    # The FS probe, the hosts' tmux and (live_info) their GPUs and log tails, all at once.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        gathered = pool.submit(gather, project) if live_info else None
+    # The FS probe and one command per host (its tmux sessions and, live_info, its GPUs and log
+    # tails), all at once: the slowest host, not the sum, sets the wall time.
+    host_data: dict[str, HostLive | Exception] | None = None
+    if live_info:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            gathered = pool.submit(gather, project)
+            raw = fs.probe("snapshot", {"root": fs.root, "touch": True})
+            host_data = gathered.result()
+        state = state_of(project, raw, *sessions_of(project, host_data))
+    else:
         state = load(project, fs)
-        host_data = gathered.result() if gathered is not None else None
     got = classify_state(project, state)
     snap = state.snap
     known = {ln.cell.name: ln.cell for q in state.queues.values() for ln in q.cells if ln.cell is not None}

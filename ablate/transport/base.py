@@ -64,6 +64,11 @@ class HostTransport(Protocol):
         """Names of the live tmux sessions on this host (empty when no server runs)."""
         ...
 
+    def tmux_argv(self) -> list[str]:
+        """The tmux command line (with its server's socket) that `tmux_sessions` asks, for a
+        script that asks tmux in the same round trip as other things (`status`)."""
+        ...
+
     def tmux_kill(self, session: str) -> None:
         ...
 

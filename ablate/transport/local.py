@@ -90,6 +90,9 @@ class LocalHost:
         except LibTmuxException as e:
             raise RemoteError(f"{self.name}: tmux could not start session {session}: {e}") from e
 
+    def tmux_argv(self) -> list[str]:
+        return ["tmux", "-L", tmux_socket()]
+
     def tmux_sessions(self) -> set[str]:
         try:
             if not self._server.is_alive():

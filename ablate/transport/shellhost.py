@@ -136,6 +136,9 @@ class ShellHost:
     def _tmux(self, *args: str) -> list[str]:
         return ["tmux", *(["-L", self.tmux_socket] if self.tmux_socket else []), *args]
 
+    def tmux_argv(self) -> list[str]:
+        return self._tmux()
+
     def tmux_start(self, session: str, argv: Sequence[str], env: Mapping[str, str],
                    cwd: str | None = None) -> None:
         bad = [k for k in env if not _ENV_NAME.match(k)]

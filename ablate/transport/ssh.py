@@ -100,6 +100,7 @@ class ProcLive:
         self.started = False
         self.early = b""  # stderr before the marker: ssh's own messages (or login-shell noise)
         self.pending = b""  # stdout read while waiting for the start, handed out by the next read
+        self.preamble = b""  # stderr before the marker, once started (ssh's warnings, shell noise)
         self._sel = selectors.DefaultSelector()
         for f in (proc.stdout, proc.stderr):
             assert f is not None
@@ -141,9 +142,9 @@ class ProcLive:
             self.early += err
             err = b""
             i = self.early.find(MARK)
-            if i >= 0:
+            if i >= 0:  # what came before is ssh's and the login shell's, not the command's
                 self.started = True
-                err = self.early[:i] + self.early[i + len(MARK):]
+                self.preamble, err = self.early[:i], self.early[i + len(MARK):]
                 self.early = b""
         return out, err
 
@@ -313,13 +314,9 @@ class SSHHost(ShellHost):
         sock = self._socket()
         with open(f"{sock}.lock", "a") as lockf:
             fcntl.flock(lockf, fcntl.LOCK_EX)  # one master per socket, across ablate processes
-            if os.path.exists(sock):
-                if self._ctl("check"):  # local: the master process lives; the link is unproven
-                    self._kept = True
-                    return
-                self._ctl("exit")
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(sock)
+            if os.path.exists(sock):  # a master left by an earlier command: its link is unproven
+                self._kept = True
+                return
             persist = _persist()
             argv = [*self._base(), "-o", "ControlMaster=yes", "-o", f"ControlPath={sock}",
                     "-o", f"ControlPersist={persist if persist else 'yes'}", "-N", "-f", "--",
@@ -392,6 +389,14 @@ class SSHHost(ShellHost):
             return HostUnreachable(f"{self._where()}: no answer within the {self.connect_timeout:g}s "
                                    f"connect time-out (host down or network unreachable): {tail}")
         return HostUnreachable(f"{self._where()}: cannot connect: {tail}")
+
+    def _stale_socket(self) -> None:
+        """A socket file with no master behind it (a master killed hard): removed, so that the
+        next command of this process starts a master again."""
+        with self._lock:
+            self._ready = False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._socket())
 
     def _forget_master(self) -> None:
         """A kept master failed at once (its host rebooted: the first packet met a reset, so the
@@ -470,6 +475,8 @@ class SSHHost(ShellHost):
                 return None
             if live.started and kept:
                 self._kept = kept = False  # the kept connection carried a command: proven
+                if b"Control socket connect" in live.preamble:  # no master behind the socket: ssh
+                    self._stale_socket()  # went direct; the next command starts a new master
             rc = live.exit_status()
             if rc is not None:
                 if not live.started:
