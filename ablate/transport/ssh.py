@@ -31,7 +31,6 @@ import fcntl
 import hashlib
 import os
 import re
-import selectors
 import shlex
 import shutil
 import subprocess
@@ -50,126 +49,22 @@ from ablate.transport.shellhost import (
     Sink,
     SSHConfigError,
 )
+from ablate.transport.sshproc import (
+    DROPPED,
+    MARK,
+    MARK_CMD,
+    MASTER_FAILED,
+    TIMED_OUT,
+    ProcLive,
+    control_dir,
+    last_lines,
+    persist_seconds,
+)
 
 __all__ = ["AuthFailed", "HostKeyError", "HostUnreachable", "SSHConfigError", "SSHHost", "Sink",
            "control_dir"]
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
-DEFAULT_PERSIST = 120
-MARK = b"\x1e@ablate\x1e"
-TIMED_OUT = -1  # _wait: the command outlived its time-out
-_MARK_CMD = r"printf '\036@ablate\036' >&2; "
-# a mux client's words when its master could not carry the session request
-_MASTER_FAILED = re.compile(r"read from master failed|master hello exchange failed|mux_client_\w+|"
-                            r"Control socket connect|Connection to .* closed|Broken pipe|Connection reset")
-# ssh's own words when a connection that was running a command went away
-_DROPPED = re.compile(r"closed by remote host|Broken pipe|not responding|Connection reset|"
-                      r"mux_client_\w+: read from master failed|client_loop: send disconnect")
-
-
-def control_dir() -> str:
-    """The private directory of the ControlMaster sockets (created 0700; refused when another
-    user owns it or can write to it: a socket there would carry our sessions)."""
-    path = os.environ.get("ABLATE_SSH_CONTROL_DIR")
-    if not path:
-        runtime = os.environ.get("XDG_RUNTIME_DIR")
-        path = (os.path.join(runtime, "ablate-ssh") if runtime and os.path.isdir(runtime)
-                else os.path.join(tempfile.gettempdir(), f"ablate-ssh-{os.getuid()}"))
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.stat(path)
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise AblateError(f"{path}: the SSH control socket directory must be owned by you and "
-                          "private (mode 0700); fix it or set ABLATE_SSH_CONTROL_DIR")
-    return path
-
-
-def _persist() -> int:
-    raw = os.environ.get("ABLATE_SSH_PERSIST", str(DEFAULT_PERSIST))
-    try:
-        return max(0, int(raw))
-    except ValueError:
-        raise AblateError(f"ABLATE_SSH_PERSIST={raw!r}: give whole seconds (0: no reuse across "
-                          "commands)") from None
-
-
-class ProcLive:
-    """A running `ssh … command` process (`Live`), with the start marker taken out of stderr."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], stdin: bytes | None = None) -> None:
-        self.proc = proc
-        self.started = False
-        self.early = b""  # stderr before the marker: ssh's own messages (or login-shell noise)
-        self.pending = b""  # stdout read while waiting for the start, handed out by the next read
-        self.preamble = b""  # stderr before the marker, once started (ssh's warnings, shell noise)
-        self._sel = selectors.DefaultSelector()
-        for f in (proc.stdout, proc.stderr):
-            assert f is not None
-            os.set_blocking(f.fileno(), False)
-            self._sel.register(f, selectors.EVENT_READ)
-        self._writer: threading.Thread | None = None
-        if stdin is not None:
-            self._writer = threading.Thread(target=self._feed, args=(stdin,), daemon=True)
-            self._writer.start()
-
-    def _feed(self, data: bytes) -> None:
-        assert self.proc.stdin is not None
-        # the command may exit without reading all of it; its rc tells
-        with contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.write(data)
-        with contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.close()
-
-    def read(self, timeout: float) -> tuple[bytes, bytes]:
-        out, err = self.pending, b""
-        self.pending = b""
-        if out:
-            timeout = 0.0
-        if not self._sel.get_map():
-            return out, err
-        for key, _ in self._sel.select(max(0.0, timeout)):
-            f = key.fileobj
-            try:
-                chunk = os.read(key.fd, 1 << 16)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                self._sel.unregister(f)
-            elif f is self.proc.stdout:
-                out += chunk
-            else:
-                err += chunk
-        if err and not self.started:
-            self.early += err
-            err = b""
-            i = self.early.find(MARK)
-            if i >= 0:  # what came before is ssh's and the login shell's, not the command's
-                self.started = True
-                self.preamble, err = self.early[:i], self.early[i + len(MARK):]
-                self.early = b""
-        return out, err
-
-    def exit_status(self) -> int | None:
-        if self._sel.get_map():
-            return None
-        rc = self.proc.wait()
-        return 255 if rc < 0 else rc
-
-    def shutdown_write(self) -> None:
-        if self.proc.stdin is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self.proc.stdin.close()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self._sel.close()
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if f is not None:
-                with contextlib.suppress(OSError):
-                    f.close()
-
-
 class SSHHost(ShellHost):
     """One instance through OpenSSH's client (HostTransport)."""
 
@@ -222,7 +117,7 @@ class SSHHost(ShellHost):
             if r.returncode != 0:
                 text = r.stderr.decode(errors="replace").strip()
                 raise SSHConfigError(f"{self.name}: ssh config rejected by OpenSSH "
-                                     f"(`{shlex.join(argv)}`): {_last_lines(text)}")
+                                     f"(`{shlex.join(argv)}`): {last_lines(text)}")
             opts: dict[str, str] = {}
             self._resolved = r.stdout
             for line in r.stdout.decode(errors="replace").splitlines():
@@ -302,7 +197,7 @@ class SSHHost(ShellHost):
 
     def _probe_direct(self) -> None:
         live = self._spawn([*self._base(), "-T", "-o", "ControlPath=none", "--", self.alias,
-                            _MARK_CMD + "true"])
+                            MARK_CMD + "true"])
         try:
             rc = self._wait(live, self.connect_timeout * 3 + 5, None, None)
         finally:
@@ -317,7 +212,7 @@ class SSHHost(ShellHost):
             if os.path.exists(sock):  # a master left by an earlier command: its link is unproven
                 self._kept = True
                 return
-            persist = _persist()
+            persist = persist_seconds()
             argv = [*self._base(), "-o", "ControlMaster=yes", "-o", f"ControlPath={sock}",
                     "-o", f"ControlPersist={persist if persist else 'yes'}", "-N", "-f", "--",
                     self.alias]
@@ -362,7 +257,7 @@ class SSHHost(ShellHost):
     def _explain(self, err: str) -> RemoteError:
         """Classify a connection failure from ssh's own words."""
         text = err.replace(MARK.decode(), "").strip()
-        tail = _last_lines(text)
+        tail = last_lines(text)
         if "REVOKED" in text or "revoked" in text:
             return HostKeyError(f"{self.name}: the host key of {self._where()} is marked @revoked in "
                                 f"known_hosts; refusing to connect, whatever the config says: {tail}")
@@ -421,7 +316,7 @@ class SSHHost(ShellHost):
         """End of a command: the master stays for the next one (unless ABLATE_SSH_PERSIST=0);
         it is checked again before this process trusts it again."""
         with self._lock:
-            if self.multiplex and self._ready and _persist() == 0:
+            if self.multiplex and self._ready and persist_seconds() == 0:
                 self._ctl("exit")
             self._ready = False
             self._failed = None
@@ -440,7 +335,7 @@ class SSHHost(ShellHost):
     def _command(self, command: str) -> list[str]:
         mux = (["-o", "ControlMaster=no", "-o", f"ControlPath={self._socket()}"] if self.multiplex
                else ["-o", "ControlPath=none"])
-        return [*self._base(), "-T", *mux, "--", self.alias, _MARK_CMD + command]
+        return [*self._base(), "-T", *mux, "--", self.alias, MARK_CMD + command]
 
     def _start(self, command: str, stdin: bytes | None = None, keep_stdin: bool = False) -> ProcLive:
         self._ensure()
@@ -481,7 +376,7 @@ class SSHHost(ShellHost):
             if rc is not None:
                 if not live.started:
                     early = live.early.decode(errors="replace")
-                    if kept and _MASTER_FAILED.search(early):
+                    if kept and MASTER_FAILED.search(early):
                         raise _StaleMaster(early)
                     raise self._explain(early or f"ssh exited {rc} before the command started")
                 return rc
@@ -515,10 +410,10 @@ class SSHHost(ShellHost):
         stderr = b"".join(err)
         if rc == TIMED_OUT:
             return 124, b"".join(out), stderr + f"timed out after {timeout}s".encode()
-        if rc == 255 and _DROPPED.search(stderr.decode(errors="replace")):
+        if rc == 255 and DROPPED.search(stderr.decode(errors="replace")):
             self._drop_master()
             raise RemoteError(f"{self.name}: the connection dropped while running `{command[:200]}`: "
-                              f"{_last_lines(stderr.decode(errors='replace'))}")
+                              f"{last_lines(stderr.decode(errors='replace'))}")
         return rc, b"".join(out), stderr
 
     def open_live(self, command: str, *, timeout: float = 60.0) -> Live:
@@ -540,11 +435,6 @@ class SSHHost(ShellHost):
 
 class _StaleMaster(HostUnreachable):
     """A kept ControlMaster that could not carry the request at all (see `_forget_master`)."""
-
-
-def _last_lines(text: str, n: int = 2) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("@@@")]
-    return " / ".join(lines[-n:])[-400:] or "(no message)"
 
 
 def run_argv(host: SSHHost, argv: Sequence[str]) -> list[str]:
