@@ -16,6 +16,7 @@ from typing import Any
 
 from ablate.config.project import Project
 from ablate.transport import fan_out, host_transport
+from ablate.transport.shellhost import NO_TMUX_SERVER
 
 TAIL_BYTES = 16384
 _MARK = "\x1eablate"  # a record separator no log line carries
@@ -110,7 +111,7 @@ def _tmux_answer(live: HostLive, lines: list[str], rc: str) -> None:
     text = "\n".join(lines).strip()
     if rc.strip() == "0":
         live.sessions = {ln for ln in lines if ln}
-    elif re.search(r"no server running|error connecting|No such file", text):
+    elif NO_TMUX_SERVER.search(text):
         live.sessions = set()
     else:
         live.tmux_error = f"tmux list-sessions exited {rc.strip()}: {text[-200:]!r}"

@@ -8,7 +8,6 @@ A host that cannot be reached is not a lost instance on that one signal: its que
 from __future__ import annotations
 
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,7 +24,7 @@ from ablate.sweep.classify import (
     state_lines,
     warning_lines,
 )
-from ablate.sweep.snapshot import Snapshot, load, state_of
+from ablate.sweep.snapshot import Sessions, Snapshot, load
 from ablate.transport import shared_fs
 from ablate.util.fmt import duration
 
@@ -112,14 +111,13 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
     # The FS probe and one command per host (its tmux sessions and, live_info, its GPUs and log
     # tails), all at once: the slowest host, not the sum, sets the wall time.
     host_data: dict[str, HostLive | Exception] | None = None
-    if live_info:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            gathered = pool.submit(gather, project)
-            raw = fs.probe("snapshot", {"root": fs.root, "touch": True})
-            host_data = gathered.result()
-        state = state_of(project, raw, *sessions_of(project, host_data))
-    else:
-        state = load(project, fs)
+
+    def ask() -> Sessions:
+        nonlocal host_data
+        host_data = gather(project)
+        return sessions_of(project, host_data)
+
+    state = load(project, fs, ask=ask if live_info else None)
     got = classify_state(project, state)
     snap = state.snap
     known = {ln.cell.name: ln.cell for q in state.queues.values() for ln in q.cells if ln.cell is not None}

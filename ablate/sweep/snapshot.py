@@ -16,7 +16,7 @@ answer AND every heartbeat of it is stale (or it has none).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -488,13 +488,18 @@ def state_of(project: Project, raw: Mapping[str, Any], sessions: Mapping[str, se
                       unreachable=unreachable, warnings=warnings)
 
 
+Sessions = tuple[dict[str, set[str] | None], dict[str, str]]  # ask_tmux: per host, and why not
+
+
 def load(project: Project, fs: SharedFS | None = None, *, op: str = "snapshot",
-         args: Mapping[str, Any] | None = None, touch: bool = True) -> SweepState:
+         args: Mapping[str, Any] | None = None, touch: bool = True,
+         ask: Callable[[], Sessions] | None = None) -> SweepState:
     """Probe the shared FS and ask every host's tmux at once (the slowest host, not the sum, sets
-    the wall time), then parse. `op`/`args`: a probe op that extends `snapshot` (report)."""
+    the wall time), then parse. `op`/`args`: a probe op that extends `snapshot` (report). `ask`:
+    what asks the hosts instead of `ask_tmux` (status asks each host one command for more)."""
     fs = fs or shared_fs(project)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        asked = pool.submit(ask_tmux, project, list(project.hosts))
+        asked = pool.submit(ask or (lambda: ask_tmux(project, list(project.hosts))))
         raw = fs.probe(op, {"root": fs.root, "touch": touch, **(args or {})})
         sessions, unreachable = asked.result()
     return state_of(project, raw, sessions, unreachable)

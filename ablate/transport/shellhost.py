@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -23,6 +24,8 @@ from ablate.transport.base import CommandResult
 GUARD = ('exec 3<&0 </dev/null; "$@" & p=$!; { read -r _ <&3; kill "$p" 2>/dev/null; } & w=$!; '
          'wait "$p"; rc=$?; kill "$w" 2>/dev/null; exit "$rc"')
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# what `tmux list-sessions` says when no tmux server runs there: nothing runs, not a failure
+NO_TMUX_SERVER = re.compile(r"no server running|error connecting|No such file")
 
 
 class HostUnreachable(RemoteError):
@@ -65,11 +68,12 @@ class Live(Protocol):
         """EOF on the command's stdin."""
         ...
 
+    @abstractmethod
     def close(self) -> None:
         ...
 
 
-class ShellHost:
+class ShellHost(ABC):
     """A host whose commands run through its user's login shell (HostTransport, minus the client)."""
 
     name: str
@@ -77,6 +81,7 @@ class ShellHost:
 
     # ------------------------------------------------------------------ the client's primitives
 
+    @abstractmethod
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
              sink: Sink | None = None) -> tuple[int, bytes, bytes]:
         """Run one remote shell command line; (rc, stdout, stderr); rc 124 on time-out. With
@@ -84,6 +89,7 @@ class ShellHost:
         data received, so a long transfer that keeps moving never times out."""
         raise NotImplementedError
 
+    @abstractmethod
     def open_live(self, command: str, *, timeout: float = 60.0) -> Live:
         """Start one remote shell command line and hand it back running (HostUnreachable when
         the host cannot be reached within `timeout`)."""
@@ -92,6 +98,7 @@ class ShellHost:
     def close(self) -> None:
         raise NotImplementedError
 
+    @abstractmethod
     def target(self) -> str:
         """The host name the client connects to (HostName after the ssh config)."""
         raise NotImplementedError
@@ -152,7 +159,7 @@ class ShellHost:
     def tmux_sessions(self) -> set[str]:
         r = self.run(self._tmux("list-sessions", "-F", "#{session_name}"))
         if r.rc != 0:
-            if re.search(r"no server running|error connecting|No such file", r.stderr):
+            if NO_TMUX_SERVER.search(r.stderr):
                 return set()
             r.check()
         return {line for line in r.stdout.splitlines() if line}

@@ -37,7 +37,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
+from typing import TypeVar
 
 from ablate.errors import AblateError, RemoteError
 from ablate.transport.shellhost import (
@@ -64,6 +65,7 @@ from ablate.transport.sshproc import (
 __all__ = ["AuthFailed", "HostKeyError", "HostUnreachable", "SSHConfigError", "SSHHost", "Sink",
            "control_dir"]
 
+R = TypeVar("R")
 DEFAULT_CONNECT_TIMEOUT = 10.0
 class SSHHost(ShellHost):
     """One instance through OpenSSH's client (HostTransport)."""
@@ -235,24 +237,18 @@ class SSHHost(ShellHost):
 
     def master_pid(self) -> int | None:
         """The pid of the ControlMaster this host's commands go through (None: none runs)."""
+        r = self._ctl("check")
+        got = re.search(rb"pid=(\d+)", r.stderr) if r is not None and r.returncode == 0 else None
+        return int(got.group(1)) if got else None
+
+    def _ctl(self, op: str) -> subprocess.CompletedProcess[bytes] | None:
+        """`ssh -O op` on our socket (local to this machine: check, exit); None when ssh failed to run."""
         try:
-            r = subprocess.run([self.ssh, *self._config_args(), "-o", f"ControlPath={self._socket()}",
-                                "-O", "check", "--", self.alias], capture_output=True, timeout=10,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
+            return subprocess.run([self.ssh, *self._config_args(), "-o", f"ControlPath={self._socket()}",
+                                   "-O", op, "--", self.alias], capture_output=True, timeout=10,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
         except (OSError, subprocess.TimeoutExpired):
             return None
-        got = re.search(rb"pid=(\d+)", r.stderr)
-        return int(got.group(1)) if r.returncode == 0 and got else None
-
-    def _ctl(self, op: str) -> bool:
-        """`ssh -O op` on our socket (local to this machine: check, exit)."""
-        try:
-            r = subprocess.run([self.ssh, *self._config_args(), "-o", f"ControlPath={self._socket()}",
-                                "-O", op, "--", self.alias], capture_output=True, timeout=10,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
-        except (OSError, subprocess.TimeoutExpired):
-            return False
-        return r.returncode == 0
 
     def _explain(self, err: str) -> RemoteError:
         """Classify a connection failure from ssh's own words."""
@@ -313,8 +309,8 @@ class SSHHost(ShellHost):
             self._drop_master()
 
     def close(self) -> None:
-        """End of a command: the master stays for the next one (unless ABLATE_SSH_PERSIST=0);
-        it is checked again before this process trusts it again."""
+        """End of a command: the master stays for the next one (unless ABLATE_SSH_PERSIST=0),
+        which trusts it once a command has started through it."""
         with self._lock:
             if self.multiplex and self._ready and persist_seconds() == 0:
                 self._ctl("exit")
@@ -391,21 +387,36 @@ class SSHHost(ShellHost):
             if now > deadline:
                 return TIMED_OUT
 
+    def _attempts(self, command: str, stdin: bytes | None, keep_stdin: bool,
+                  fn: Callable[[ProcLive], R]) -> R:
+        """Start `command` and hand it to `fn` (which closes it or hands it on). A kept master that
+        cannot carry the request is replaced and the command sent once more (`_forget_master`)."""
+        for attempt in (1, 2):
+            live = self._start(command, stdin, keep_stdin)
+            try:
+                return fn(live)
+            except _StaleMaster:
+                live.close()
+                if attempt == 2:
+                    raise
+                self._forget_master()
+            except BaseException:
+                live.close()
+                raise
+        raise AssertionError("unreachable")
+
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
              sink: Sink | None = None) -> tuple[int, bytes, bytes]:
         out: list[bytes] = []
         err: list[bytes] = []
-        for attempt in (1, 2):
-            live = self._start(command, stdin)
+
+        def to_end(live: ProcLive) -> int | None:
             try:
-                rc = self._wait(live, timeout, sink, (out, err))
-                break
-            except _StaleMaster:
-                if attempt == 2:
-                    raise
-                self._forget_master()
+                return self._wait(live, timeout, sink, (out, err))
             finally:
                 live.close()
+
+        rc = self._attempts(command, stdin, False, to_end)
         assert rc is not None
         stderr = b"".join(err)
         if rc == TIMED_OUT:
@@ -417,26 +428,12 @@ class SSHHost(ShellHost):
         return rc, b"".join(out), stderr
 
     def open_live(self, command: str, *, timeout: float = 60.0) -> Live:
-        for attempt in (1, 2):
-            live = self._start(command, keep_stdin=True)
-            try:
-                self._wait(live, timeout, None, None, start_only=True)
-                return live
-            except _StaleMaster:
-                live.close()
-                if attempt == 2:
-                    raise
-                self._forget_master()
-            except BaseException:
-                live.close()
-                raise
-        raise AssertionError("unreachable")
+        def started(live: ProcLive) -> ProcLive:
+            self._wait(live, timeout, None, None, start_only=True)
+            return live
+
+        return self._attempts(command, None, True, started)
 
 
 class _StaleMaster(HostUnreachable):
     """A kept ControlMaster that could not carry the request at all (see `_forget_master`)."""
-
-
-def run_argv(host: SSHHost, argv: Sequence[str]) -> list[str]:
-    """The full ssh command line that runs `argv` on `host` (for logs and tests)."""
-    return host._command(shlex.join(argv))

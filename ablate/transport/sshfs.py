@@ -11,11 +11,13 @@ import os
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from ablate.errors import FSError, RemoteError
 from ablate.remote.layout import SweepLayout
 from ablate.transport.shellhost import HostUnreachable, Live, ShellHost, Sink
+
+T = TypeVar("T")
 
 
 class _Counted:
@@ -142,16 +144,21 @@ class SSHFS:
             sink: Sink | None = None) -> tuple[int, bytes, bytes]:
         # bash, not sh: a profile's `env` (`source …/activate`) is bash; dash has no `source`.
         argv = ["bash", "-c", script, "bash", *args]
+        return self._first(lambda host: host.exec(shlex.join(argv), timeout=timeout or self.timeout,
+                                                  stdin=stdin, sink=sink))
+
+    def _first(self, fn: Callable[[ShellHost], T]) -> T:
+        """`fn` through the first host that answers (`via` names it); a host that cannot be reached
+        is skipped for the next, nothing is retried once it started."""
         last: HostUnreachable | None = None
         for host in self.hosts:
             try:
-                rc, out, err = host.exec(shlex.join(argv), timeout=timeout or self.timeout,
-                                         stdin=stdin, sink=sink)
+                got = fn(host)
             except HostUnreachable as e:
                 last = e
                 continue
             self.via = host.name
-            return rc, out, err
+            return got
         assert last is not None
         if len(self.hosts) == 1:
             raise last
@@ -224,17 +231,8 @@ class SSHFS:
         rec_path, rec = (record[0], record[1].decode().rstrip("\n")) if record else ("", "")
         script = shlex.join(["bash", "-c", _FLOCK, "bash", path, format(max(0.0, timeout), "g"),
                              rec_path, rec, _FLOCKED])
-        last: HostUnreachable | None = None
-        for host in self.hosts:
-            try:
-                live = host.open_live(script, timeout=self.timeout)
-            except HostUnreachable as e:
-                last = e
-                continue
-            self.via = host.name
-            return RemoteFlock.wait(live, host.name, path, timeout + self.timeout)
-        assert last is not None
-        raise last
+        live = self._first(lambda host: host.open_live(script, timeout=self.timeout))
+        return RemoteFlock.wait(live, self.via, path, timeout + self.timeout)
 
     def fetch(self, path: str, local_path: str,
               on_bytes: Callable[[int], None] | None = None) -> int:
