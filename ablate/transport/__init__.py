@@ -68,7 +68,8 @@ def _ssh_host(project: Project, host: Host, accept_new: bool) -> ShellHost:
                 _SSH_HOSTS[key] = ParamikoHost(host.name, host.ssh, ssh_config=key[0],
                                                accept_new=accept_new)
             else:
-                _SSH_HOSTS[key] = SSHHost(host.name, host.ssh, ssh_config=key[0], accept_new=accept_new)
+                _SSH_HOSTS[key] = SSHHost(host.name, host.ssh, ssh_config=key[0], accept_new=accept_new,
+                                          python=host.profile.python)
         return _SSH_HOSTS[key]
 
 

@@ -22,6 +22,12 @@ What ablate adds on top, always on the command line (which wins over any config 
   config, unreachable), and "nothing was run" is then true.
 - A host that cannot be reached fails fast for `retry_after` seconds: one connect time-out per
   command, not one per operation.
+- The host agent (`ablate.remote.agent`, `agentlink.py`): the first command of a process on a host
+  also starts it there in the background; the master forwards a local socket beside its own to it,
+  and later commands (of this process and the next ones) go to it as one request over the open
+  connection, with no session and no login shell per command. Where it cannot run (no Python
+  there, forwarding refused by sshd, `ABLATE_SSH_AGENT=0`, `ABLATE_SSH_PERSIST=0`) commands go
+  the usual way; nothing is sent to it before it said hello, so nothing runs twice.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ablate.errors import AblateError, RemoteError
+from ablate.transport.agentlink import AgentLost, AgentSilent, bootstrap, forward_args, remote_socket, request
 from ablate.transport.shellhost import (
     AuthFailed,
     HostKeyError,
@@ -73,7 +80,7 @@ class SSHHost(ShellHost):
     def __init__(self, name: str, alias: str | None = None, *, ssh_config: str | None = None,
                  accept_new: bool = False, connect_timeout: float | None = None,
                  tmux_socket: str | None = None, retry_after: float = 30.0,
-                 ssh: str | None = None) -> None:
+                 ssh: str | None = None, python: str = "python3") -> None:
         self.name = name
         self.alias = alias or name
         if self.alias.startswith("-") or not self.alias.strip() or any(c.isspace() for c in self.alias):
@@ -95,6 +102,9 @@ class SSHHost(ShellHost):
         self._failed: tuple[RemoteError, float] | None = None
         self._sock: str | None = None
         self._resolved = b""  # `ssh -G`'s output: what the connection is made of
+        self.python = python  # the host's interpreter, for the agent
+        self._agent_up = False  # the agent answered in this process
+        self._agent_booted = False  # this process started it (in the background of a command)
 
     def __enter__(self) -> SSHHost:
         return self
@@ -215,9 +225,10 @@ class SSHHost(ShellHost):
                 self._kept = True
                 return
             persist = persist_seconds()
+            link = self._agent_link()
             argv = [*self._base(), "-o", "ControlMaster=yes", "-o", f"ControlPath={sock}",
-                    "-o", f"ControlPersist={persist if persist else 'yes'}", "-N", "-f", "--",
-                    self.alias]
+                    "-o", f"ControlPersist={persist if persist else 'yes'}",
+                    *(forward_args(*link) if link else []), "-N", "-f", "--", self.alias]
             with tempfile.TemporaryFile() as errf:
                 try:
                     # -f: back to us once authenticated, the master in the background. stderr to
@@ -405,8 +416,54 @@ class SSHHost(ShellHost):
                 raise
         raise AssertionError("unreachable")
 
+    def _agent_link(self) -> tuple[str, str] | None:
+        """(the local socket the master forwards, the agent's socket on the host), or None: no
+        agent for this host (see the module doc)."""
+        if not self.multiplex or persist_seconds() == 0 or os.environ.get("ABLATE_SSH_AGENT") == "0":
+            return None
+        remote = remote_socket(self.options().get("user", ""))
+        return (f"{self._socket()}.a", remote) if remote else None
+
+    def _via_agent(self, local: str, command: str, timeout: float, stdin: bytes | None,
+                   sink: Sink | None) -> tuple[int, bytes, bytes] | None:
+        """The command through the agent; None when none answered (nothing was sent)."""
+        kept = self._kept
+        within = min(timeout, max(self.connect_timeout, 3.0)) if kept else timeout
+        try:
+            got = request(local, command, timeout=timeout, hello_within=within, stdin=stdin, sink=sink)
+        except AgentSilent:
+            with self._lock:
+                self._drop_master()
+            e = HostUnreachable(
+                f"{self._where()}: no answer within {within:g}s on the kept connection (host down or "
+                "network unreachable)" if kept else
+                f"{self.name}: the open connection did not answer within {within:g}s; nothing was run")
+            self._failed = (e, time.monotonic() + self.retry_after)
+            raise e from None
+        except AgentLost as e:
+            remote = self._agent_link()
+            raise RemoteError(f"{self.name}: the connection dropped while running `{command[:200]}`: "
+                              f"{e} (the host agent logs why it ended a request in "
+                              f"{remote[1] if remote else '?'}.log there)") from None
+        with self._lock:
+            self._agent_up = got is not None
+            if got is not None:  # the connection carried a command: proven
+                self._ready, self._kept = True, False
+        return got
+
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
              sink: Sink | None = None) -> tuple[int, bytes, bytes]:
+        link = self._agent_link()
+        boot = ""
+        if link is not None:
+            self._ensure()
+            if self._kept or self._agent_up or self._agent_booted:
+                got = self._via_agent(link[0], command, timeout, stdin, sink)
+                if got is not None:
+                    return got
+            if not self._agent_booted:
+                self._agent_booted = True
+                boot = bootstrap(self.python, link[1], persist_seconds() + 60)
         out: list[bytes] = []
         err: list[bytes] = []
 
@@ -416,7 +473,7 @@ class SSHHost(ShellHost):
             finally:
                 live.close()
 
-        rc = self._attempts(command, stdin, False, to_end)
+        rc = self._attempts(boot + command, stdin, False, to_end)
         assert rc is not None
         stderr = b"".join(err)
         if rc == TIMED_OUT:

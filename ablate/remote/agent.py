@@ -1,0 +1,246 @@
+"""The host agent: runs the controller's commands on a host without a login shell per command.
+
+Through sshd every command starts the user's login shell, and its rc file with it (`conda init`,
+`pyenv init`: 0.1-0.5 s of CPU each time, more than the command). The controller starts this agent
+once per host, in the background of its first command there; the agent listens on a Unix socket in
+a private directory (`/tmp/ablate-agent-<user>/<version>.sock`, the directory 0700 and ours, else
+no agent), and the controller's ControlMaster forwards a local socket to it (`ssh -L`), so a later
+command is one request over the connection already open: no new session, no login shell.
+
+One connection, one command: the agent says hello first (so the controller knows the request will
+reach it before sending it: no hello, nothing was sent, and the command goes the usual way), reads a
+JSON header line and the command's stdin, runs `/bin/sh -c CMD` in the user's home in a process
+group of its own, and streams frames back (`o`/`e` + length + bytes, then `x` + the exit code). A
+controller that goes away (time-out, Ctrl-C, lost link) ends the command's process group. Only the
+agent's own user may connect; it exits after `idle` seconds without a request, or when its socket
+is taken from it. Stdlib only, Python >= 3.7: it runs on the host's interpreter.
+
+Usage on a host: `python3 -I -S agent.py SOCKET_PATH IDLE_SECONDS` (returns at once; the agent
+lives on in the background).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import selectors
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+HELLO = b"ablate-agent 1\n"
+MAX_HEADER = 1 << 20
+CHUNK = 1 << 16
+
+
+def frame(kind: bytes, data: bytes) -> bytes:
+    return kind + struct.pack(">I", len(data)) + data
+
+
+def _read_exact(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        got = conn.recv(min(CHUNK, n - len(buf)))
+        if not got:
+            raise EOFError("the controller went away")
+        buf += got
+    return bytes(buf)
+
+
+def _read_line(conn: socket.socket) -> bytes:
+    buf = bytearray()
+    while not buf.endswith(b"\n"):
+        got = conn.recv(1)
+        if not got or len(buf) > MAX_HEADER:
+            raise EOFError("no request")
+        buf += got
+    return bytes(buf)
+
+
+def _same_user(conn: socket.socket) -> bool:
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:  # not Linux: the 0700 directory alone keeps others out
+        return True
+    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i")))
+    return bool(uid == os.getuid())
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """The controller went away mid-command: TERM the command's group, KILL it 3 s later."""
+    for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 0.0)):
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + grace
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if proc.poll() is not None:
+            return
+
+
+def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    assert proc.stdin is not None
+    with contextlib.suppress(OSError, ValueError):
+        proc.stdin.write(data)
+    with contextlib.suppress(OSError, ValueError):
+        proc.stdin.close()
+
+
+def handle(conn: socket.socket, home: str) -> None:
+    """One request: hello, header + stdin, run, frames, exit code."""
+    if not _same_user(conn):
+        return
+    conn.sendall(HELLO)
+    req = json.loads(_read_line(conn).decode())
+    n = req.get("stdin")
+    data = _read_exact(conn, int(n)) if n is not None else None
+    proc = subprocess.Popen(["/bin/sh", "-c", str(req["cmd"])], cwd=home, start_new_session=True,
+                            stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if data is not None:
+        threading.Thread(target=_feed, args=(proc, data), daemon=True).start()
+    sel = selectors.DefaultSelector()
+    kinds = {}
+    for f, kind in ((proc.stdout, b"o"), (proc.stderr, b"e")):
+        assert f is not None
+        os.set_blocking(f.fileno(), False)
+        sel.register(f, selectors.EVENT_READ)
+        kinds[f.fileno()] = kind
+    sel.register(conn, selectors.EVENT_READ)
+    open_pipes = 2
+    try:
+        while open_pipes:
+            for key, _ in sel.select(1.0):
+                if key.fileobj is conn:
+                    if not conn.recv(1):  # the controller closed: nobody waits for this command
+                        _end(proc)
+                        return
+                    continue
+                chunk = os.read(key.fd, CHUNK)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    open_pipes -= 1
+                    continue
+                conn.sendall(frame(kinds[key.fd], chunk))
+        conn.sendall(frame(b"x", str(proc.wait()).encode()))
+    except OSError:
+        _end(proc)
+    finally:
+        sel.close()
+        for f in (proc.stdout, proc.stderr):
+            if f is not None:
+                f.close()
+
+
+class Agent:
+    def __init__(self, path: str, idle: float) -> None:
+        self.path, self.idle = path, idle
+        self.log_path = path + ".log"  # why a request or the agent ended: for the one who asks
+        self.home = os.path.expanduser("~")
+        if not os.path.isdir(self.home):
+            self.home = "/"
+        self.active = 0
+        self.last = time.monotonic()
+        self.lock = threading.Lock()
+
+    def log(self, what: str) -> None:
+        with contextlib.suppress(OSError):
+            mode = "a" if os.path.exists(self.log_path) and os.path.getsize(self.log_path) < 1 << 20 else "w"
+            with open(self.log_path, mode) as f:
+                f.write(time.strftime("%Y-%m-%dT%H:%M:%S ") + "pid " + str(os.getpid()) + ": " + what + "\n")
+
+    def _one(self, conn: socket.socket) -> None:
+        try:
+            handle(conn, self.home)
+        except EOFError:
+            pass  # the controller went away before its request was complete
+        except Exception as e:
+            self.log("request failed: " + type(e).__name__ + ": " + str(e))
+        finally:
+            conn.close()
+            with self.lock:
+                self.active -= 1
+                self.last = time.monotonic()
+
+    def serve(self, listener: socket.socket) -> None:
+        ino = os.stat(self.path).st_ino
+        listener.settimeout(1.0)
+        self.log("serving " + self.path)
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError as e:
+                if not isinstance(e, socket.timeout):
+                    self.log("accept failed: " + str(e))  # out of file descriptors: wait, go on
+                    time.sleep(0.5)
+                    continue
+                with self.lock:
+                    busy = self.active > 0
+                    idle = not busy and time.monotonic() - self.last > self.idle
+                try:
+                    taken = os.stat(self.path).st_ino != ino
+                except OSError:
+                    taken = True
+                if idle or (taken and not busy):  # requests under way are answered first
+                    self.log("exit: " + ("idle" if idle else "the socket was removed or replaced"))
+                    if not taken:
+                        with contextlib.suppress(OSError):
+                            os.unlink(self.path)
+                    return
+                continue
+            conn.settimeout(None)
+            with self.lock:
+                self.active += 1
+            try:
+                threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+            except RuntimeError as e:  # no thread to spare: this request is refused, unread
+                self.log("cannot start a thread: " + str(e))
+                conn.close()
+                with self.lock:
+                    self.active -= 1
+
+
+def _private_dir(d: str) -> bool:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(d, 0o700)
+    st = os.lstat(d)
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def main(argv: list[str]) -> int:
+    path, idle = argv[0], float(argv[1])
+    if not os.path.isabs(path) or not _private_dir(os.path.dirname(path)):
+        return 2  # someone else's (or a shared) directory: no agent, commands go the usual way
+    lockf = open(path + ".lock", "a")  # noqa: SIM115 (held, and so the lock, while the agent lives)
+    try:
+        fcntl.flock(lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0  # another agent of this version serves (or is starting)
+    if os.fork():  # the caller's shell goes on; the agent leaves its session
+        os._exit(0)
+    os.setsid()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # hold no pipe of the caller's open
+        os.dup2(null, fd)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old)
+    listener.listen(64)
+    Agent(path, idle).serve(listener)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

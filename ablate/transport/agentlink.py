@@ -1,0 +1,151 @@
+"""The controller's side of the host agent (`ablate.remote.agent`): how it is started on a host
+and how one command goes to it through the ControlMaster's forwarded socket.
+
+`request` sends the command only after the agent's hello came back, so "no agent answered" (the
+socket is not there, the master is gone, the host's sshd refused the forward, the agent exited) is
+always "nothing was sent": the caller then runs the command the usual way. Once the request is out,
+nothing is ever sent twice: a connection lost after it is the command's failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import shlex
+import socket
+import struct
+import time
+import zlib
+from dataclasses import dataclass
+
+from ablate import resources as packaged
+from ablate.remote.agent import HELLO
+from ablate.transport.shellhost import Sink
+
+SAFE_USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,63}$")
+
+
+class AgentSilent(Exception):
+    """The forwarded socket took the connection but no hello came within the wait: the link (or
+    the host) does not answer. Nothing was sent."""
+
+
+class AgentLost(Exception):
+    """The connection to the agent ended after the request was sent: the command may have run."""
+
+
+@dataclass(frozen=True)
+class AgentCode:
+    version: str  # sha12 of the agent's source: a changed agent is a new socket, never an old one
+    bootstrap_src: str  # a `python -c` program that runs it
+
+    @classmethod
+    def load(cls) -> AgentCode:
+        src = packaged.read("ablate.remote", "agent.py")
+        packed = base64.b64encode(zlib.compress(src, 9)).decode()
+        boot = ("import base64,sys,zlib;g={'__name__':'ablate_agent'};"
+                f"exec(zlib.decompress(base64.b64decode('{packed}')),g);sys.exit(g['main'](sys.argv[1:]))")
+        return cls(hashlib.sha256(src).hexdigest()[:12], boot)
+
+
+_CODE: AgentCode | None = None
+
+
+def agent_code() -> AgentCode:
+    global _CODE
+    if _CODE is None:
+        _CODE = AgentCode.load()
+    return _CODE
+
+
+def remote_socket(user: str) -> str | None:
+    """Where the agent of this ablate listens on a host, for the login user `user` (None: a user
+    name that is no safe path component; no agent then)."""
+    if not SAFE_USER.match(user):
+        return None
+    return f"/tmp/ablate-agent-{user}/{agent_code().version}.sock"
+
+
+def bootstrap(python: str, path: str, idle: int) -> str:
+    """A shell prefix that starts the agent in the background (its stdio away from the command's,
+    so the command's stdin, output and exit code are untouched); a no-op when one already serves,
+    and harmless when `python` is missing."""
+    argv = shlex.join([python, "-I", "-S", "-c", agent_code().bootstrap_src, path, str(idle)])
+    return f"{{ {argv} </dev/null >/dev/null 2>&1 & }} 2>/dev/null; "
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        got = s.recv(min(1 << 16, n - len(buf)))
+        if not got:
+            raise EOFError
+        buf += got
+    return bytes(buf)
+
+
+def request(local_socket: str, command: str, *, timeout: float, hello_within: float,
+            stdin: bytes | None = None, sink: Sink | None = None) -> tuple[int, bytes, bytes] | None:
+    """Run `command` through the agent behind `local_socket`: (rc, stdout, stderr), rc 124 when it
+    outlived `timeout` (ended on the host); None when no agent answered (nothing sent). With a
+    sink, stdout goes there and each chunk restarts the time-out. Raises AgentSilent, AgentLost."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            s.connect(local_socket)
+        except OSError:
+            return None  # no forward here (no master, or one without it)
+        s.settimeout(hello_within)
+        try:
+            hello = _recv_exact(s, len(HELLO))
+        except (EOFError, ConnectionError):
+            return None  # the master could not reach an agent: none runs, or sshd refused
+        except TimeoutError:
+            raise AgentSilent() from None
+        if hello != HELLO:
+            return None
+        header = {"cmd": command, "stdin": None if stdin is None else len(stdin)}
+        s.settimeout(timeout)
+        try:
+            s.sendall((json.dumps(header) + "\n").encode() + (stdin or b""))
+        except OSError as e:
+            raise AgentLost(str(e)) from None
+        return _replies(s, timeout, sink)
+    finally:
+        s.close()
+
+
+def _replies(s: socket.socket, timeout: float, sink: Sink | None) -> tuple[int, bytes, bytes]:
+    out: list[bytes] = []
+    err: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            head = _recv_exact(s, 5)
+            kind, n = head[:1], struct.unpack(">I", head[1:])[0]
+            data = _recv_exact(s, n)
+        except TimeoutError:
+            # closing the connection ends the command's process group on the host
+            return 124, b"".join(out), b"".join(err) + f"timed out after {timeout}s".encode()
+        except (EOFError, OSError) as e:
+            raise AgentLost(str(e) or "the connection closed") from None
+        if kind == b"x":
+            return int(data), b"".join(out), b"".join(err)
+        if kind == b"o":
+            if sink is not None:
+                sink.write(data)
+                deadline = time.monotonic() + timeout
+            else:
+                out.append(data)
+        elif kind == b"e":
+            err.append(data)
+
+
+def forward_args(local_socket: str, remote: str) -> list[str]:
+    """What a ControlMaster is started with so that `local_socket` reaches the agent (a stale
+    local socket file is replaced)."""
+    return ["-o", "StreamLocalBindUnlink=yes", "-L", f"{local_socket}:{remote}"]
+

@@ -1,0 +1,226 @@
+"""The host agent (ablate/remote/agent.py, ablate/transport/agentlink.py): on this machine for its
+protocol, on the test bed for how the ssh transport starts and uses it, and for what happens when it
+cannot be used: commands still run, each exactly once."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ablate.remote.agent import HELLO
+from ablate.transport.agentlink import AgentLost, agent_code, remote_socket, request
+from ablate.transport.ssh import SSHHost
+from tests.helpers.wait import wait_for
+from tests.testbed import Testbed
+
+AGENT = str(Path(__file__).resolve().parents[1] / "ablate" / "remote" / "agent.py")
+# the process chain above the command, one command line per line ($$ first)
+CHAIN = ("p=$$; while [ \"$p\" -gt 1 ]; do tr '\\0' ' ' < /proc/$p/cmdline; echo; "
+         "p=$(cut -d' ' -f4 < /proc/$p/stat); done")
+
+
+# --------------------------------------------------------------------------- the agent itself
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[str]:
+    """An agent of this machine's user, on a socket in a fresh private directory."""
+    d = tmp_path / "agent"
+    path = str(d / "a.sock")
+    r = subprocess.run([sys.executable, "-I", "-S", AGENT, path, "30"], capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: _answers(path), 10)
+    yield path
+    subprocess.run(["pkill", "-f", f"{AGENT} {path}"], check=False)
+
+
+def _answers(path: str) -> bool:
+    try:
+        return request(path, "true", timeout=5, hello_within=5) is not None
+    except (AgentLost, OSError):
+        return False
+
+
+def test_the_agent_runs_a_command_with_its_stdin_output_and_exit_code(agent: str) -> None:
+    got = request(agent, "cat; echo to-err >&2; echo \"$(pwd)\"; exit 7", timeout=10, hello_within=5,
+                  stdin=b"line\n" * 1000)
+    assert got is not None
+    rc, out, err = got
+    assert (rc, err) == (7, b"to-err\n")
+    assert out == b"line\n" * 1000 + (os.path.expanduser("~") + "\n").encode()
+
+
+def test_a_command_past_its_timeout_is_ended_with_its_process_group(agent: str, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    got = request(agent, f"sleep 60 & echo $! > {pidfile}; wait", timeout=1, hello_within=5)
+    assert got is not None and got[0] == 124 and b"timed out" in got[2]
+    pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10))  # type: ignore[arg-type]
+    wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 10)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+def test_a_second_agent_leaves_the_first_one_serving(agent: str) -> None:
+    r = subprocess.run([sys.executable, "-I", "-S", AGENT, agent, "30"], capture_output=True, timeout=30)
+    assert r.returncode == 0
+    assert request(agent, "echo still", timeout=5, hello_within=5) == (0, b"still\n", b"")
+
+
+def test_no_agent_in_a_directory_others_can_write(tmp_path: Path) -> None:
+    d = tmp_path / "open"
+    d.mkdir(mode=0o777)
+    d.chmod(0o777)
+    r = subprocess.run([sys.executable, "-I", "-S", AGENT, str(d / "a.sock"), "30"], capture_output=True,
+                       timeout=30)
+    assert r.returncode == 2 and not (d / "a.sock").exists()
+
+
+def test_an_idle_agent_exits_and_removes_its_socket(tmp_path: Path) -> None:
+    path = tmp_path / "idle" / "a.sock"
+    subprocess.run([sys.executable, "-I", "-S", AGENT, str(path), "1"], check=True, timeout=30)
+    wait_for(path.exists, 10)
+    wait_for(lambda: not path.exists(), 20)
+
+
+def test_no_hello_means_nothing_was_sent(tmp_path: Path) -> None:
+    """A socket that closes without the hello (the master found no agent behind its forward):
+    `request` answers None, and the caller runs the command the usual way."""
+    path = str(tmp_path / "mute.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    got: list[bytes] = []
+
+    def close_at_once() -> None:
+        conn, _ = srv.accept()
+        conn.settimeout(2)
+        try:
+            got.append(conn.recv(100))
+        except TimeoutError:
+            got.append(b"")
+        conn.close()
+
+    import threading
+
+    t = threading.Thread(target=close_at_once)
+    t.start()
+    assert request(path, "touch /tmp/never", timeout=5, hello_within=5) is None
+    t.join()
+    srv.close()
+    assert HELLO and got == [b""]
+    assert request(str(tmp_path / "absent.sock"), "true", timeout=5, hello_within=5) is None
+
+
+# --------------------------------------------------------------------------- over ssh, on the test bed
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A control directory of its own: no master of another test is reused."""
+    ctl = tmp_path / "ctl"
+    ctl.mkdir(mode=0o700)
+    monkeypatch.setenv("ABLATE_SSH_CONTROL_DIR", str(ctl))
+    monkeypatch.delenv("ABLATE_SSH_AGENT", raising=False)
+    monkeypatch.delenv("ABLATE_SSH_PERSIST", raising=False)
+    return ctl
+
+
+def _on(tb: Testbed, host: str, command: str) -> str:
+    return subprocess.run(tb.ssh_argv(host, command), capture_output=True, text=True, timeout=30,
+                          check=True).stdout
+
+
+def _agent_serves(tb: Testbed, host: str) -> bool:
+    path = remote_socket("root")
+    assert path is not None
+    return _on(tb, host, f"test -S {path} && echo yes || true").strip() == "yes"
+
+
+@pytest.fixture
+def no_agents(testbed: Testbed) -> Iterator[None]:
+    """Start and end with no agent on the bed (one may be left by another test's command)."""
+    for h in testbed.hosts:
+        _on(testbed, h, "pkill -f 'ablate[_]agent' || true")
+    yield
+    for h in testbed.hosts:
+        _on(testbed, h, "pkill -f 'ablate[_]agent' || true; rm -rf /tmp/ablate-agent-root /tmp/count")
+
+
+def test_the_first_command_starts_the_agent_and_later_ones_use_it(testbed: Testbed, fresh: Path,
+                                                                  no_agents: None) -> None:
+    first = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    chain = first.run(["sh", "-c", CHAIN]).check().stdout
+    assert "sshd" in chain and "ablate_agent" not in chain  # the usual way: sshd, a login shell
+    wait_for(lambda: _agent_serves(testbed, "tb-h1"), 20)
+    first.close()
+
+    later = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))  # the next ablate command
+    chain = later.run(["sh", "-c", CHAIN]).check().stdout
+    assert "ablate_agent" in chain and "sshd" not in chain  # no session, no login shell
+    r = later.run(["sh", "-c", "cat; echo e >&2; exit 5"], stdin=b"x" * 100_000)
+    assert (r.rc, r.stdout, r.stderr) == (5, "x" * 100_000, "e\n")
+    assert [n for n in os.listdir(fresh) if n.endswith(".a")]  # the master's forward, beside it
+    later.close()
+
+
+def _count_once(tb: Testbed, hosts: list[SSHHost]) -> None:
+    """Each host object appends one line on tb-h1; the file then has exactly one line per call."""
+    for i, h in enumerate(hosts):
+        h.run(["sh", "-c", f"echo {i} >> /tmp/count"]).check()
+    assert _on(tb, "tb-h1", "cat /tmp/count").split() == [str(i) for i in range(len(hosts))]
+
+
+def test_where_sshd_refuses_the_forward_commands_go_the_usual_way_once(
+        testbed: Testbed, fresh: Path, no_agents: None) -> None:
+    testbed.configure_sshd("tb-h1", "AllowStreamLocalForwarding no\n")
+    hosts = [SSHHost("tb-h1", ssh_config=str(testbed.ssh_config)) for _ in range(3)]
+    _count_once(testbed, hosts)
+    assert not any(h._agent_up for h in hosts)
+
+
+def test_a_host_without_the_python_runs_commands_the_usual_way_once(
+        testbed: Testbed, fresh: Path, no_agents: None) -> None:
+    hosts = [SSHHost("tb-h1", ssh_config=str(testbed.ssh_config), python="/nonexistent/python3")
+             for _ in range(3)]
+    _count_once(testbed, hosts)
+    assert not _agent_serves(testbed, "tb-h1") and not any(h._agent_up for h in hosts)
+
+
+def test_an_agent_directory_someone_else_could_write_is_never_used(
+        testbed: Testbed, fresh: Path, no_agents: None) -> None:
+    _on(testbed, "tb-h1", "mkdir -m 777 /tmp/ablate-agent-root")
+    hosts = [SSHHost("tb-h1", ssh_config=str(testbed.ssh_config)) for _ in range(3)]
+    _count_once(testbed, hosts)
+    assert not _agent_serves(testbed, "tb-h1") and not any(h._agent_up for h in hosts)
+
+
+def test_an_agent_gone_between_commands_costs_nothing_twice(
+        testbed: Testbed, fresh: Path, no_agents: None) -> None:
+    first = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    first.run(["true"]).check()
+    wait_for(lambda: _agent_serves(testbed, "tb-h1"), 20)
+    second = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    second.run(["true"]).check()
+    assert second._agent_up
+    _on(testbed, "tb-h1", "pkill -f 'ablate[_]agent'")
+    wait_for(lambda: not _on(testbed, "tb-h1", "pgrep -f 'ablate[_]agent' || true").strip(), 10)
+    third = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    _count_once(testbed, [second, third])  # second: its agent vanished; third: none answers
+    assert not second._agent_up
+
+
+def test_the_agent_code_is_versioned_by_content() -> None:
+    code = agent_code()
+    assert remote_socket("root") == f"/tmp/ablate-agent-root/{code.version}.sock"
+    assert remote_socket("bad user") is None and remote_socket("../x") is None
