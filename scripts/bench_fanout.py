@@ -156,7 +156,10 @@ def project(tb: Testbed, base: Path, sweep: str, ssh_config: Path) -> Path:
     (proj / "profiles").mkdir(parents=True)
     (proj / "queues").mkdir()
     (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
-        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt"}))
+        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt",
+        # the interpreter itself, as `python3` is on a conda or system install; on this machine
+        # `python3` on PATH is a pyenv shim, a bash script that costs ~0.15 s of CPU per start
+        "python": sys.executable}))
     for i, host in enumerate(tb.hosts):
         cfg = proj / "configs" / f"{sweep}c{i}.yaml"
         for where in (cfg, tb.shared_dir / "bench" / sweep / "configs" / cfg.name):  # workdir on the FS
@@ -239,9 +242,22 @@ def unblackhole(tb: Testbed, host: str) -> None:
     tb.link_up(host)
 
 
+def end_agents(tb: Testbed) -> None:
+    """End the host agents ablate started (ablate/remote/agent.py): the next "cold" command finds
+    nothing running on the instances, as after a reboot."""
+    for host in tb.hosts:
+        for pid in subprocess.run(["ip", "netns", "pids", tb.netns(host)], capture_output=True,
+                                  text=True, check=False).stdout.split():
+            with contextlib.suppress(OSError):
+                if b"ablate_agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(int(pid), signal.SIGKILL)
+
+
 def settle(tb: Testbed, timeout: float = 60.0) -> float:
-    """Wait until every instance runs nothing but sshd (the launched queues have ended), so what
-    the launch started does not load the next measurement; seconds waited."""
+    """End the host agents, then wait until every instance runs nothing but sshd (the launched
+    queues have ended), so what the launch started does not load the next measurement; seconds
+    waited."""
+    end_agents(tb)
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         busy = False
@@ -295,6 +311,7 @@ def measure(bench: Bench, n: int, reps: int) -> Size:
             close_masters(ctl)
             waited = settle(tb)
             got["parallel"], _ = one("parallel", r, par, None)
+            end_agents(tb)
             ctl = bench.fresh_ctl()
             got["cold"], _ = one("cold", r, [*ABLATE, "-C", str(proj), "status"], ctl)
             size.sockets_cold.append(len(sockets(ctl)))
@@ -302,6 +319,7 @@ def measure(bench: Bench, n: int, reps: int) -> Size:
             if r == reps:  # while the masters live: does one of them hold ablate's stdout?
                 size.held_open = held_by(log)
             close_masters(ctl)
+            end_agents(tb)
             got["start"], _ = one("start", r, [*ABLATE, "--version"], None)
             line = (", ".join(f"{k} {v:.3f}s" for k, v in got.items())
                     + f" (queues ended {waited:.1f}s after the launch)")
