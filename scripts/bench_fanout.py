@@ -4,21 +4,27 @@
 
 For each size (default 8 and 32 instances) one test bed is built (tests/testbed.py: a real sshd +
 tmux per instance in its own namespaces, one shared directory) with an ssh config whose every host
-has `ConnectTimeout --connect-timeout`. Each repetition makes a fresh sweep (one queue of one
-trivial cell per host) and then times, one right after the other so that any noise hits all four:
+has `ConnectTimeout --connect-timeout`. Each repetition makes two fresh sweeps (one queue of one
+trivial cell per host) and times, one right after the other so that any noise hits them all:
 
-  launch   `ablate launch --all` on the fresh sweep, cold (no SSH connection open before it)
-  parallel `parallel -j0 ssh -F CFG -o ControlMaster=no -o ControlPath=none {} true ::: HOSTS`
-           (fresh connections every time, never ablate's sockets)
-  cold     `ablate status`, cold
-  warm     `ablate status` again, right after `cold` (its connections may be reused)
+  launch_first  `ablate launch --all` on sweep A, first contact: no SSH connection open and no
+                host agent running (ablate/remote/agent.py; the bench ends them, as a reboot would)
+  parallel      `parallel -j0 ssh -F CFG -o ControlMaster=no -o ControlPath=none {} true ::: HOSTS`
+                (new connections every time, never ablate's sockets)
+  first         `ablate status` on sweep B, first contact (it starts the agents, as any first
+                command does)
+  cold          `ablate status` on sweep B again over NEW connections (the masters ended, as after
+                ControlPersist; the control directory kept), the agents still running (they stay an
+                hour idle, the connections two minutes)
+  launch        `ablate launch --all` on sweep B, right after (its connections reused)
+  warm          `ablate status` on sweep B, re-run (connections reused)
 
-"Cold" means ablate gets a fresh empty `ABLATE_SSH_CONTROL_DIR`, so no ControlMaster of an earlier
-command can serve it; "warm" reuses the directory the cold status just used. Every ablate command
-is a separate process, `<this python> -m ablate -C <project> ...` with this checkout first on
-PYTHONPATH (the real interpreter, not a pyenv shim), its output to a file: the time is until the
-process exits. The first repetition warms the page cache and is dropped; the medians of the rest
-are reported with their ratio to the parallel median. Targets: launch, cold and warm each <= 1.0x
+Every ablate command is a separate process, `<this python> -m ablate -C <project> ...` with this
+checkout first on PYTHONPATH (the real interpreter, not a pyenv shim), its output to a file: the
+time is until the process exits. The bed's profile names the real interpreter as `python` too
+(`python3` on PATH is a pyenv shim on this machine, ~0.15 s of CPU per start, where a conda or
+system install has the binary). The first repetition warms the page cache and is dropped; the
+medians of the rest are reported with their ratio to the parallel median. Targets: each <= 1.0x
 parallel, warm <= 0.3x. `ablate --version` (interpreter + CLI start, no SSH) is timed too, as the
 floor under every ablate figure.
 
@@ -72,11 +78,15 @@ from tests.testbed import Testbed, missing_requirement  # noqa: E402  (after the
 ABLATE = [sys.executable, "-m", "ablate"]
 # The trivial cell: writes its checkpoint in a few milliseconds, no Python start-up.
 TRAIN = "mkdir -p {ckpt_dir} && cat {cfg} > {ckpt_dir}/ckpt.bin"
-KEYS = ("cold", "launch", "warm", "parallel", "start")
-LABELS = {"cold": "`ablate status`, cold", "launch": "`ablate launch --all`, fresh sweep, cold",
-          "warm": "`ablate status`, warm (re-run)", "parallel": "`parallel -j0 ssh {} true`, cold",
+KEYS = ("cold", "launch", "warm", "first", "launch_first", "parallel", "start")
+LABELS = {"cold": "`ablate status`, new connections (host agents running)",
+          "launch": "`ablate launch --all`, fresh sweep, right after that status",
+          "warm": "`ablate status` re-run (connections reused)",
+          "first": "`ablate status`, first contact (no connection, no agent)",
+          "launch_first": "`ablate launch --all`, fresh sweep, first contact",
+          "parallel": "`parallel -j0 ssh {} true`, new connections",
           "start": "`ablate --version` (process start, no SSH)"}
-TARGET = {"cold": 1.0, "launch": 1.0, "warm": 0.3}
+TARGET = {"cold": 1.0, "launch": 1.0, "warm": 0.3, "first": 1.0, "launch_first": 1.0}
 
 
 @dataclass
@@ -185,19 +195,24 @@ def _pids_mentioning(text: str) -> list[int]:
 
 
 def sockets(ctl: Path) -> list[Path]:
-    return [p for p in ctl.rglob("*") if p.is_socket()] if ctl.exists() else []
+    """The ControlMaster sockets in `ctl` (not the agent forwards beside them, `<socket>.a`)."""
+    return [p for p in ctl.rglob("*") if p.is_socket() and not p.name.endswith(".a")] \
+        if ctl.exists() else []
 
 
-def close_masters(ctl: Path) -> None:
+def close_masters(ctl: Path, keep_dir: bool = False) -> None:
     """End the ControlMasters ablate left in `ctl` (`ssh -O exit`, then any process still naming
-    the directory on its command line, by pid): one measurement's masters never serve another."""
+    the directory on its command line, by pid): one measurement's masters never serve another.
+    `keep_dir`: leave the directory (what ablate remembers there besides the sockets), as when the
+    masters end on their own after ControlPersist."""
     for sock in sockets(ctl):
         subprocess.run(["ssh", "-S", str(sock), "-O", "exit", "x"], capture_output=True, timeout=10,
                        check=False)
     for pid in _pids_mentioning(str(ctl)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(ctl, ignore_errors=True)
+    if not keep_dir:
+        shutil.rmtree(ctl, ignore_errors=True)
 
 
 def held_by(path: Path) -> list[str]:
@@ -304,22 +319,32 @@ def measure(bench: Bench, n: int, reps: int) -> Size:
             return float("nan"), log
 
         for r in range(reps + 1):  # the first repetition warms the page cache and is dropped
-            proj = project(tb, bench.tmp, f"b{n}r{r}", cfg)
             got: dict[str, float] = {}
-            ctl = bench.fresh_ctl()
-            got["launch"], _ = one("launch", r, [*ABLATE, "-C", str(proj), "launch", "--all"], ctl)
-            close_masters(ctl)
-            waited = settle(tb)
-            got["parallel"], _ = one("parallel", r, par, None)
+            # First contact: no connection, no host agent (as after the instances booted).
             end_agents(tb)
             ctl = bench.fresh_ctl()
-            got["cold"], _ = one("cold", r, [*ABLATE, "-C", str(proj), "status"], ctl)
+            first = project(tb, bench.tmp, f"b{n}r{r}f", cfg)
+            got["launch_first"], _ = one("launch_first", r,
+                                         [*ABLATE, "-C", str(first), "launch", "--all"], ctl)
+            close_masters(ctl)
+            waited = settle(tb)  # ends the agents too
+            got["parallel"], _ = one("parallel", r, par, None)
+            # The user's sequence on a fresh sweep: status, launch --all, status again. The first
+            # status starts from nothing (first contact); the measured one after it opens new
+            # connections to hosts whose agents still run (they stay an hour, the connections 2 min).
+            proj = project(tb, bench.tmp, f"b{n}r{r}", cfg)
+            status = [*ABLATE, "-C", str(proj), "status"]
+            ctl = bench.fresh_ctl()
+            got["first"], _ = one("first", r, status, ctl)
+            close_masters(ctl, keep_dir=True)  # as ControlPersist would end them
+            got["cold"], _ = one("cold", r, status, ctl)
             size.sockets_cold.append(len(sockets(ctl)))
-            got["warm"], log = one("warm", r, [*ABLATE, "-C", str(proj), "status"], ctl)
+            got["launch"], _ = one("launch", r, [*ABLATE, "-C", str(proj), "launch", "--all"], ctl)
+            got["warm"], log = one("warm", r, status, ctl)
             if r == reps:  # while the masters live: does one of them hold ablate's stdout?
                 size.held_open = held_by(log)
             close_masters(ctl)
-            end_agents(tb)
+            settle(tb)
             got["start"], _ = one("start", r, [*ABLATE, "--version"], None)
             line = (", ".join(f"{k} {v:.3f}s" for k, v in got.items())
                     + f" (queues ended {waited:.1f}s after the launch)")
@@ -409,8 +434,8 @@ def trace_commands(bench: Bench, tb: Testbed, cfg: Path, size: Size) -> None:
     trips each makes, and how many go through the shared-FS host, how many at a time."""
     proj = project(tb, bench.tmp, f"b{size.n}trace", cfg)
     status = [*ABLATE, "-C", str(proj), "status"]
-    steps = (("`launch --all` (cold)", [*ABLATE, "-C", str(proj), "launch", "--all"], True),
-             ("`status` (cold)", status, True), ("`status` (warm)", status, False))
+    steps = (("`launch --all` (first contact)", [*ABLATE, "-C", str(proj), "launch", "--all"], True),
+             ("`status` (first contact)", status, True), ("`status` (warm)", status, False))
     ctl: Path | None = None
     for i, (label, argv, fresh) in enumerate(steps):
         if fresh:
@@ -466,7 +491,7 @@ def tables(sizes: list[Size]) -> list[str]:
            "|--:|:--|--:|--:|--:|:--|:--|"]
     for s in sizes:
         par = s.med("parallel")
-        for k in ("cold", "launch", "warm", "parallel", "start"):
+        for k in KEYS:
             xs = s.times[k] or [float("nan")]
             ratio = s.med(k) / par
             failed = s.failed.get(k, 0)
@@ -496,6 +521,8 @@ def tables(sizes: list[Size]) -> list[str]:
 
 def notes(sizes: list[Size]) -> list[str]:
     out = []
+    out.append("- Traced runs count ssh processes: a command a host agent runs is none (the warm "
+               "rows), so \"remote commands\" there are those that went through a login shell.")
     out.append("- Dead host: \"over healthy cold\" is the wall time a dead host adds to `status`; when "
                "the healthy status takes longer than the time-out, the time-out runs under it, and \"ssh "
                "runs to it\" (the ssh processes that tried that host) is the gauge: one try, one time-out.")
@@ -562,13 +589,18 @@ def main(argv: list[str] | None = None) -> int:
              measured_line(cmd) + f" ablate at {ablate_version()}.", "",
              f"Test-bed instances (tests/testbed.py: real sshd + tmux in network namespaces on this one "
              f"machine, one shared directory), `ConnectTimeout {args.connect_timeout:g}` for every host; "
-             f"one queue of one trivial cell per host, a fresh sweep per repetition. ablate runs as "
-             f"{runner}, a separate process per command with `-C <project>`, timed until it exits. "
-             f"Each repetition times launch, parallel, cold status, warm status in that order; "
-             f"median of {reps} repetitions after one warm-up. Cold: a fresh empty "
-             "`ABLATE_SSH_CONTROL_DIR` (no earlier ControlMaster can serve); warm: the directory the "
-             "cold status just used. GNU parallel: `parallel -j0 ssh -F CFG -o ControlMaster=no "
-             "-o ControlPath=none {} true ::: HOSTS`. Before parallel, the bench waits until the "
+             f"one queue of one trivial cell per host, two fresh sweeps per repetition. ablate runs as "
+             f"{runner}, a separate process per command with `-C <project>`, timed until it exits; "
+             "the profile names the real interpreter as the hosts' `python` (`python3` on PATH is a "
+             "pyenv shim here). Each repetition times, in this order: `launch --all` on sweep A at "
+             "first contact (no connection, no host agent: the bench ends the agents, as a reboot "
+             "would); GNU parallel; then the user's sequence on sweep B: `status` at first contact "
+             "(it starts the agents), `status` again over new connections (its ControlMasters ended "
+             "as after ControlPersist, the control directory kept) with the agents running, "
+             "`launch --all` right after it, and "
+             f"`status` re-run. Median of {reps} repetitions after one warm-up. GNU parallel: "
+             "`parallel -j0 ssh -F CFG -o ControlMaster=no -o ControlPath=none {} true ::: HOSTS`. "
+             "Before parallel and after each sequence, the bench ends the agents and waits until the "
              "launched queues have ended (every instance runs only sshd again)."
              + (" Every instance has its own copy of root's `~/.pyenv/shims` (root's `.bashrc` runs "
                 "`pyenv init -`, so every remote command does a `pyenv rehash` under a lock file "

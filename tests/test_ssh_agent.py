@@ -171,7 +171,25 @@ def test_the_first_command_starts_the_agent_and_later_ones_use_it(testbed: Testb
     r = later.run(["sh", "-c", "cat; echo e >&2; exit 5"], stdin=b"x" * 100_000)
     assert (r.rc, r.stdout, r.stderr) == (5, "x" * 100_000, "e\n")
     assert [n for n in os.listdir(fresh) if n.endswith(".a")]  # the master's forward, beside it
+    assert later.run(["sh", "-c", "echo $SHLVL"]).check().stdout == "1\n"  # as under a login shell
     later.close()
+
+
+def test_a_new_connection_uses_the_agent_still_running_there(testbed: Testbed, fresh: Path,
+                                                             no_agents: None) -> None:
+    first = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    first.run(["true"]).check()
+    wait_for(lambda: _agent_serves(testbed, "tb-h1"), 20)
+    second = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    second.run(["true"]).check()  # through the agent: remembered here for the next connection
+    old = second.master_pid()
+    second.disconnect()  # the ControlMaster ends (ControlPersist ran out)
+    wait_for(lambda: old is not None and not Path(f"/proc/{old}").exists(), 10)
+
+    third = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    chain = third.run(["sh", "-c", CHAIN]).check().stdout
+    assert third.master_pid() not in (None, old)  # a new connection...
+    assert "ablate_agent" in chain and "sshd" not in chain  # ...and still no login shell
 
 
 def _count_once(tb: Testbed, hosts: list[SSHHost]) -> None:

@@ -226,6 +226,10 @@ def main(argv: list[str]) -> int:
         os._exit(0)
     os.setsid()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # Commands see the environment of the login shell that started the agent, at the level of
+    # that shell's commands: a `bash -c` of theirs is then no top-level shell run by sshd, and
+    # does not read ~/.bashrc again (as under sshd, where the login shell is level 1).
+    os.environ["SHLVL"] = "1"
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # hold no pipe of the caller's open
         os.dup2(null, fd)

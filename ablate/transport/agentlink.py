@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import shlex
 import socket
@@ -21,9 +22,11 @@ import zlib
 from dataclasses import dataclass
 
 from ablate import resources as packaged
+from ablate.errors import AblateError
 from ablate.remote.agent import HELLO
 from ablate.transport.shellhost import Sink
 
+DEFAULT_IDLE = 3600
 SAFE_USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,63}$")
 
 
@@ -58,6 +61,16 @@ def agent_code() -> AgentCode:
     if _CODE is None:
         _CODE = AgentCode.load()
     return _CODE
+
+
+def agent_idle_seconds() -> int:
+    """How long an agent stays after its last request (`ABLATE_SSH_AGENT_IDLE`, default an hour):
+    longer than a ControlMaster, so the first command over a new connection finds it too."""
+    raw = os.environ.get("ABLATE_SSH_AGENT_IDLE", str(DEFAULT_IDLE))
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        raise AblateError(f"ABLATE_SSH_AGENT_IDLE={raw!r}: give whole seconds") from None
 
 
 def remote_socket(user: str) -> str | None:

@@ -47,7 +47,15 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ablate.errors import AblateError, RemoteError
-from ablate.transport.agentlink import AgentLost, AgentSilent, bootstrap, forward_args, remote_socket, request
+from ablate.transport.agentlink import (
+    AgentLost,
+    AgentSilent,
+    agent_idle_seconds,
+    bootstrap,
+    forward_args,
+    remote_socket,
+    request,
+)
 from ablate.transport.shellhost import (
     AuthFailed,
     HostKeyError,
@@ -449,7 +457,22 @@ class SSHHost(ShellHost):
             self._agent_up = got is not None
             if got is not None:  # the connection carried a command: proven
                 self._ready, self._kept = True, False
+        with contextlib.suppress(OSError):
+            if got is None:
+                os.unlink(f"{local}.seen")
+            elif not self._agent_seen(local):
+                with open(f"{local}.seen", "w"):
+                    pass  # the next process tries the agent first, even over a new master
         return got
+
+    @staticmethod
+    def _agent_seen(local: str) -> bool:
+        """An agent answered through this socket recently enough to be still there (its idle
+        time not yet over): worth trying before starting a login shell."""
+        try:
+            return time.time() - os.stat(f"{local}.seen").st_mtime < agent_idle_seconds() / 2
+        except OSError:
+            return False
 
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
              sink: Sink | None = None) -> tuple[int, bytes, bytes]:
@@ -457,13 +480,13 @@ class SSHHost(ShellHost):
         boot = ""
         if link is not None:
             self._ensure()
-            if self._kept or self._agent_up or self._agent_booted:
+            if self._kept or self._agent_up or self._agent_booted or self._agent_seen(link[0]):
                 got = self._via_agent(link[0], command, timeout, stdin, sink)
                 if got is not None:
                     return got
             if not self._agent_booted:
                 self._agent_booted = True
-                boot = bootstrap(self.python, link[1], persist_seconds() + 60)
+                boot = bootstrap(self.python, link[1], agent_idle_seconds())
         out: list[bytes] = []
         err: list[bytes] = []
 
