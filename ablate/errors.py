@@ -77,6 +77,16 @@ class FSError(RemoteError):
         self.via, self.op, self.path, self.dst, self.reason, self.rc = via, op, path, dst, reason, rc
 
 
+class OpFailed(FSError):
+    """The op at `index` of a `SharedFS.apply` batch failed: the FSError its single operation
+    raises, plus the results of the ops before it (`done`), which all took effect; none after it
+    ran."""
+
+    def __init__(self, error: FSError, index: int, done: list[object]) -> None:
+        super().__init__(error.via, error.op, error.path, error.reason, rc=error.rc, dst=error.dst)
+        self.index, self.done = index, done
+
+
 class Busy(AblateError):
     """Another controller holds the sweep's lock past --lock-timeout: who, since when. Exit 1."""
 

@@ -1,6 +1,7 @@
 """`launch` and `launch --all` are one pipeline fed by one snapshot: the same ledger entries and the
 same `run_queue` command line from both, the same resume index, the same refusals, and one shared-FS
-snapshot plus one tmux query per involved host per command. Real tmux (the conftest's private
+snapshot plus one command per involved host before anything starts, a few batches of FS writes
+and one tmux start command per host. Real tmux (the conftest's private
 socket), the real tiny trainer, real files."""
 
 from __future__ import annotations
@@ -87,25 +88,39 @@ def start_commands() -> dict[str, list[str]]:
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    """Counts, at the transport's edge, the shared-FS snapshots (`probe snapshot`), the other FS
-    reads, and each host's tmux queries."""
+    """Counts, at the transport's edge, the shared-FS snapshots (`probe snapshot`), batches of FS
+    ops (`apply`) and other FS reads, each host's commands (`ask`: its tmux sessions with the
+    budget and drift checks; `start`: tmux sessions started) and its lone tmux queries."""
     calls: Counter[str] = Counter()
-    probe, read, sessions = LocalFS.probe, LocalFS.read_bytes, LocalHost.tmux_sessions
+    probe, apply, read = LocalFS.probe, LocalFS.apply, LocalFS.read_bytes
+    run, sessions = LocalHost.run, LocalHost.tmux_sessions
 
     def counting_probe(self: LocalFS, op: str, args: Any) -> Any:
         calls[f"probe {op}"] += 1
         return probe(self, op, args)
 
+    def counting_apply(self: LocalFS, ops: Any) -> Any:
+        calls["apply"] += 1
+        return apply(self, ops)
+
     def counting_read(self: LocalFS, path: str) -> bytes | None:
         calls["read_bytes"] += 1
         return read(self, path)
+
+    def counting_run(self: LocalHost, argv: Any, **kw: Any) -> Any:
+        script = " ".join(argv)
+        what = "start" if "new-session" in script else "ask" if "list-sessions" in script else "run"
+        calls[f"{what} {self.name}"] += 1
+        return run(self, argv, **kw)
 
     def counting_sessions(self: LocalHost) -> set[str]:
         calls[f"tmux {self.name}"] += 1
         return sessions(self)
 
     monkeypatch.setattr(LocalFS, "probe", counting_probe)
+    monkeypatch.setattr(LocalFS, "apply", counting_apply)
     monkeypatch.setattr(LocalFS, "read_bytes", counting_read)
+    monkeypatch.setattr(LocalHost, "run", counting_run)
     monkeypatch.setattr(LocalHost, "tmux_sessions", counting_sessions)
     yield calls
 
@@ -207,22 +222,28 @@ def test_a_budget_refusal_changes_nothing_and_launch_all_starts_the_other_hosts(
 # --------------------------------------------------------------------------- round trips
 
 
-def test_one_snapshot_and_one_tmux_query_per_involved_host_per_command(
+def test_one_snapshot_and_one_command_per_host_before_and_one_after_per_command(
         local_project: Proj, counted: Counter[str]) -> None:
     lp = local_project
     for q, h in (("a1", "h1"), ("a2", "h1"), ("b1", "h2"), ("b2", "h2")):
         lp.queue(q, [f"# ablate: host={h}", lp.cfg(f"cfgs/{q}/{q}.yaml") + " recon 1"])
     project = load_project(lp.root)
+    # Four queues on two hosts: one snapshot; one command per host before (tmux, budget, drift)
+    # and one after (both its queues started); three batches of FS ops: deploy's files with the
+    # read of its record (then the record, first time only), the queue copies with the stop
+    # requests, the ledger entries with the estimates.
+    first = Counter({"probe snapshot": 1, "ask h1": 1, "ask h2": 1, "start h1": 1, "start h2": 1,
+                     "apply": 3, "read_bytes": 1})
 
     assert [r.status for r in launch_all(project)] == ["launched"] * 4
-    # Four queues on two hosts: one snapshot, one tmux query per host, one read (deploy's record).
-    assert counted == Counter({"probe snapshot": 1, "tmux h1": 1, "tmux h2": 1, "read_bytes": 1})
+    assert counted == first
     for q, h in (("a1", "h1"), ("a2", "h1"), ("b1", "h2"), ("b2", "h2")):
         wait_drained(lp, h, q, 1)
+    assert [len(ledger(lp, q)) for q in ("a1", "a2", "b1", "b2")] == [1] * 4
 
     counted.clear()
     assert [(r.status, r.resumed) for r in launch_all(project)] == [("launched", True)] * 4
-    assert counted == Counter({"probe snapshot": 1, "tmux h1": 1, "tmux h2": 1, "read_bytes": 1})
+    assert counted == first
 
 
 def test_moving_a_queue_asks_its_last_host_once_and_refuses_while_it_runs_there(
@@ -237,7 +258,8 @@ def test_moving_a_queue_asks_its_last_host_once_and_refuses_while_it_runs_there(
     with pytest.raises(AblateError, match=refused) as e:
         launch(project, "m", "h2")
     assert e.value.exit_code == 2
-    assert counted == Counter({"probe snapshot": 1, "tmux h1": 1, "tmux h2": 1})  # no FS read, no deploy
+    # h2 asked (it was requested), h1 only for its tmux (the ledger's last host); no FS op, no deploy
+    assert counted == Counter({"probe snapshot": 1, "ask h2": 1, "tmux h1": 1})
     assert [(lp.shared / "queues" / f).read_bytes() for f in ("m.txt", "m.ledger")] == recorded
     assert not (lp.shared / "events" / "h2.m.jsonl").exists()
 
@@ -245,6 +267,6 @@ def test_moving_a_queue_asks_its_last_host_once_and_refuses_while_it_runs_there(
     counted.clear()
     moved = launch(project, "m", "h2")
     assert (moved.host, moved.start_index, moved.resumed) == ("h2", 0, True)
-    assert counted["probe snapshot"] == 1 and counted["tmux h1"] == counted["tmux h2"] == 1
+    assert counted["probe snapshot"] == 1 and counted["tmux h1"] == counted["ask h2"] == 1
     assert [(e["host"], e["start_index"]) for e in ledger(lp, "m")] == [("h1", 0), ("h2", 0)]
     stop(project, "m", "h2")

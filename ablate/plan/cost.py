@@ -41,6 +41,7 @@ from ablate.remote.layout import SweepLayout
 from ablate.sweep.cells import Cell, parse_queue_text, read_all_queues
 from ablate.sweep.snapshot import Snapshot
 from ablate.transport import SharedFS
+from ablate.transport.base import WriteAtomic
 from ablate.util.fmt import Log, duration
 
 ESTIMATES_FILE = "estimates.tsv"
@@ -373,15 +374,28 @@ class Estimates:
     cells: int
 
 
+def estimates_op(project: Project, root: str, snapshot: Snapshot) -> tuple[WriteAtomic, Estimates]:
+    """The atomic write of `<root>/estimates.tsv` for the roster (the local queue files and the FS
+    copies in `snapshot`), for a caller that batches it with its own writes (launch)."""
+    known = known_cells(project, snapshot)
+    model = learn(project, snapshot, known)
+    path = SweepLayout(root).estimates
+    return (WriteAtomic(path, estimates_text(project, model, known.values(), time.time()).encode()),
+            Estimates(path, model, len(known)))
+
+
 def write_estimates(project: Project, fs: SharedFS, snapshot: Snapshot | None = None) -> Estimates:
-    """Write `<root>/estimates.tsv` (one atomic FS write) for the roster: the local queue files and
-    the FS copies. `snapshot`: the `snapshot` probe the caller already read (else read here)."""
-    snap = snapshot if snapshot is not None else read_snapshot(fs)
-    known = known_cells(project, snap)
-    model = learn(project, snap, known)
-    path = SweepLayout(fs.root).estimates
-    fs.write_atomic(path, estimates_text(project, model, known.values(), time.time()).encode())
-    return Estimates(path, model, len(known))
+    """Write `<root>/estimates.tsv` (one atomic FS write). `snapshot`: the `snapshot` probe the
+    caller already read (else read here)."""
+    op, estimates = estimates_op(project, fs.root, snapshot if snapshot is not None else read_snapshot(fs))
+    fs.write_atomic(op.path, op.data, op.mode)
+    return estimates
+
+
+def estimates_note(e: BaseException) -> str:
+    """The line that reports estimates.tsv was not written (never fatal: the runners then steal by
+    the previous file, or not at all)."""
+    return f"note: {ESTIMATES_FILE} not updated: {getattr(e, 'message', e)}"
 
 
 def refresh_estimates(project: Project, fs: SharedFS, snapshot: Snapshot | None = None,
@@ -392,5 +406,5 @@ def refresh_estimates(project: Project, fs: SharedFS, snapshot: Snapshot | None 
         return write_estimates(project, fs, snapshot)
     except (AblateError, OSError) as e:
         if log is not None:
-            log(f"note: {ESTIMATES_FILE} not updated: {getattr(e, 'message', e)}")
+            log(estimates_note(e))
         return None

@@ -2,7 +2,9 @@
 
 Locally they run in-process; over SSH this module (with `ablate/remote/verify.py`) is what a live host
 that mounts the FS runs, so a command costs one round trip, never one per file or per cell.
-Usage on a host: `python3 probe.py OP JSON_ARGS` prints one JSON object.
+Usage on a host: `python3 probe.py OP JSON_ARGS` prints one JSON object; JSON_ARGS `-`: read them
+from stdin (`apply`: its ops carry whole files). `apply` is the batch of writes of
+`SharedFS.apply` (`ablate/remote/fsops.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from ablate.remote import fsops
 from ablate.remote.layout import RELEASE_PREFIX, RELEASE_SUFFIX, STAGING_PREFIX, SweepLayout
 
 
@@ -258,7 +261,8 @@ def queue_copies(args: dict[str, Any]) -> dict[str, Any]:
     return {"queues": queues}
 
 
-OPS = {"snapshot": snapshot, "verify": verify, "now": now, "report": report, "queues": queue_copies}
+OPS = {"snapshot": snapshot, "verify": verify, "now": now, "report": report, "queues": queue_copies,
+       "apply": fsops.apply}
 
 
 def run(op: str, args: dict[str, Any]) -> Any:
@@ -268,4 +272,5 @@ def run(op: str, args: dict[str, Any]) -> Any:
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(sys.argv[1], json.loads(sys.argv[2]))))
+    given = json.load(sys.stdin) if sys.argv[2] == "-" else json.loads(sys.argv[2])
+    print(json.dumps(run(sys.argv[1], given)))

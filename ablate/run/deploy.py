@@ -26,6 +26,7 @@ from ablate.sweep.classify import warn
 from ablate.sweep.lock import controller_lock
 from ablate.sweep.snapshot import load
 from ablate.transport import SharedFS, shared_fs
+from ablate.transport.base import CreateImmutable, Read
 from ablate.util.fmt import Log
 from ablate.util.fs import read_json_object
 from ablate.util.progress import transfer_progress
@@ -110,11 +111,12 @@ def _deploy(project: Project, log: Log | None) -> DeployResult:
         data = render_spec(project, host, run_one)
         specs[name] = f"{sha12(data)}.env"
         files.append((posixpath.join(layout.specs, specs[name]), data))
-    # One round trip per file over ssh: with many hosts, worth a bar (plain: a line per file).
+    # Every file and the read of DEPLOYED.json in one round trip; its write, only when it changes,
+    # in a second. The bar still names each file (plain: a line per file).
     with transfer_progress(log, sum(len(d) for _, d in files), len(files), label="deploy") as bar:
-        for i, (path, data) in enumerate(files, 1):
+        got = fs.apply([*(CreateImmutable(path, data) for path, data in files), Read(layout.deployed)])
+        for i, ((path, data), new) in enumerate(zip(files, got, strict=False), 1):
             rel = posixpath.relpath(path, layout.root)
-            new = fs.create_immutable(path, data)
             if new:
                 created.append(rel)
             bar.advance(len(data))
@@ -123,7 +125,8 @@ def _deploy(project: Project, log: Log | None) -> DeployResult:
 
     record = {"version": version, "run_queue": names["run_queue"], "run_one": names["run_one"],
               "specs": specs}
-    if _current(fs.read_bytes(layout.deployed)) != record:
+    deployed = got[-1]
+    if _current(deployed if isinstance(deployed, bytes) else None) != record:
         fs.write_atomic(layout.deployed, (json.dumps({**record, "t": time.time()}) + "\n").encode())
     return DeployResult(version, layout.root, names["run_queue"], names["run_one"], specs, tuple(created))
 

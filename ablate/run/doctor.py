@@ -3,8 +3,10 @@
 Per host one connection and one batched `sh -c` script (ablate/run/hostcheck.py); before it, one
 nonce written on the shared FS through the host that serves it, and after it the nonce removed.
 "Shared" is proved, not assumed: every host reads the nonce back through its own transport at the
-path its own profile gives (AutoDL file storage is per region; only this tells). `launch` runs
-`budget_check` and `drift_check` itself before it changes anything.
+path its own profile gives (AutoDL file storage is per region; only this tells). `launch` measures
+the disk/inode budget and the commit itself (`launch_sections`, in the one command it asks each
+host with its tmux sessions) and refuses as doctor would (`launch_refusal`) before it changes
+anything.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ablate.remote.layout import SweepLayout
 from ablate.run.deploy import packaged_wrappers
 from ablate.run.hostcheck import Section, ask_text, measure, parse_df
 from ablate.sweep.cells import QueueFile, read_all_queues
-from ablate.sweep.ledger import last_host, parse_ledger
+from ablate.sweep.ledger import LedgerEntry, last_host, parse_ledger
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
 from ablate.transport.shellhost import ShellHost
 from ablate.util.fmt import Log
@@ -100,10 +102,11 @@ class Cells:
     error: str | None = None  # the queue files could not be read
 
 
-def count_cells(project: Project, fs: SharedFS | None, also: tuple[str, str] | None = None) -> Cells:
+def count_cells(project: Project, fs: SharedFS | None, also: tuple[str, str] | None = None,
+                ledgers: Mapping[str, Sequence[LedgerEntry]] | None = None) -> Cells:
     """Cells per host from the local queue files: the `# ablate: host=` header names the host,
-    else the last ledger entry on the FS (when `fs` is given). `also` = (queue, host): a queue
-    about to be launched there counts for that host."""
+    else the last ledger entry (from `ledgers`, a snapshot's, else read from `fs` when given).
+    `also` = (queue, host): a queue about to be launched there counts for that host."""
     try:
         queues = read_all_queues(project)
     except AblateError as e:
@@ -112,13 +115,16 @@ def count_cells(project: Project, fs: SharedFS | None, also: tuple[str, str] | N
     names: set[str] = set()
     for q in queues:
         names.update(ln.cell.name for ln in q.cells if ln.cell is not None)
-        host = q.host or (also[1] if also and also[0] == q.name else None) or _ledger_host(fs, q)
+        host = q.host or (also[1] if also and also[0] == q.name else None) or _ledger_host(fs, q, ledgers)
         if host:
             per_host[host] = per_host.get(host, 0) + len(q.cells)
     return Cells(per_host, len(names))
 
 
-def _ledger_host(fs: SharedFS | None, q: QueueFile) -> str | None:
+def _ledger_host(fs: SharedFS | None, q: QueueFile,
+                 ledgers: Mapping[str, Sequence[LedgerEntry]] | None) -> str | None:
+    if ledgers is not None:
+        return last_host(ledgers.get(q.name, ()), op="launch")
     if fs is None:
         return None
     return last_host(parse_ledger(fs.read_bytes(SweepLayout(fs.root).ledger(q.name))), op="launch")
@@ -167,18 +173,25 @@ def _budget_sections(project: Project, host: Host) -> list[tuple[str, Sequence[s
     return [("disk", ["dfat", "-k", host.ckpt_root]), ("inodes", ["dfat", "-i", project.sweep_root(host)])]
 
 
-def budget_check(project: Project, host: Host, transport: HostTransport, *, queue: str | None = None,
-                 fs: SharedFS | None = None) -> str | None:
+def launch_sections(project: Project, host: Host) -> list[tuple[str, Sequence[str]]]:
+    """What `launch` measures on `host` before it starts anything there, in the one command that
+    also asks its tmux: the disk and inode budget and the commit (`launch_refusal` reads them)."""
+    return [*_budget_sections(project, host), _git_section(project)]
+
+
+def launch_refusal(project: Project, host: Host, got: Mapping[str, Section], why: str | None,
+                   cells: Cells, ours: str | None) -> str | None:
     """None when `host` has the disk (ckpt_size x its queues' cells + scratch) and the shared FS the
-    inodes for the roster; else the refusal with the numbers. `queue` counts for `host`."""
-    cells = count_cells(project, fs, (queue, host.name) if queue else None)
-    got, why = measure(transport, _budget_sections(project, host))
-    checks = (_disk(project, host, cells, got.get("disk")), _inodes(project, host, cells, got.get("inodes")))
-    for check in checks:
+    inodes for the roster, and its workdir runs the controller's commit `ours` (or either has no
+    git); else the refusal with the numbers, or naming both commits. `got`, `why`: what `measure`
+    gave for `launch_sections`."""
+    budget = (_disk(project, host, cells, got.get("disk")), _inodes(project, host, cells, got.get("inodes")))
+    for check in budget:
         if not check.ok:
             return (f"{host.name}: {check.check} {check.reason}; free space or lower budget in ablate.yaml"
                     + (f" ({why})" if why else ""))
-    return None
+    commit = _commit(project, host, ours, got.get("git"))
+    return None if commit.ok else f"{host.name}: {commit.reason}"
 
 
 # --------------------------------------------------------------------------- commit (drift)
@@ -210,12 +223,8 @@ def _commit(project: Project, host: Host, ours: str | None, sec: Section | None)
     return Check("commit", True, f"at {ours[:12]}, same as the controller")
 
 
-def drift_check(project: Project, host: Host, transport: HostTransport) -> str | None:
-    """None when the host's workdir runs the controller's commit (or either has no git); else
-    the refusal naming both commits."""
-    got, _ = measure(transport, [("git", ["git", "-C", project.workdir, "rev-parse", "HEAD"])])
-    check = _commit(project, host, controller_commit(project), got.get("git"))
-    return None if check.ok else f"{host.name}: {check.reason}"
+def _git_section(project: Project) -> tuple[str, Sequence[str]]:
+    return ("git", ["git", "-C", project.workdir, "rev-parse", "HEAD"])
 
 
 # --------------------------------------------------------------------------- GPUs
@@ -312,7 +321,7 @@ def _sections(project: Project, host: Host, plan: _Plan) -> list[tuple[str, Sequ
     out += _budget_sections(project, host)
     out += [("gpu", ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"]),
             ("workdir", ["test", "-d", project.workdir]),
-            ("git", ["git", "-C", project.workdir, "rev-parse", "HEAD"])]
+            _git_section(project)]
     return out
 
 

@@ -8,36 +8,43 @@ reports each one `launched`, `running` or `failed`, a failure never hiding the o
    name, the header's host, the slot, the start index). `launch` runs it before the controller lock
    too, so such a refusal does not even create the lock file.
 2. Under the lock, `_observe`: ONE snapshot of the shared FS (every ledger, FS queue copy and
-   result), then ONE tmux query per involved host (the requested hosts and each queue's last ledger
-   host), hosts in parallel.
+   result) and, at the same time, ONE command per requested host (`_ask`: its tmux sessions and
+   what `ablate doctor`'s budget and drift checks measure), hosts in parallel; then one tmux query
+   per queue's last ledger host not asked yet (a queue that moves).
 3. `_prepare`, per request: live on its host or on the ledger's last host → `running`; the launched
    prefix (`ledger.check_prefix`, naming the line from the FS copy); the start index (the given
    one, else on a relaunch the first cell line without a durable result, else 0).
-4. `_refusals`: the disk/inode budget and the code drift (`ablate doctor`'s checks), once per host,
-   hosts in parallel.
-5. Only when something will start, `_start_all`: deploy (idempotent); per queue its FS copy, the
-   stop request removed and a ledger entry; the estimates once; then the tmux sessions, per host
-   in parallel over its one connection (`_argv` builds the `run_queue` command line).
+4. `_refusals`: the disk/inode budget and the code drift, once per host, from what step 2 measured.
+5. Only when something will start, `_start_all`: deploy (idempotent, ~2 round trips); every
+   queue's FS copy and stop request removed in one `apply`, their ledger entries (each saying
+   whether it cleared a stop request) and the estimates in a second; then the tmux sessions, one
+   command per host, hosts in parallel (`_argv` builds the `run_queue` command line).
 
 Nothing changes on the FS before step 5: a refusal leaves the project and the FS as they were.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from ablate.config.project import Host, Project
 from ablate.errors import AblateError, CheckFailed, RemoteError
-from ablate.plan.cost import refresh_estimates
+from ablate.plan.cost import estimates_note, estimates_op
 from ablate.remote.layout import SweepLayout, session_name
 from ablate.run.deploy import DeployResult, deploy
+from ablate.run.doctor import controller_commit, count_cells, launch_refusal, launch_sections
+from ablate.run.hostcheck import Section, measure
 from ablate.sweep.cells import QueueFile, check_queue_name, load_roster, read_all_queues, read_queue
 from ablate.sweep.ledger import check_prefix, entry_line, new_entry
 from ablate.sweep.lock import controller_lock
 from ablate.sweep.snapshot import Snapshot, probe_only
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
+from ablate.transport.base import AppendLine, FSOp, Remove, WriteAtomic, apply_groups
+from ablate.transport.shellhost import NO_TMUX_SERVER
 from ablate.util.fmt import Log
 from ablate.util.progress import steps
 
@@ -108,9 +115,19 @@ class _Ready:
         return sum(1 for ln in self.qf.cells if ln.index >= self.start_index)
 
 
+@dataclass(frozen=True)
+class _Asked:
+    """A requested host's answer to the one command `_ask` sends it before anything starts."""
+
+    sessions: set[str]  # its live tmux sessions
+    measured: Mapping[str, Section]  # doctor's `launch_sections`, for `_refusals`
+    why: str | None  # why some of them are missing
+
+
 # Per request: launched / running, or what refused it (`launch` raises it, `launch --all` reports it).
 Outcome: TypeAlias = LaunchResult | Exception
 Sessions: TypeAlias = Mapping[str, set[str] | Exception]  # host -> its tmux sessions, or why not
+Asked: TypeAlias = Mapping[str, _Asked | Exception]  # requested host -> its answer, or why none
 
 
 # --------------------------------------------------------------------------- the two commands
@@ -176,7 +193,7 @@ def _pipeline(project: Project, requests: Sequence[LaunchRequest], log: Log | No
             out[i] = got
     if checked:
         fs = shared_fs(project)
-        snap, sessions = _observe(project, fs, checked.values())
+        snap, asked, sessions = _observe(project, fs, checked.values())
         ready: dict[int, _Ready] = {}
         for i, c in checked.items():
             prepared = _prepare(project, c, snap, sessions, log)
@@ -184,7 +201,7 @@ def _pipeline(project: Project, requests: Sequence[LaunchRequest], log: Log | No
                 ready[i] = prepared
             else:
                 out[i] = prepared
-        out.update(_refusals(project, fs, ready))
+        out.update(_refusals(project, snap, ready, asked))
         ready = {i: r for i, r in ready.items() if i not in out}
         if ready:
             out.update(_start_all(project, fs, snap, ready, log))
@@ -229,19 +246,44 @@ def _slot(h: Host, qf: QueueFile, slot: int | None) -> int | None:
     return slot
 
 
-def _observe(project: Project, fs: SharedFS, checked: Iterable[_Checked]) -> tuple[Snapshot, Sessions]:
-    """One snapshot of the shared FS, then each involved host's tmux sessions, hosts in parallel
-    (a host that cannot be asked: its exception)."""
-    snap = probe_only(project, fs)
-    hosts: set[str] = set()
+def _observe(project: Project, fs: SharedFS,
+             checked: Iterable[_Checked]) -> tuple[Snapshot, Asked, Sessions]:
+    """One snapshot of the shared FS and, at the same time, `_ask` of each requested host; then
+    the tmux sessions of each queue's last ledger host not asked yet; hosts in parallel (a host
+    that cannot be asked: its exception)."""
+    checked = list(checked)
+    requested = sorted({c.host for c in checked})
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        snapped = pool.submit(probe_only, project, fs)
+        asked = fan_out(requested, lambda name: _ask(project, project.hosts[name]))
+        snap = snapped.result()
+    sessions: dict[str, set[str] | Exception] = {
+        h: a.sessions if isinstance(a, _Asked) else a for h, a in asked.items()}
+    moved: set[str] = set()
     for c in checked:
-        hosts.add(c.host)
         ledger = snap.ledgers.get(c.qf.name, ())
         last = ledger[-1].host if ledger else None
-        if last is not None and last in project.hosts:
-            hosts.add(last)
-    return snap, fan_out(sorted(hosts),
-                         lambda name: host_transport(project, project.hosts[name]).tmux_sessions())
+        if last is not None and last in project.hosts and last not in sessions:
+            moved.add(last)
+    sessions.update(fan_out(sorted(moved),
+                            lambda name: host_transport(project, project.hosts[name]).tmux_sessions()))
+    return snap, asked, sessions
+
+
+def _ask(project: Project, host: Host) -> _Asked:
+    """One command on `host`: its tmux sessions (as `tmux_sessions` reads them) and what the budget
+    and drift checks measure. Raises what the transport raises when the host cannot be asked."""
+    ht = host_transport(project, host)
+    tmux = ("tmux", [*ht.tmux_argv(), "list-sessions", "-F", "#{session_name}"])
+    got, why = measure(ht, [tmux, *launch_sections(project, host)])
+    sec = got.get("tmux")
+    if sec is None:
+        raise RemoteError(f"{host.name}: tmux was not asked: {why}")
+    if sec.rc == 0:
+        return _Asked({ln for ln in sec.out.splitlines() if ln}, got, why)
+    if NO_TMUX_SERVER.search(sec.out):
+        return _Asked(set(), got, why)
+    raise RemoteError(f"{host.name}: `tmux list-sessions` exited {sec.rc}: {sec.out.strip()[-300:]!r}")
 
 
 def _prepare(project: Project, c: _Checked, snap: Snapshot, sessions: Sessions,
@@ -290,28 +332,27 @@ def _by_host(ready: Mapping[int, _Ready]) -> dict[str, list[int]]:
     return out
 
 
-def _refusals(project: Project, fs: SharedFS, ready: Mapping[int, _Ready]) -> dict[int, Exception]:
-    """Rule 5 and code drift, once per host, hosts in parallel: each request on a refused host gets
-    the refusal (CheckFailed, exit 1), or what went wrong asking the host."""
+def _refusals(project: Project, snap: Snapshot, ready: Mapping[int, _Ready],
+              asked: Asked) -> dict[int, Exception]:
+    """Rule 5 and code drift (`ablate doctor`'s checks), once per host, from what `_ask` measured
+    there: each request on a refused host gets the refusal (CheckFailed, exit 1). The host's first
+    queue counts for it in the budget (a queue without a header is launched there)."""
     hosts = _by_host(ready)
-    checked = fan_out(sorted(hosts),
-                      lambda host: _host_refusal(project, host, ready[hosts[host][0]].qf.name, fs))
+    ours = controller_commit(project) if hosts else None
     out: dict[int, Exception] = {}
-    for host, got in checked.items():
-        if isinstance(got, Exception) or got:
-            err = got if isinstance(got, Exception) else CheckFailed(got)
-            out.update((i, err) for i in hosts[host])
+    for host, idx in sorted(hosts.items()):
+        got = asked.get(host)
+        if not isinstance(got, _Asked):  # never: a ready request's host answered `_ask`
+            err: Exception = got or RemoteError(f"{host}: not asked before the launch")
+        else:
+            h = project.host(host)
+            cells = count_cells(project, None, (ready[idx[0]].qf.name, host), ledgers=snap.ledgers)
+            why = launch_refusal(project, h, got.measured, got.why, cells, ours)
+            if why is None:
+                continue
+            err = CheckFailed(why)
+        out.update((i, err) for i in idx)
     return out
-
-
-def _host_refusal(project: Project, host: str, queue: str, fs: SharedFS) -> str | None:
-    """The disk/inode budget and the code drift, as `ablate doctor` checks them; None when fine.
-    `queue` counts for `host` in the budget (a queue without a header is launched there)."""
-    from ablate.run.doctor import budget_check, drift_check
-
-    h = project.host(host)
-    ht = host_transport(project, h)
-    return budget_check(project, h, ht, queue=queue, fs=fs) or drift_check(project, h, ht)
 
 
 def _start_all(project: Project, fs: SharedFS, snap: Snapshot, ready: Mapping[int, _Ready],
@@ -319,21 +360,10 @@ def _start_all(project: Project, fs: SharedFS, snap: Snapshot, ready: Mapping[in
     """Everything is checked: from here on, things change. The FS first (every queue's copy and
     ledger entry before any queue starts), then the tmux sessions."""
     dep = deploy(project, log)
-    layout = SweepLayout(fs.root)
-
-    def record(i: int) -> None:
-        r = ready[i]
-        fs.write_atomic(layout.queue_file(r.qf.name), r.qf.normalized_text().encode())
-        cleared = fs.remove(layout.stop_request(r.host, r.qf.name))
-        fs.append_line(layout.ledger(r.qf.name), entry_line(new_entry(
-            r.qf, r.host, r.slot, r.start_index, dep.specs[r.host], dep.run_queue, "launch", cleared)))
-
-    # Queues write disjoint files, so a few at once (sshd allows ~10 sessions per connection).
-    out: dict[int, Outcome] = dict(fan_out(sorted(ready), record, max_workers=4).failed)
+    out: dict[int, Outcome] = dict(_record(project, fs, snap, dep, ready, log))
     written = {i: r for i, r in ready.items() if i not in out}
     if not written:
         return out
-    refresh_estimates(project, fs, snap, log)  # what drained runners steal by, before these run
     hosts = _by_host(written)
     with steps(log, len(written), "launch", unit="queues") as bar:
         started = fan_out(sorted(hosts), lambda host: _start_on_host(
@@ -353,26 +383,68 @@ def _start_all(project: Project, fs: SharedFS, snap: Snapshot, ready: Mapping[in
     return out
 
 
+def _record(project: Project, fs: SharedFS, snap: Snapshot, dep: DeployResult,
+            ready: Mapping[int, _Ready], log: Log | None) -> dict[int, Exception]:
+    """Every queue's FS copy and its stop request removed in one round trip, then the ledger
+    entries (each saying whether it cleared a stop request) and the estimates in a second. Queues
+    write disjoint files: one queue's failed write is its outcome (returned) and never stops the
+    others' (`apply_groups`)."""
+    layout = SweepLayout(fs.root)
+    order = sorted(ready)
+    firsts = apply_groups(fs, [[WriteAtomic(layout.queue_file(r.qf.name), r.qf.normalized_text().encode()),
+                                Remove(layout.stop_request(r.host, r.qf.name))]
+                               for r in (ready[i] for i in order)])
+    failed: dict[int, Exception] = {}
+    entries: dict[int, list[FSOp]] = {}
+    for i, wrote in zip(order, firsts, strict=True):
+        r = ready[i]
+        if isinstance(wrote, Exception):
+            failed[i] = wrote
+            continue
+        line = entry_line(new_entry(r.qf, r.host, r.slot, r.start_index, dep.specs[r.host], dep.run_queue,
+                                    "launch", cleared_stop=bool(wrote[1])))
+        entries[i] = [AppendLine(layout.ledger(r.qf.name), line)]
+    if not entries:
+        return failed
+    try:  # what drained runners steal by, before these run (a failure is a note, never fatal)
+        estimates: list[FSOp] = [estimates_op(project, fs.root, snap)[0]]
+    except (AblateError, OSError) as e:
+        estimates = []
+        if log is not None:
+            log(estimates_note(e))
+    seconds = apply_groups(fs, [*entries.values(), estimates])
+    failed.update((i, e) for i, e in zip(entries, seconds, strict=False) if isinstance(e, Exception))
+    if estimates and isinstance(seconds[-1], Exception) and log is not None:
+        log(estimates_note(seconds[-1]))
+    return failed
+
+
 class _AlreadyRunning(Exception):
     """The queue's tmux session appeared between our look and our start."""
 
 
 def _start_on_host(project: Project, dep: DeployResult, host: str, ready: Mapping[int, _Ready],
                    advance: Callable[[str], None]) -> dict[int, Exception | None]:
-    """Start this host's queues over its one connection; per request, None or what went wrong."""
+    """Start this host's queues in one command (a tmux new-session each); per request, None or
+    what went wrong. Raises what the transport raises when the host cannot be reached."""
     ht = host_transport(project, project.hosts[host])
+    sessions = {i: session_name(project.sweep, host, r.qf.name) for i, r in ready.items()}
+    got, why = measure(ht, [(f"q{i}", [*ht.tmux_argv(), "new-session", "-d", "-s", sessions[i],
+                                       shlex.join(_argv(project, dep, r))]) for i, r in ready.items()])
     out: dict[int, Exception | None] = {}
     for i, r in ready.items():
-        session = session_name(project.sweep, host, r.qf.name)
-        try:
-            ht.tmux_start(session, _argv(project, dep, r), {})
-        except Exception as e:  # one queue failing never hides the others
+        sec = got.get(f"q{i}")
+        if sec is not None and sec.rc == 0:
+            out[i] = None
+            advance(f"{host}: tmux {sessions[i]} runs {r.qf.name} from line {r.start_index} "
+                    f"({r.cells} cell(s))")
+        elif sec is not None and "duplicate session:" in sec.out:
             # tmux refuses a second session of the name: a start still in flight from a killed
             # controller, or another controller, landed after we looked. It runs; never twice.
-            out[i] = _AlreadyRunning() if "duplicate session:" in str(e) else e
-            continue
-        out[i] = None
-        advance(f"{host}: tmux {session} runs {r.qf.name} from line {r.start_index} ({r.cells} cell(s))")
+            out[i] = _AlreadyRunning()
+        else:  # one queue failing never hides the others
+            reason = repr(sec.out.strip()[-300:]) if sec is not None else why
+            out[i] = RemoteError(f"{host}: tmux could not start session {sessions[i]}: {reason}")
     return out
 
 

@@ -7,7 +7,9 @@ the same failure raises the same type on both. A failed command or tmux operatio
 host it went through ("local" for the local transport), the operation, the path and the reason (the
 OS error, or the rc and stderr of the script on the host). Something that is not there is no
 failure (`read_bytes` None, `listdir` [], `remove` / `rename_noreplace` False); only `fetch` raises
-OSError, which its callers expect.
+OSError, which its callers expect. `apply` runs a batch of small ops (the typed ops below) in order
+in one round trip: the first that fails raises its FSError (as an `OpFailed`: which op, and the
+results of those before it).
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias, cast
 
-from ablate.errors import RemoteError
+from ablate.errors import FSError, OpFailed, RemoteError
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,52 @@ class HeldLock(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class CreateImmutable:
+    """`SharedFS.create_immutable`; its result: True when created, False when already there."""
+
+    path: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class WriteAtomic:
+    """`SharedFS.write_atomic`; its result: None."""
+
+    path: str
+    data: bytes
+    mode: int = 0o644
+
+
+@dataclass(frozen=True)
+class AppendLine:
+    """`SharedFS.append_line`; its result: None."""
+
+    path: str
+    line: str
+
+
+@dataclass(frozen=True)
+class Remove:
+    """`SharedFS.remove`; its result: True when the file was there."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class Read:
+    """`SharedFS.read_bytes`; its result: the bytes, or None when there is no such file."""
+
+    path: str
+
+
+FSOp: TypeAlias = CreateImmutable | WriteAtomic | AppendLine | Remove | Read
+OpResult: TypeAlias = bool | bytes | None
+# What an FSError of each op says it was doing (as its single operation's does).
+VERBS: dict[type[Any], str] = {CreateImmutable: "creating", WriteAtomic: "writing",
+                               AppendLine: "appending to", Remove: "removing", Read: "reading"}
+
+
 class SharedFS(Protocol):
     """The sweep's shared filesystem, reached through one host that mounts it. Every operation but
     `fetch` raises `FSError` when it fails (see the module docstring)."""
@@ -104,6 +152,13 @@ class SharedFS(Protocol):
         ...
 
     def append_line(self, path: str, line: str) -> None:
+        ...
+
+    def apply(self, ops: Sequence[FSOp]) -> list[OpResult]:
+        """Run `ops` in order, in one round trip, each exactly as its single operation (the op
+        types above say which, and what each gives back). The first op that fails raises the
+        FSError its operation raises, as an `OpFailed` (`index`, and `done`: the results of the
+        ops before it, which took effect); no op after it runs."""
         ...
 
     def exists(self, path: str) -> bool:
@@ -142,3 +197,53 @@ class SharedFS(Protocol):
         OSError when `path` cannot be read. The caller checks size and sha256 and renames into
         place: a short copy must never look like a good one."""
         ...
+
+
+def apply_each(fs: SharedFS, ops: Sequence[FSOp]) -> list[OpResult]:
+    """`apply` as one call of the single operation per op (a transport with no round trips to save)."""
+    done: list[OpResult] = []
+    for i, op in enumerate(ops):
+        try:
+            if isinstance(op, CreateImmutable):
+                done.append(fs.create_immutable(op.path, op.data))
+            elif isinstance(op, WriteAtomic):
+                fs.write_atomic(op.path, op.data, op.mode)
+                done.append(None)
+            elif isinstance(op, AppendLine):
+                fs.append_line(op.path, op.line)
+                done.append(None)
+            elif isinstance(op, Remove):
+                done.append(fs.remove(op.path))
+            else:
+                done.append(fs.read_bytes(op.path))
+        except FSError as e:
+            raise OpFailed(e, i, list(done)) from e
+    return done
+
+
+def apply_groups(fs: SharedFS, groups: Sequence[Sequence[FSOp]]) -> list[list[OpResult] | Exception]:
+    """Groups of ops on disjoint files (one per queue, say), all in one `apply`: per group its
+    results, or why it failed. A failing group never stops the others: the groups after it go in
+    the next round trip (one more per failure). Of a failed group, the ops before the failing one
+    took effect; when the batch failed as a whole (the host, the probe), every group left gets that
+    error, and any op of it may or may not have run."""
+    out: list[list[OpResult] | Exception] = []
+    while len(out) < len(groups):
+        rest = groups[len(out):]
+        failed: Exception | None = None
+        try:
+            got = fs.apply([op for g in rest for op in g])
+        except OpFailed as e:
+            got, failed = cast(list[OpResult], e.done), e
+        except Exception as e:  # one failure is reported per group, never raised past the others
+            out += [e] * len(rest)
+            break
+        at = 0
+        for g in rest:
+            if at + len(g) > len(got):
+                break
+            out.append(got[at:at + len(g)])
+            at += len(g)
+        if failed is not None:
+            out.append(failed)
+    return out

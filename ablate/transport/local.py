@@ -20,7 +20,7 @@ from libtmux.exc import LibTmuxException
 
 from ablate.errors import AblateError, FSError, RemoteError
 from ablate.remote import probe
-from ablate.transport.base import CommandResult
+from ablate.transport.base import CommandResult, FSOp, OpResult, apply_each
 from ablate.util.fs import atomic_write, create_immutable
 
 # All local "hosts" share one private tmux server so a user's own sessions are never touched.
@@ -190,6 +190,9 @@ class LocalFS:
                 os.write(fd, (line.rstrip("\n") + "\n").encode())
             finally:
                 os.close(fd)
+
+    def apply(self, ops: Sequence[FSOp]) -> list[OpResult]:
+        return apply_each(self, ops)  # in-process: one call per op costs nothing to batch away
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)

@@ -1,20 +1,24 @@
 """The shared FS over SSH (`SharedFS`): every operation is one small bash script run through a host
-that mounts the FS, the next host used only when one cannot be reached; the many-file reads are
-one run of the shipped probe (`ablate.remote`), content-addressed under `<root>/lib/<sha12>/`."""
+that mounts the FS, the next host used only when one cannot be reached; the many-file reads and
+`apply`'s batches of writes are one run of the shipped probe (`ablate.remote`), content-addressed
+under `<root>/lib/<sha12>/` (itself shipped in one round trip)."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO, TypeVar
 
-from ablate.errors import FSError, RemoteError
+from ablate.errors import FSError, OpFailed, RemoteError
 from ablate.remote.layout import SweepLayout
+from ablate.transport.base import VERBS, AppendLine, CreateImmutable, FSOp, OpResult, Read, WriteAtomic
 from ablate.transport.shellhost import HostUnreachable, Live, ShellHost, Sink
 
 T = TypeVar("T")
@@ -62,6 +66,12 @@ _FLOCK = ('mkdir -p -- "$(dirname -- "$1")" || exit 96; command -v flock >/dev/n
 _PROBE = ('d=$1; e=$2; py=$3; shift 3; [ -r "$d/ablate/remote/probe.py" ] || exit 97\n'
           'if [ -n "$e" ]; then eval "$e" >&2 || exit 98; fi\n'
           'cd "$d" && PYTHONPATH="$d" PYTHONDONTWRITEBYTECODE=1 exec "$py" -m ablate.remote.probe "$@"')
+# The probe's library in one round trip, without Python (the probe is what says it is missing): a
+# script on stdin runs _IMMUTABLE ($1) for each file, its bytes from a base64 here-document; the
+# first that fails names its path on stderr's last line and exits with _IMMUTABLE's code.
+_SHIP = 'imm=$1; eval "$(cat)"'
+_SHIP_ONE = ("base64 -d <<'ABLATE_EOF' | bash -c \"$imm\" bash {path} {sha} >/dev/null || "
+             "{{ r=$?; printf '%s\\n' {path} >&2; exit $r; }}\n{data}ABLATE_EOF\n")
 
 
 def probe_lib() -> dict[str, bytes]:
@@ -250,25 +260,44 @@ class SSHFS:
                                      f"{err.decode(errors='replace').strip()[-300:]}", path)
         return size
 
+    def apply(self, ops: Sequence[FSOp]) -> list[OpResult]:
+        """One run of the probe's `apply` (the ops as JSON on stdin: wrappers are tens of KB)."""
+        if not ops:
+            return []
+        payload = json.dumps({"root": self.root, "ops": [_wire(op) for op in ops]}).encode()
+        return self._answer(ops, self._run_probe("apply", "-", payload, self.timeout))
+
     def ship_probe(self) -> None:
         """Place the probe's files content-addressed under <root>/lib/<sha12>/ (0444, never
-        overwritten): a changed ablate is a new directory, a running probe keeps its files."""
-        for rel, data in sorted(self._lib.items()):
-            self.create_immutable(f"{self.lib_dir}/{rel}", data)
+        overwritten), in one round trip, probe.py last: there, it says the rest is. A changed
+        ablate is a new directory; a running probe keeps its files."""
+        files = sorted(self._lib.items(), key=lambda kv: (kv[0].endswith("/probe.py"), kv[0]))
+        script = "".join(_SHIP_ONE.format(path=shlex.quote(f"{self.lib_dir}/{rel}"),
+                                          sha=hashlib.sha256(data).hexdigest(),
+                                          data=base64.encodebytes(data).decode()) for rel, data in files)
+        rc, _, err = self._sh(_SHIP, _IMMUTABLE, stdin=script.encode())
+        if rc != 0:
+            lines = err.decode(errors="replace").strip().splitlines() or [self.lib_dir]
+            if rc == 4:
+                raise FSError(self.via, "creating", lines[-1],
+                              "it exists with other content; an immutable file is never overwritten")
+            raise self._fail("creating", lines[-1], rc, "\n".join(lines[:-1]).encode())
         self._lib_ready = True
 
     def probe(self, op: str, args: Mapping[str, Any]) -> Any:
-        import json
+        return self._run_probe(op, json.dumps(dict(args)), None, self.probe_timeout, args.get("root"))
 
-        payload = json.dumps(dict(args))
+    def _run_probe(self, op: str, arg: str, stdin: bytes | None, timeout: float, root: Any = None) -> Any:
+        """`python -m ablate.remote.probe OP ARG` (ARG `-`: the JSON on stdin), the library shipped
+        first when it is not there yet."""
         for _ in range(2):
-            rc, out, err = self._sh(_PROBE, self.lib_dir, self.env, self.python, op, payload,
-                                          timeout=self.probe_timeout)
+            rc, out, err = self._sh(_PROBE, self.lib_dir, self.env, self.python, op, arg, stdin=stdin,
+                                    timeout=timeout)
             if rc == 97 and not self._lib_ready:
                 self.ship_probe()
                 continue
             break
-        command = shlex.join([self.python, "-m", "ablate.remote.probe", op, payload[:200]])
+        command = shlex.join([self.python, "-m", "ablate.remote.probe", op, arg[:200]])
         stderr = err.decode(errors="replace").strip()[-300:]
         if rc == 98:
             raise RemoteError(f"{self.via}: the profile's env `{self.env}` failed before "
@@ -277,7 +306,6 @@ class SSHFS:
             text = err.decode(errors="replace").strip()
             if "Traceback (most recent call last):" in text:  # its last line names the failure
                 stderr = text.splitlines()[-1][-300:]
-            root = args.get("root")
             raise FSError(self.via, f"probe {op} of", root if isinstance(root, str) else self.root,
                           f"`{command}`; stderr: {stderr!r}", rc=rc)
         try:
@@ -287,3 +315,39 @@ class SSHFS:
                 f"{self.via}: `{command}` did not print exactly one JSON document (does the "
                 f"profile's env print to stdout?); stdout: {out.decode(errors='replace')[:300]!r}; "
                 f"stderr: {stderr!r}") from None
+
+    def _answer(self, ops: Sequence[FSOp], answer: Any) -> list[OpResult]:
+        """fsops' answer as `apply` returns it: the results, or the first failure raised."""
+        try:
+            done = [_result(op, r) for op, r in zip(ops, answer["results"], strict=False)]
+            failed = answer["failed"]
+            if failed is None and len(done) == len(ops):
+                return done
+            i, why = int(failed["index"]), str(failed["reason"])
+            op = ops[i]
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise RemoteError(f"{self.via}: {len(ops)} op(s) on the shared FS got an answer that is not "
+                              f"fsops': {str(answer)[:300]!r}; is the probe under {self.lib_dir} damaged?"
+                              ) from None
+        raise OpFailed(FSError(self.via, VERBS[type(op)], op.path, why), i, list(done))
+
+
+def _wire(op: FSOp) -> dict[str, Any]:
+    """One op as `ablate.remote.fsops` reads it (bytes as base64)."""
+    if isinstance(op, CreateImmutable):
+        return {"op": "create_immutable", "path": op.path, "data": base64.b64encode(op.data).decode(),
+                "sha256": hashlib.sha256(op.data).hexdigest()}
+    if isinstance(op, WriteAtomic):
+        return {"op": "write_atomic", "path": op.path, "data": base64.b64encode(op.data).decode(),
+                "mode": op.mode}
+    if isinstance(op, AppendLine):
+        return {"op": "append_line", "path": op.path, "line": op.line}
+    return {"op": "read" if isinstance(op, Read) else "remove", "path": op.path}
+
+
+def _result(op: FSOp, got: Any) -> OpResult:
+    if isinstance(op, Read):
+        return None if got is None else base64.b64decode(got)
+    if isinstance(op, WriteAtomic | AppendLine):
+        return None
+    return bool(got)  # created, removed
