@@ -63,9 +63,13 @@ _FLOCKED = ('r=$1; if [ -n "$r" ]; then t="$r.tmp.$$"; printf "%s\\n" "$2" > "$t
             '|| exit 94; fi\necho ACQUIRED; cat >/dev/null; [ -z "$r" ] || rm -f -- "$r"')
 _FLOCK = ('mkdir -p -- "$(dirname -- "$1")" || exit 96; command -v flock >/dev/null || exit 95\n'
           'exec flock -E 75 -w "$2" "$1" bash -c "$5" bash "$3" "$4"')
-_PROBE = ('d=$1; e=$2; py=$3; shift 3; [ -r "$d/ablate/remote/probe.py" ] || exit 97\n'
+# $4: `-S` (no site-packages: a third of a Python start) for every op but `verify`, which loads
+# checkpoints with the libraries installed there.
+_PROBE = ('d=$1; e=$2; py=$3; f=$4; shift 4; [ -r "$d/ablate/remote/probe.py" ] || exit 97\n'
           'if [ -n "$e" ]; then eval "$e" >&2 || exit 98; fi\n'
-          'cd "$d" && PYTHONPATH="$d" PYTHONDONTWRITEBYTECODE=1 exec "$py" -m ablate.remote.probe "$@"')
+          'cd "$d" && PYTHONPATH="$d" PYTHONDONTWRITEBYTECODE=1 '
+          'exec "$py" ${f:+"$f"} -m ablate.remote.probe "$@"')
+_NEEDS_SITE = frozenset({"verify"})
 # The probe's library in one round trip, without Python (the probe is what says it is missing): a
 # script on stdin runs _IMMUTABLE ($1) for each file, its bytes from a base64 here-document; the
 # first that fails names its path on stderr's last line and exits with _IMMUTABLE's code.
@@ -291,8 +295,8 @@ class SSHFS:
         """`python -m ablate.remote.probe OP ARG` (ARG `-`: the JSON on stdin), the library shipped
         first when it is not there yet."""
         for _ in range(2):
-            rc, out, err = self._sh(_PROBE, self.lib_dir, self.env, self.python, op, arg, stdin=stdin,
-                                    timeout=timeout)
+            rc, out, err = self._sh(_PROBE, self.lib_dir, self.env, self.python,
+                                    "" if op in _NEEDS_SITE else "-S", op, arg, stdin=stdin, timeout=timeout)
             if rc == 97 and not self._lib_ready:
                 self.ship_probe()
                 continue
