@@ -1,5 +1,5 @@
-"""Smoke test of scripts/bench_fanout.py: on a 2-instance test bed it launches, asks status cold and
-warm, runs GNU parallel, takes one host down and prints both tables (one repetition, no file
+"""Smoke test of scripts/bench_fanout.py: on a 2-instance test bed it launches and asks status at
+first contact, over new connections and reused ones, runs GNU parallel, takes one host down and prints both tables (one repetition, no file
 written; the figures themselves are not asserted)."""
 
 from __future__ import annotations
@@ -31,10 +31,14 @@ def test_bench_fanout_runs_and_prints_the_table() -> None:
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in p.stdout.splitlines()
             if line.startswith("| 2 |")]
     commands = [r[1] for r in rows if len(r) == 7]
-    assert commands == ["`ablate status`, cold", "`ablate launch --all`, fresh sweep, cold",
-                        "`ablate status`, warm (re-run)", "`parallel -j0 ssh {} true`, cold",
+    assert commands == ["`ablate status`, new connections (host agents running)",
+                        "`ablate launch --all`, fresh sweep, right after that status",
+                        "`ablate status` re-run (connections reused)",
+                        "`ablate status`, first contact (no connection, no agent)",
+                        "`ablate launch --all`, fresh sweep, first contact",
+                        "`parallel -j0 ssh {} true`, new connections",
                         "`ablate --version` (process start, no SSH)"], p.stdout
-    assert all(r[6] in ("PASS", "FAIL") for r in rows[:3] if len(r) == 7), p.stdout
+    assert all(r[6] in ("PASS", "FAIL") for r in rows[:5] if len(r) == 7), p.stdout
     dead = [r for r in rows if len(r) == 10]
     assert len(dead) == 3 and all(r[9] in ("PASS", "FAIL") for r in dead), p.stdout
     assert "traced `launch --all`" in p.stdout and "traced `status` (warm)" in p.stdout, p.stdout

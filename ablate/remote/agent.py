@@ -214,14 +214,30 @@ def _private_dir(d: str) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    """Start an agent on `argv[0]` and return once it listens (or why none will), saying which on
+    stdout: `ablate-agent: up`, `ablate-agent: busy` (another one of this version holds the
+    socket: it serves, or is starting) or `ablate-agent: refused <why>`."""
     path, idle = argv[0], float(argv[1])
     if not os.path.isabs(path) or not _private_dir(os.path.dirname(path)):
+        print("ablate-agent: refused " + os.path.dirname(path) + " is not a private directory of ours")
         return 2  # someone else's (or a shared) directory: no agent, commands go the usual way
     lockf = open(path + ".lock", "a")  # noqa: SIM115 (held, and so the lock, while the agent lives)
     try:
         fcntl.flock(lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        return 0  # another agent of this version serves (or is starting)
+        print("ablate-agent: busy")
+        return 0
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old)
+    listener.listen(64)  # listening before the caller hears "up": its next connection is served
+    sys.stdout.write("ablate-agent: up\n")
+    sys.stdout.flush()
     if os.fork():  # the caller's shell goes on; the agent leaves its session
         os._exit(0)
     os.setsid()
@@ -233,15 +249,6 @@ def main(argv: list[str]) -> int:
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # hold no pipe of the caller's open
         os.dup2(null, fd)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        listener.bind(path)
-    finally:
-        os.umask(old)
-    listener.listen(64)
     Agent(path, idle).serve(listener)
     return 0
 

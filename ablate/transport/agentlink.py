@@ -10,6 +10,7 @@ nothing is ever sent twice: a connection lost after it is the command's failure.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -82,11 +83,71 @@ def remote_socket(user: str) -> str | None:
 
 
 def bootstrap(python: str, path: str, idle: int) -> str:
-    """A shell prefix that starts the agent in the background (its stdio away from the command's,
-    so the command's stdin, output and exit code are untouched); a no-op when one already serves,
-    and harmless when `python` is missing."""
+    """A shell prefix that starts the agent and returns once it listens, its one line of news on
+    stderr before the command's start marker (`started`, `ablate-agent: up|busy|refused ...`),
+    never on the command's own streams; nothing at all when `python` is missing there."""
     argv = shlex.join([python, "-I", "-S", "-c", agent_code().bootstrap_src, path, str(idle)])
-    return f"{{ {argv} </dev/null >/dev/null 2>&1 & }} 2>/dev/null; "
+    return f"{argv} </dev/null 1>&2 2>/dev/null; "
+
+
+def started(preamble: bytes) -> bool:
+    """Whether the bootstrap's line says an agent listens now."""
+    return re.search(rb"^ablate-agent: (up|busy)$", preamble, re.M) is not None
+
+
+class Marks:
+    """What this machine remembers about the agent behind one forward (`<local socket>.seen`,
+    `.refused`), across ablate processes and connections: the agent outlives both."""
+
+    def __init__(self, local: str) -> None:
+        self.seen_path, self.refused_path = f"{local}.seen", f"{local}.refused"
+
+    def seen(self) -> bool:
+        """An agent answered (or started) here recently enough to be there still (half its idle
+        time): worth trying before a login shell, over a new connection too."""
+        return _fresh(self.seen_path, agent_idle_seconds() / 2)
+
+    def refused(self) -> bool:
+        """None can serve here (no Python there, a foreign directory, sshd refuses the forward):
+        no bootstrap again for an idle time."""
+        return _fresh(self.refused_path, agent_idle_seconds())
+
+    def started(self, up: bool) -> None:
+        """What a bootstrap said."""
+        with contextlib.suppress(OSError):
+            _write(self.seen_path if up else self.refused_path, "started")
+            os.unlink(self.refused_path if up else self.seen_path)
+
+    def answered(self, yes: bool) -> None:
+        """Whether an agent said hello through the forward."""
+        with contextlib.suppress(OSError):
+            if yes:
+                if not self.seen() or _read(self.seen_path) != "answered":
+                    _write(self.seen_path, "answered")
+                return
+            if _read(self.seen_path) == "started":  # it listens, but the forward never reached it:
+                _write(self.refused_path, "")  # sshd refuses the forward
+            os.unlink(self.seen_path)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _fresh(path: str, seconds: float) -> bool:
+    try:
+        return time.time() - os.stat(path).st_mtime < seconds
+    except OSError:
+        return False
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:

@@ -50,11 +50,13 @@ from ablate.errors import AblateError, RemoteError
 from ablate.transport.agentlink import (
     AgentLost,
     AgentSilent,
+    Marks,
     agent_idle_seconds,
     bootstrap,
     forward_args,
     remote_socket,
     request,
+    started,
 )
 from ablate.transport.shellhost import (
     AuthFailed,
@@ -347,14 +349,16 @@ class SSHHost(ShellHost):
             raise RemoteError(f"{self.name}: cannot run the ssh client {self.ssh!r}: {e}") from e
         return ProcLive(proc, stdin)
 
-    def _command(self, command: str) -> list[str]:
+    def _command(self, command: str, pre: str = "") -> list[str]:
+        """`pre`: what runs before the start marker (its stderr is the preamble, never the command's)."""
         mux = (["-o", "ControlMaster=no", "-o", f"ControlPath={self._socket()}"] if self.multiplex
                else ["-o", "ControlPath=none"])
-        return [*self._base(), "-T", *mux, "--", self.alias, MARK_CMD + command]
+        return [*self._base(), "-T", *mux, "--", self.alias, pre + MARK_CMD + command]
 
-    def _start(self, command: str, stdin: bytes | None = None, keep_stdin: bool = False) -> ProcLive:
+    def _start(self, command: str, stdin: bytes | None = None, keep_stdin: bool = False,
+               pre: str = "") -> ProcLive:
         self._ensure()
-        return self._spawn(self._command(command), stdin, keep_stdin)
+        return self._spawn(self._command(command, pre), stdin, keep_stdin)
 
     def _wait(self, live: ProcLive, timeout: float, sink: Sink | None,
               parts: tuple[list[bytes], list[bytes]] | None, *, start_only: bool = False) -> int | None:
@@ -407,11 +411,11 @@ class SSHHost(ShellHost):
                 return TIMED_OUT
 
     def _attempts(self, command: str, stdin: bytes | None, keep_stdin: bool,
-                  fn: Callable[[ProcLive], R]) -> R:
+                  fn: Callable[[ProcLive], R], pre: str = "") -> R:
         """Start `command` and hand it to `fn` (which closes it or hands it on). A kept master that
         cannot carry the request is replaced and the command sent once more (`_forget_master`)."""
         for attempt in (1, 2):
-            live = self._start(command, stdin, keep_stdin)
+            live = self._start(command, stdin, keep_stdin, pre)
             try:
                 return fn(live)
             except _StaleMaster:
@@ -457,22 +461,8 @@ class SSHHost(ShellHost):
             self._agent_up = got is not None
             if got is not None:  # the connection carried a command: proven
                 self._ready, self._kept = True, False
-        with contextlib.suppress(OSError):
-            if got is None:
-                os.unlink(f"{local}.seen")
-            elif not self._agent_seen(local):
-                with open(f"{local}.seen", "w"):
-                    pass  # the next process tries the agent first, even over a new master
+        Marks(local).answered(got is not None)
         return got
-
-    @staticmethod
-    def _agent_seen(local: str) -> bool:
-        """An agent answered through this socket recently enough to be still there (its idle
-        time not yet over): worth trying before starting a login shell."""
-        try:
-            return time.time() - os.stat(f"{local}.seen").st_mtime < agent_idle_seconds() / 2
-        except OSError:
-            return False
 
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
              sink: Sink | None = None) -> tuple[int, bytes, bytes]:
@@ -480,23 +470,28 @@ class SSHHost(ShellHost):
         boot = ""
         if link is not None:
             self._ensure()
-            if self._kept or self._agent_up or self._agent_booted or self._agent_seen(link[0]):
+            if self._kept or self._agent_up or Marks(link[0]).seen():
                 got = self._via_agent(link[0], command, timeout, stdin, sink)
                 if got is not None:
                     return got
-            if not self._agent_booted:
+            if not self._agent_booted and not Marks(link[0]).refused():
                 self._agent_booted = True
                 boot = bootstrap(self.python, link[1], agent_idle_seconds())
         out: list[bytes] = []
         err: list[bytes] = []
+        preamble = [b""]
 
         def to_end(live: ProcLive) -> int | None:
             try:
                 return self._wait(live, timeout, sink, (out, err))
             finally:
+                preamble[0] = live.preamble
                 live.close()
 
-        rc = self._attempts(boot + command, stdin, False, to_end)
+        rc = self._attempts(command, stdin, False, to_end, pre=boot)
+        if boot and link is not None:
+            self._agent_up = up = started(preamble[0])
+            Marks(link[0]).started(up)
         assert rc is not None
         stderr = b"".join(err)
         if rc == TIMED_OUT:
