@@ -479,7 +479,7 @@ def test_report_over_ssh_reads_the_shared_fs_in_one_round_trip(
 
         monkeypatch.setattr(SSHFS, "_sh", counted)
         res = cli.json(proj, "report")
-        assert [c[3] for c in commands] == ["report"], commands  # (lib, env, python, op, args)
+        assert [c[4] for c in commands] == ["report"], commands  # (lib, env, python, flags, op, args)
     finally:
         close_all()
         shutil.rmtree(testbed.shared_dir / "work" / sweep, ignore_errors=True)
