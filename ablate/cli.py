@@ -423,10 +423,10 @@ def main(argv: list[str] | None = None, prog: click.Group = cli) -> None:
         _fail(f"unexpected {_describe(e)} ({where})", EXIT_INTERNAL, as_json,
               detail=None if log else "".join(traceback.format_exception(e)))
     finally:
-        from ablate.transport import close_all
-
-        with contextlib.suppress(Exception):  # closing connections never changes how a command ended
-            close_all()
+        transport = sys.modules.get("ablate.transport")  # a command that used none never imports it
+        if transport is not None:
+            with contextlib.suppress(Exception):  # closing connections never changes how a command ended
+                transport.close_all()
     sys.exit(rv if isinstance(rv, int) else EXIT_OK)
 
 

@@ -17,7 +17,8 @@ trivial cell per host) and times, one right after the other so that any noise hi
                 ControlPersist; the control directory kept), the agents still running (they stay an
                 hour idle, the connections two minutes)
   launch        `ablate launch --all` on sweep B, right after (its connections reused)
-  warm          `ablate status` on sweep B, re-run (connections reused)
+  warm          `ablate status` on sweep B, re-run (connections reused), once the launched queues
+                have ended (their CPU would be the controller's here; on real instances it is theirs)
 
 Every ablate command is a separate process, `<this python> -m ablate -C <project> ...` with this
 checkout first on PYTHONPATH (the real interpreter, not a pyenv shim), its output to a file: the
@@ -268,11 +269,12 @@ def end_agents(tb: Testbed) -> None:
                     os.kill(int(pid), signal.SIGKILL)
 
 
-def settle(tb: Testbed, timeout: float = 60.0) -> float:
-    """End the host agents, then wait until every instance runs nothing but sshd (the launched
-    queues have ended), so what the launch started does not load the next measurement; seconds
-    waited."""
-    end_agents(tb)
+def settle(tb: Testbed, timeout: float = 60.0, agents: bool = False) -> float:
+    """End the host agents (unless `agents`: they stay, and count as idle), then wait until every
+    instance runs nothing but sshd (the launched queues have ended), so what the launch started
+    does not load the next measurement; seconds waited."""
+    if not agents:
+        end_agents(tb)
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         busy = False
@@ -281,7 +283,8 @@ def settle(tb: Testbed, timeout: float = 60.0) -> float:
                                   text=True, check=False).stdout.split()
             for pid in pids:
                 with contextlib.suppress(OSError):
-                    if Path(f"/proc/{pid}/comm").read_text().strip() != "sshd":
+                    if Path(f"/proc/{pid}/comm").read_text().strip() != "sshd" and not (
+                            agents and b"ablate_agent" in Path(f"/proc/{pid}/cmdline").read_bytes()):
                         busy = True
                         break
             if busy:
@@ -340,6 +343,9 @@ def measure(bench: Bench, n: int, reps: int) -> Size:
             got["cold"], _ = one("cold", r, status, ctl)
             size.sockets_cold.append(len(sockets(ctl)))
             got["launch"], _ = one("launch", r, [*ABLATE, "-C", str(proj), "launch", "--all"], ctl)
+            # The launched queues end first: on this bed their CPU is the controller's too (on real
+            # instances it is theirs). The connections and agents stay.
+            settle(tb, agents=True)
             got["warm"], log = one("warm", r, status, ctl)
             if r == reps:  # while the masters live: does one of them hold ablate's stdout?
                 size.held_open = held_by(log)
@@ -597,8 +603,9 @@ def main(argv: list[str] | None = None) -> int:
              "would); GNU parallel; then the user's sequence on sweep B: `status` at first contact "
              "(it starts the agents), `status` again over new connections (its ControlMasters ended "
              "as after ControlPersist, the control directory kept) with the agents running, "
-             "`launch --all` right after it, and "
-             f"`status` re-run. Median of {reps} repetitions after one warm-up. GNU parallel: "
+             "`launch --all` right after it, and `status` re-run once the launched queues have ended "
+             "(on this bed their CPU is the controller's; on real instances it is theirs). "
+             f"Median of {reps} repetitions after one warm-up. GNU parallel: "
              "`parallel -j0 ssh -F CFG -o ControlMaster=no -o ControlPath=none {} true ::: HOSTS`. "
              "Before parallel and after each sequence, the bench ends the agents and waits until the "
              "launched queues have ended (every instance runs only sshd again)."
