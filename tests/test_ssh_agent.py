@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from ablate.remote.agent import HELLO
-from ablate.transport.agentlink import AgentLost, agent_code, remote_socket, request
+from ablate.transport.agentlink import AgentLive, AgentLost, agent_code, remote_socket, request
+from ablate.transport.shellhost import Live
 from ablate.transport.ssh import SSHHost
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
@@ -192,6 +193,37 @@ def test_a_new_connection_uses_the_agent_still_running_there(testbed: Testbed, f
     chain = third.run(["sh", "-c", CHAIN]).check().stdout
     assert third.master_pid() not in (None, old)  # a new connection...
     assert "ablate_agent" in chain and "sshd" not in chain  # ...and still no login shell
+
+
+def _read_until(live: Live, text: bytes, timeout: float = 20.0) -> bytes:
+    got = [b""]
+
+    def seen() -> bool:
+        got[0] += live.read(0.1)[0]
+        return text in got[0] or live.exit_status() is not None
+
+    wait_for(seen, timeout)
+    return got[0]
+
+
+def test_a_held_command_goes_through_the_agent_and_ends_as_a_closed_session_would(
+        testbed: Testbed, fresh: Path, no_agents: None) -> None:
+    """`open_live` (what holds the controller lock): its stdin stays open until `shutdown_write`,
+    and closing it gives the command EOF first, so it cleans up as when an ssh session closes."""
+    h = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    h.run(["true"]).check()  # starts the agent
+    live = h.open_live("echo ready; cat > /tmp/count; echo after")
+    assert isinstance(live, AgentLive)
+    assert b"ready" in _read_until(live, b"ready")
+    live.shutdown_write()
+    assert b"after" in _read_until(live, b"after")
+    wait_for(lambda: live.exit_status() == 0, 10)
+    live.close()
+
+    live = h.open_live("echo ready; cat; echo cleaned > /tmp/count")
+    assert b"ready" in _read_until(live, b"ready")
+    live.close()  # the controller dies: EOF, and it ends on its own
+    wait_for(lambda: _on(testbed, "tb-h1", "cat /tmp/count").strip() == "cleaned", 10)
 
 
 def _count_once(tb: Testbed, hosts: list[SSHHost]) -> None:

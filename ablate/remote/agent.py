@@ -72,8 +72,16 @@ def _same_user(conn: socket.socket) -> bool:
     return bool(uid == os.getuid())
 
 
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    """The controller went away mid-command: TERM the command's group, KILL it 3 s later."""
+def _end(proc: subprocess.Popen[bytes], stream: bool = False) -> None:
+    """The controller went away mid-command: TERM the command's group, KILL it 3 s later. A
+    command reading a streamed stdin first gets its EOF, and 3 s to end on it (as when an ssh
+    session closes: a held lock's holder cleans up and lets go)."""
+    if stream and proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        deadline = time.monotonic() + 3.0
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
     for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 0.0)):
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, sig)
@@ -93,15 +101,17 @@ def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
 
 
 def handle(conn: socket.socket, home: str) -> None:
-    """One request: hello, header + stdin, run, frames, exit code."""
+    """One request: hello, header + stdin, run, frames, exit code. `"stdin": "stream"` in the
+    header: the stdin comes as `i` frames while the command runs, `I` ends it (a held lock)."""
     if not _same_user(conn):
         return
     conn.sendall(HELLO)
     req = json.loads(_read_line(conn).decode())
     n = req.get("stdin")
-    data = _read_exact(conn, int(n)) if n is not None else None
+    stream = n == "stream"
+    data = None if n is None or stream else _read_exact(conn, int(n))
     proc = subprocess.Popen(["/bin/sh", "-c", str(req["cmd"])], cwd=home, start_new_session=True,
-                            stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                            stdin=subprocess.PIPE if n is not None else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     if data is not None:
         threading.Thread(target=_feed, args=(proc, data), daemon=True).start()
@@ -118,8 +128,8 @@ def handle(conn: socket.socket, home: str) -> None:
         while open_pipes:
             for key, _ in sel.select(1.0):
                 if key.fileobj is conn:
-                    if not conn.recv(1):  # the controller closed: nobody waits for this command
-                        _end(proc)
+                    if not _from_controller(conn, proc, stream):  # it closed: nobody waits for this
+                        _end(proc, stream)
                         return
                     continue
                 chunk = os.read(key.fd, CHUNK)
@@ -129,13 +139,34 @@ def handle(conn: socket.socket, home: str) -> None:
                     continue
                 conn.sendall(frame(kinds[key.fd], chunk))
         conn.sendall(frame(b"x", str(proc.wait()).encode()))
-    except OSError:
-        _end(proc)
+    except (OSError, EOFError):
+        _end(proc, stream)
     finally:
         sel.close()
-        for f in (proc.stdout, proc.stderr):
+        for f in (proc.stdout, proc.stderr, proc.stdin):
             if f is not None:
-                f.close()
+                with contextlib.suppress(OSError):
+                    f.close()
+
+
+def _from_controller(conn: socket.socket, proc: subprocess.Popen[bytes], stream: bool) -> bool:
+    """One frame of the controller's (stdin, or its end); False when it closed the connection."""
+    kind = conn.recv(1)
+    if not kind:
+        return False
+    if not stream:
+        return True  # nothing more is expected of it: ignored
+    n = struct.unpack(">I", _read_exact(conn, 4))[0]
+    data = _read_exact(conn, n) if n else b""
+    assert proc.stdin is not None
+    if kind == b"i" and data:
+        with contextlib.suppress(OSError):
+            proc.stdin.write(data)
+            proc.stdin.flush()
+    elif kind == b"I":
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    return True
 
 
 class Agent:

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import select
 import shlex
 import socket
 import struct
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from ablate import resources as packaged
 from ablate.errors import AblateError
-from ablate.remote.agent import HELLO
+from ablate.remote.agent import HELLO, frame
 from ablate.transport.shellhost import Sink
 
 DEFAULT_IDLE = 3600
@@ -160,35 +161,113 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+def _connect(local_socket: str, hello_within: float) -> socket.socket | None:
+    """A connection the agent said hello on; None when none answered (nothing was sent)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(local_socket)
+        s.settimeout(hello_within)
+        if _recv_exact(s, len(HELLO)) == HELLO:
+            return s
+    except TimeoutError:
+        s.close()
+        raise AgentSilent() from None
+    except (OSError, EOFError):  # no forward (no master), or nothing behind it (none runs,
+        pass  # or sshd refused the forward)
+    s.close()
+    return None
+
+
+def _send(s: socket.socket, data: bytes) -> None:
+    try:
+        s.sendall(data)
+    except OSError as e:
+        raise AgentLost(str(e)) from None
+
+
 def request(local_socket: str, command: str, *, timeout: float, hello_within: float,
             stdin: bytes | None = None, sink: Sink | None = None) -> tuple[int, bytes, bytes] | None:
     """Run `command` through the agent behind `local_socket`: (rc, stdout, stderr), rc 124 when it
     outlived `timeout` (ended on the host); None when no agent answered (nothing sent). With a
     sink, stdout goes there and each chunk restarts the time-out. Raises AgentSilent, AgentLost."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = _connect(local_socket, hello_within)
+    if s is None:
+        return None
     try:
-        try:
-            s.connect(local_socket)
-        except OSError:
-            return None  # no forward here (no master, or one without it)
-        s.settimeout(hello_within)
-        try:
-            hello = _recv_exact(s, len(HELLO))
-        except (EOFError, ConnectionError):
-            return None  # the master could not reach an agent: none runs, or sshd refused
-        except TimeoutError:
-            raise AgentSilent() from None
-        if hello != HELLO:
-            return None
-        header = {"cmd": command, "stdin": None if stdin is None else len(stdin)}
         s.settimeout(timeout)
-        try:
-            s.sendall((json.dumps(header) + "\n").encode() + (stdin or b""))
-        except OSError as e:
-            raise AgentLost(str(e)) from None
+        header = {"cmd": command, "stdin": None if stdin is None else len(stdin)}
+        _send(s, (json.dumps(header) + "\n").encode() + (stdin or b""))
         return _replies(s, timeout, sink)
     finally:
         s.close()
+
+
+def open_live(local_socket: str, command: str, *, hello_within: float) -> AgentLive | None:
+    """Start `command` through the agent, its stdin open (a `Live`); None when no agent answered."""
+    s = _connect(local_socket, hello_within)
+    if s is None:
+        return None
+    try:
+        _send(s, (json.dumps({"cmd": command, "stdin": "stream"}) + "\n").encode())
+    except AgentLost:
+        s.close()
+        raise
+    return AgentLive(s)
+
+
+class AgentLive:
+    """A command the agent runs with its stdin open (`shellhost.Live`): closing it ends the
+    command (its stdin first, as a closed ssh session does)."""
+
+    def __init__(self, s: socket.socket) -> None:
+        self.s = s
+        self.buf = b""
+        self.rc: int | None = None
+        self.eof = False
+        self.held = (b"", b"")  # read by `exit_status`, not handed out yet
+
+    def read(self, timeout: float) -> tuple[bytes, bytes]:
+        out: list[bytes] = [self.held[0]]
+        err: list[bytes] = [self.held[1]]
+        self.held = (b"", b"")
+        if out[0] or err[0]:
+            timeout = 0.0
+        if self.rc is None and not self.eof:
+            ready, _, _ = select.select([self.s], [], [], max(0.0, timeout))
+            if ready:
+                try:
+                    got = self.s.recv(1 << 16)
+                except OSError:
+                    got = b""
+                self.buf += got
+                self.eof = not got
+        while len(self.buf) >= 5:
+            n = struct.unpack(">I", self.buf[1:5])[0]
+            if len(self.buf) < 5 + n:
+                break
+            kind, data, self.buf = self.buf[:1], self.buf[5:5 + n], self.buf[5 + n:]
+            if kind == b"x":
+                self.rc = int(data)
+            elif kind == b"o":
+                out.append(data)
+            elif kind == b"e":
+                err.append(data)
+        if self.eof and self.rc is None:
+            self.rc = 255  # the connection ended without an exit code: the command's end is unknown
+        return b"".join(out), b"".join(err)
+
+    def exit_status(self) -> int | None:
+        """Its rc once the agent sent it (what arrived meanwhile waits for the next `read`)."""
+        if self.rc is None:
+            out, err = self.read(0.0)
+            self.held = (self.held[0] + out, self.held[1] + err)
+        return self.rc if not self.buf else None
+
+    def shutdown_write(self) -> None:
+        _send(self.s, frame(b"I", b""))
+
+    def close(self) -> None:
+        self.s.close()
 
 
 def _replies(s: socket.socket, timeout: float, sink: Sink | None) -> tuple[int, bytes, bytes]:

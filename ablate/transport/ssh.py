@@ -54,6 +54,7 @@ from ablate.transport.agentlink import (
     agent_idle_seconds,
     bootstrap,
     forward_args,
+    open_live,
     remote_socket,
     request,
     started,
@@ -436,13 +437,21 @@ class SSHHost(ShellHost):
         remote = remote_socket(self.options().get("user", ""))
         return (f"{self._socket()}.a", remote) if remote else None
 
-    def _via_agent(self, local: str, command: str, timeout: float, stdin: bytes | None,
-                   sink: Sink | None) -> tuple[int, bytes, bytes] | None:
-        """The command through the agent; None when none answered (nothing was sent)."""
+    def _via_agent(self, command: str, timeout: float, call: Callable[[str, float], R | None]) -> R | None:
+        """`call(local socket, hello_within)` to the agent, when one may be there (a kept master,
+        an agent that answered or started in this process, or `.seen`); None when none answered
+        (nothing was sent)."""
+        link = self._agent_link()
+        if link is None:
+            return None
+        self._ensure()
+        local = link[0]
+        if not (self._kept or self._agent_up or Marks(local).seen()):
+            return None
         kept = self._kept
         within = min(timeout, max(self.connect_timeout, 3.0)) if kept else timeout
         try:
-            got = request(local, command, timeout=timeout, hello_within=within, stdin=stdin, sink=sink)
+            got = call(local, within)
         except AgentSilent:
             with self._lock:
                 self._drop_master()
@@ -453,10 +462,9 @@ class SSHHost(ShellHost):
             self._failed = (e, time.monotonic() + self.retry_after)
             raise e from None
         except AgentLost as e:
-            remote = self._agent_link()
             raise RemoteError(f"{self.name}: the connection dropped while running `{command[:200]}`: "
-                              f"{e} (the host agent logs why it ended a request in "
-                              f"{remote[1] if remote else '?'}.log there)") from None
+                              f"{e} (the host agent logs why it ended a request in {link[1]}.log "
+                              "there)") from None
         with self._lock:
             self._agent_up = got is not None
             if got is not None:  # the connection carried a command: proven
@@ -466,17 +474,15 @@ class SSHHost(ShellHost):
 
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
              sink: Sink | None = None) -> tuple[int, bytes, bytes]:
+        got = self._via_agent(command, timeout, lambda local, within: request(
+            local, command, timeout=timeout, hello_within=within, stdin=stdin, sink=sink))
+        if got is not None:
+            return got
         link = self._agent_link()
         boot = ""
-        if link is not None:
-            self._ensure()
-            if self._kept or self._agent_up or Marks(link[0]).seen():
-                got = self._via_agent(link[0], command, timeout, stdin, sink)
-                if got is not None:
-                    return got
-            if not self._agent_booted and not Marks(link[0]).refused():
-                self._agent_booted = True
-                boot = bootstrap(self.python, link[1], agent_idle_seconds())
+        if link is not None and not self._agent_booted and not Marks(link[0]).refused():
+            self._agent_booted = True
+            boot = bootstrap(self.python, link[1], agent_idle_seconds())
         out: list[bytes] = []
         err: list[bytes] = []
         preamble = [b""]
@@ -503,6 +509,11 @@ class SSHHost(ShellHost):
         return rc, b"".join(out), stderr
 
     def open_live(self, command: str, *, timeout: float = 60.0) -> Live:
+        agent = self._via_agent(command, timeout, lambda local, within: open_live(
+            local, command, hello_within=within))
+        if agent is not None:
+            return agent
+
         def started(live: ProcLive) -> ProcLive:
             self._wait(live, timeout, None, None, start_only=True)
             return live
