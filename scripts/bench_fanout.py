@@ -22,7 +22,8 @@ trivial cell per host) and times, one right after the other so that any noise hi
 
 Every ablate command is a separate process, `<this python> -m ablate -C <project> ...` with this
 checkout first on PYTHONPATH (the real interpreter, not a pyenv shim), its output to a file: the
-time is until the process exits. The bed's profile names the real interpreter as `python` too
+time is until the process exits; its bytecode compiled once and used, as after `pip install`
+(this machine sets PYTHONDONTWRITEBYTECODE=1). The bed's profile names the real interpreter as `python` too
 (`python3` on PATH is a pyenv shim on this machine, ~0.15 s of CPU per start, where a conda or
 system install has the binary). The first repetition warms the page cache and is dropped; the
 medians of the rest are reported with their ratio to the parallel median. Targets: each <= 1.0x
@@ -142,6 +143,7 @@ class Bench:
         log = self.logs / f"{self.count:04d}.log"
         env = dict(os.environ, NO_COLOR="1",
                    PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # ablate's bytecode is used, as pip installs it
         if ctl is not None:
             env["ABLATE_SSH_CONTROL_DIR"] = str(ctl)
         if trace is not None:
@@ -579,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
     runner = f"`{shlex.join(ABLATE)}` with this checkout on PYTHONPATH (not a pyenv shim)"
     print(f"ablate runs as {runner}, one process per command", file=sys.stderr)
     results: list[Size] = []
+    # pip compiles a package's bytecode when it installs it; this checkout gets the same once.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "ablate")], check=True)
     with tempfile.TemporaryDirectory(prefix="ablate-bench-") as tmp:
         bench = Bench(Path(tmp), args.connect_timeout)
         try:
@@ -598,7 +602,9 @@ def main(argv: list[str] | None = None) -> int:
              f"one queue of one trivial cell per host, two fresh sweeps per repetition. ablate runs as "
              f"{runner}, a separate process per command with `-C <project>`, timed until it exits; "
              "the profile names the real interpreter as the hosts' `python` (`python3` on PATH is a "
-             "pyenv shim here). Each repetition times, in this order: `launch --all` on sweep A at "
+             "pyenv shim here), and ablate's bytecode is compiled and used, as after `pip install` "
+             "(this machine sets PYTHONDONTWRITEBYTECODE=1: every module would be compiled again at "
+             "every start, ~0.13 s). Each repetition times, in this order: `launch --all` on sweep A at "
              "first contact (no connection, no host agent: the bench ends the agents, as a reboot "
              "would); GNU parallel; then the user's sequence on sweep B: `status` at first contact "
              "(it starts the agents), `status` again over new connections (its ControlMasters ended "
