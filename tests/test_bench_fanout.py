@@ -1,6 +1,6 @@
 """Smoke test of scripts/bench_fanout.py: on a 2-instance test bed it launches and asks status at
-first contact, over new connections and reused ones, runs GNU parallel, takes one host down and prints both tables (one repetition, no file
-written; the figures themselves are not asserted)."""
+first contact, over new connections and reused ones, runs GNU parallel, takes one host down and
+prints both tables (one repetition, no file written; the figures themselves are not asserted)."""
 
 from __future__ import annotations
 
