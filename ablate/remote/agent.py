@@ -2,10 +2,11 @@
 
 Through sshd every command starts the user's login shell, and its rc file with it (`conda init`,
 `pyenv init`: 0.1-0.5 s of CPU each time, more than the command). The controller starts this agent
-once per host, in the background of its first command there; the agent listens on a Unix socket in
-a private directory (`/tmp/ablate-agent-<user>/<version>.sock`, the directory 0700 and ours, else
-no agent), and the controller's ControlMaster forwards a local socket to it (`ssh -L`), so a later
-command is one request over the connection already open: no new session, no login shell.
+once per host, just before its first command there (`main` returns once it listens); it listens on a
+Unix socket in a private directory (`/tmp/ablate-agent-<user>/<version>.sock`, the directory 0700
+and ours, else no agent), and the controller's ControlMaster forwards a local socket to it
+(`ssh -L`), so a later command is one request over the connection already open: no new session,
+no login shell.
 
 One connection, one command: the agent says hello first (so the controller knows the request will
 reach it before sending it: no hello, nothing was sent, and the command goes the usual way), reads a
@@ -15,8 +16,8 @@ controller that goes away (time-out, Ctrl-C, lost link) ends the command's proce
 agent's own user may connect; it exits after `idle` seconds without a request, or when its socket
 is taken from it. Stdlib only, Python >= 3.7: it runs on the host's interpreter.
 
-Usage on a host: `python3 -I -S agent.py SOCKET_PATH IDLE_SECONDS` (returns at once; the agent
-lives on in the background).
+Usage on a host: `python3 -I -S agent.py SOCKET_PATH IDLE_SECONDS` (returns once the agent
+listens, saying so on stdout; the agent lives on, detached).
 """
 
 from __future__ import annotations
@@ -44,12 +45,13 @@ def frame(kind: bytes, data: bytes) -> bytes:
     return kind + struct.pack(">I", len(data)) + data
 
 
-def _read_exact(conn: socket.socket, n: int) -> bytes:
+def read_exact(conn: socket.socket, n: int) -> bytes:
+    """Exactly `n` bytes of `conn` (EOFError when it closes first); both ends use it."""
     buf = bytearray()
     while len(buf) < n:
         got = conn.recv(min(CHUNK, n - len(buf)))
         if not got:
-            raise EOFError("the controller went away")
+            raise EOFError("the connection closed")
         buf += got
     return bytes(buf)
 
@@ -109,7 +111,7 @@ def handle(conn: socket.socket, home: str) -> None:
     req = json.loads(_read_line(conn).decode())
     n = req.get("stdin")
     stream = n == "stream"
-    data = None if n is None or stream else _read_exact(conn, int(n))
+    data = None if n is None or stream else read_exact(conn, int(n))
     proc = subprocess.Popen(["/bin/sh", "-c", str(req["cmd"])], cwd=home, start_new_session=True,
                             stdin=subprocess.PIPE if n is not None else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -156,8 +158,8 @@ def _from_controller(conn: socket.socket, proc: subprocess.Popen[bytes], stream:
         return False
     if not stream:
         return True  # nothing more is expected of it: ignored
-    n = struct.unpack(">I", _read_exact(conn, 4))[0]
-    data = _read_exact(conn, n) if n else b""
+    n = struct.unpack(">I", read_exact(conn, 4))[0]
+    data = read_exact(conn, n) if n else b""
     assert proc.stdin is not None
     if kind == b"i" and data:
         with contextlib.suppress(OSError):

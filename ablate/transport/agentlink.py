@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ablate import resources as packaged
 from ablate.errors import AblateError
-from ablate.remote.agent import HELLO, frame
+from ablate.remote.agent import HELLO, frame, read_exact
 from ablate.transport.shellhost import Sink
 
 DEFAULT_IDLE = 3600
@@ -151,23 +151,13 @@ def _fresh(path: str, seconds: float) -> bool:
         return False
 
 
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        got = s.recv(min(1 << 16, n - len(buf)))
-        if not got:
-            raise EOFError
-        buf += got
-    return bytes(buf)
-
-
 def _connect(local_socket: str, hello_within: float) -> socket.socket | None:
     """A connection the agent said hello on; None when none answered (nothing was sent)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.connect(local_socket)
         s.settimeout(hello_within)
-        if _recv_exact(s, len(HELLO)) == HELLO:
+        if read_exact(s, len(HELLO)) == HELLO:
             return s
     except TimeoutError:
         s.close()
@@ -277,9 +267,9 @@ def _replies(s: socket.socket, timeout: float, sink: Sink | None) -> tuple[int, 
     while True:
         s.settimeout(max(0.01, deadline - time.monotonic()))
         try:
-            head = _recv_exact(s, 5)
+            head = read_exact(s, 5)
             kind, n = head[:1], struct.unpack(">I", head[1:])[0]
-            data = _recv_exact(s, n)
+            data = read_exact(s, n)
         except TimeoutError:
             # closing the connection ends the command's process group on the host
             return 124, b"".join(out), b"".join(err) + f"timed out after {timeout}s".encode()

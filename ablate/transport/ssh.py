@@ -23,11 +23,12 @@ What ablate adds on top, always on the command line (which wins over any config 
 - A host that cannot be reached fails fast for `retry_after` seconds: one connect time-out per
   command, not one per operation.
 - The host agent (`ablate.remote.agent`, `agentlink.py`): the first command of a process on a host
-  also starts it there in the background; the master forwards a local socket beside its own to it,
-  and later commands (of this process and the next ones) go to it as one request over the open
-  connection, with no session and no login shell per command. Where it cannot run (no Python
-  there, forwarding refused by sshd, `ABLATE_SSH_AGENT=0`, `ABLATE_SSH_PERSIST=0`) commands go
-  the usual way; nothing is sent to it before it said hello, so nothing runs twice.
+  where none is known to serve starts it there, just before the command; the master forwards a local
+  socket beside its own to it, and later commands (of this process and the next ones) go to it as
+  one request over the open connection, with no session and no login shell per command. Where it
+  cannot run (no Python there, forwarding refused by sshd, `ABLATE_SSH_AGENT=0`,
+  `ABLATE_SSH_PERSIST=0`) commands go the usual way; nothing is sent to it before it said hello, so
+  nothing runs twice.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class SSHHost(ShellHost):
         self._resolved = b""  # `ssh -G`'s output: what the connection is made of
         self.python = python  # the host's interpreter, for the agent
         self._agent_up = False  # the agent answered in this process
-        self._agent_booted = False  # this process started it (in the background of a command)
+        self._agent_booted = False  # this process tried to start it (before one of its commands)
 
     def __enter__(self) -> SSHHost:
         return self
@@ -466,10 +467,11 @@ class SSHHost(ShellHost):
                               f"{e} (the host agent logs why it ended a request in {link[1]}.log "
                               "there)") from None
         with self._lock:
-            self._agent_up = got is not None
+            was_up, self._agent_up = self._agent_up, got is not None
             if got is not None:  # the connection carried a command: proven
                 self._ready, self._kept = True, False
-        Marks(local).answered(got is not None)
+        if got is None or not was_up:  # the marks change with the news, not with every command
+            Marks(local).answered(got is not None)
         return got
 
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
