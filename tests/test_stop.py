@@ -42,6 +42,11 @@ def procs(marker: str) -> dict[int, str]:
     return out
 
 
+def exact(cmdline: str) -> list[int]:
+    """Live processes whose whole command line is `cmdline`."""
+    return [pid for pid, cmd in procs(cmdline).items() if cmd.strip() == cmdline]
+
+
 def heartbeat(lp: LocalProject) -> dict[str, Any]:
     path = lp.shared / "heartbeats/h1.q1"
     return json.loads(path.read_text()) if path.exists() else {}
@@ -63,7 +68,9 @@ def test_stop_kills_the_whole_group_including_the_trainers_children(
     project = load_project(lp.root)
     launch(project, "q1", "h1")
     trainer = f"--out {lp.root}/.ablate/local/h1/ckpt/cut "
-    wait_for(lambda: procs(f"sleep {n}") and procs(f"sleep {n + 1}") and procs(trainer), timeout=30)
+    # Wait for the helpers themselves (`sleep N` after exec, so the TERM trap is set), not for a
+    # shell whose command line merely holds the text: signalled before its trap, it would die on TERM.
+    wait_for(lambda: exact(f"sleep {n}") and exact(f"sleep {n + 1}") and procs(trainer), timeout=30)
     hb = heartbeat(lp)
     ours = procs(f"sleep {n}") | procs(f"sleep {n + 1}") | procs(trainer) | procs(str(lp.root))
     assert {os.getpgid(pid) for pid in ours} == {hb["pgid"]}  # wrappers, trainer, helpers: one group
