@@ -150,6 +150,11 @@ class SweepLayout:
     def reconcile_record(self) -> str:
         return self._j("gate", "reconcile.json")
 
+    @property
+    def fs_lag(self) -> str:
+        """`gate/fslag.json`: the FS's visibility lag between hosts, as `ablate doctor` measured it."""
+        return self._j("gate", "fslag.json")
+
     def release_record(self, host: str) -> str:
         return self._j("gate", f"release.{host}.json")
 
