@@ -71,7 +71,27 @@ def testbed() -> Iterator[Testbed]:
         _TESTBEDS.append(tb)
         yield tb
     finally:
-        _TESTBEDS.clear()
+        if tb in _TESTBEDS:  # both beds may live in one session
+            _TESTBEDS.remove(tb)
+        tb.close()
+
+
+@pytest.fixture(scope="session")
+def testbed_sshfs() -> Iterator[Testbed]:
+    """Like `testbed`, but the shared FS is a storage server each instance mounts over sshfs with its
+    default options (client caches on: another instance's changes show up seconds later); skips
+    when not root or sshfs, FUSE or a tool is missing. Healed after each test by `_testbed_heal`."""
+    reason = missing_requirement("sshfs")
+    if reason:
+        pytest.skip(reason)
+    tb = Testbed(3, shared="sshfs")
+    try:
+        tb.start()
+        _TESTBEDS.append(tb)
+        yield tb
+    finally:
+        if tb in _TESTBEDS:  # both beds may live in one session
+            _TESTBEDS.remove(tb)
         tb.close()
 
 

@@ -122,7 +122,10 @@ def test_code_drift_is_found_and_refuses_launch(local_project: LocalProject, tmp
 
 
 @pytest.fixture
-def tb_project(testbed: Testbed, tmp_path: Path) -> Iterator[Path]:
+def tb_project(testbed: Testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    # A bind mount: the lag is 0, so a host that does not see the nonce within 2 s never will
+    # (the default cap, 60 s, is for real network filesystems).
+    monkeypatch.setenv("ABLATE_FS_LAG_CAP", "2")
     root = tmp_path / "proj"
     (root / "profiles").mkdir(parents=True)
     profile = {"transport": "ssh", "shared_fs": testbed.shared_path,

@@ -17,7 +17,7 @@ TESTS = Path(__file__).resolve().parent
 FORBIDDEN = re.compile(r"(tests\.)?(conftest|test_\w+)")
 # Beside the tests and conftest, only the helpers package, and the test bed: scripts/bench_*.py
 # import it as `tests.testbed`.
-ALLOWED_AT_TOP = {"__init__.py", "conftest.py", "testbed.py"}
+ALLOWED_AT_TOP = {"__init__.py", "conftest.py", "testbed.py", "testbed_storage.py"}
 
 
 def python_files() -> list[Path]:

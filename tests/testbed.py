@@ -2,7 +2,9 @@
 
 Each instance is a network namespace with its own address on a per-run bridge, a private mount and
 UTS namespace (own hostname, own tmpfs `/tmp` so its own tmux server, its own local disk bound at
-`local_path`), one directory bound at `shared_path` on all of them, and a real `sshd -D`.
+`local_path`), one directory bound at `shared_path` on all of them, and a real `sshd -D`. With
+`shared="sshfs"` a storage server serves that directory instead and each instance mounts it over
+sshfs, client caches on (tests/testbed_storage.py); `storage_down`/`storage_up` is an outage.
 
     with Testbed(3) as tb:
         SSHHost("tb-h1", ssh_config=str(tb.ssh_config)).run(["hostname"])   # -> tb-h1
@@ -10,7 +12,7 @@ UTS namespace (own hostname, own tmpfs `/tmp` so its own tmux server, its own lo
 Everything a run creates carries a per-run id (bridge, veths, namespaces, subnet, state dir), and a
 run whose pytest process died is cleaned up by the next one, so parallel and leftover runs never
 clash. Faults: `kill`, `reboot`, `link_down`/`link_up`, `fill_disk`, `read_only`, `slow_link`,
-`change_host_key`, `configure_sshd` (extra sshd_config lines); `heal()` undoes them.
+`change_host_key`, `configure_sshd` (extra sshd_config lines), `storage_down`; `heal()` undoes them.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from tests.testbed_storage import Storage
 
 BASE = Path("/var/lib/ablate-testbed")  # not under /tmp: each instance mounts its own /tmp
 SSHD = "/usr/sbin/sshd"
@@ -40,8 +45,8 @@ _EXTRA_MARK = "# -- extra lines (Testbed.configure_sshd) --\n"
 TOOLS = ("ip", "tmux", "ssh-keygen", "unshare", "nsenter", "mount", "rsync")
 
 
-def missing_requirement() -> str | None:
-    """Why the test bed cannot be built here, or None when it can."""
+def missing_requirement(shared: str = "bind") -> str | None:
+    """Why the test bed (with that `shared` FS mode) cannot be built here, or None when it can."""
     if os.geteuid() != 0:
         return "the SSH test bed needs root (network namespaces, mounts); CI runs it as root"
     missing = [t for t in TOOLS if shutil.which(t) is None]
@@ -50,7 +55,9 @@ def missing_requirement() -> str | None:
     if missing:
         return (f"the SSH test bed needs {', '.join(missing)}: apt-get install openssh-server "
                 "iproute2 tmux rsync util-linux (scripts/test.sh does)")
-    return None
+    from tests.testbed_storage import missing_sshfs
+
+    return missing_sshfs() if shared == "sshfs" else None
 
 
 def _sh(*argv: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
@@ -88,8 +95,10 @@ def _proc_start(pid: int) -> str | None:
 class Testbed:
     __test__ = False  # not a test class, despite the name
 
-    def __init__(self, n: int = 3, *, startup_timeout: float = 20.0) -> None:
-        self.n = n
+    def __init__(self, n: int = 3, shared: Literal["bind", "sshfs"] = "bind", *,
+                 startup_timeout: float = 20.0) -> None:
+        assert shared in ("bind", "sshfs"), f"testbed: shared is 'bind' or 'sshfs', not {shared!r}"
+        self.n, self.shared = n, shared
         self.startup_timeout = startup_timeout
         self.rid = secrets.token_hex(3)
         self.dir = BASE / self.rid
@@ -103,6 +112,7 @@ class Testbed:
         self.known_hosts = self.dir / "known_hosts"
         self.client_key = self.dir / "client_key"
         self.subnet = ""
+        self.storage: Storage | None = None  # the shared FS's server when shared == "sshfs"
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._down: set[str] = set()
         self._dead: set[str] = set()
@@ -154,7 +164,7 @@ class Testbed:
         self.close()
 
     def start(self) -> None:
-        reason = missing_requirement()
+        reason = missing_requirement(self.shared)
         if reason:
             raise RuntimeError(reason)
         BASE.mkdir(parents=True, exist_ok=True)
@@ -164,6 +174,10 @@ class Testbed:
             reap_leftovers()
             self.dir.mkdir()
             self.subnet = _free_subnet()
+            if self.shared == "sshfs":  # imported here: testbed.py also runs as a script (delay-proxy)
+                from tests.testbed_storage import Storage
+
+                self.storage = Storage(self)
             self._save_state()
             _sh("ip", "link", "add", self.bridge, "type", "bridge", "forward_delay", "0")
             _sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
@@ -175,6 +189,8 @@ class Testbed:
         auth = self.dir / "authorized_keys"
         shutil.copy(f"{self.client_key}.pub", auth)
         auth.chmod(0o600)
+        if self.storage is not None:
+            self.storage.start()
         for host in self.hosts:
             self._make_instance(host)
             self._launch(host)
@@ -185,8 +201,11 @@ class Testbed:
 
     def _save_state(self) -> None:
         state = {"pid": os.getpid(), "start": _proc_start(os.getpid()), "bridge": self.bridge,
-                 "netns": [self.netns(h) for h in self.hosts]}
+                 "netns": self._namespaces()}
         (self.dir / "state.json").write_text(json.dumps(state))
+
+    def _namespaces(self) -> list[str]:
+        return [self.netns(h) for h in self.hosts] + ([self.storage.netns] if self.storage else [])
 
     def _make_instance(self, host: str) -> None:
         ns, veth, hdir = self.netns(host), self.veth(host), self.host_dir(host)
@@ -214,10 +233,11 @@ class Testbed:
         hdir = self.host_dir(host)
         q = shlex.quote
         shims = _private_shims(hdir)
+        shared = (self.storage.mount_script(hdir / "sshfs.log") if self.storage else
+                  f"mount --bind {q(str(self.shared_dir))} {q(self.shared_path)}")
         # Order matters: bind the dirs first, then hide /tmp behind a private tmpfs.
         script = (f"mount --make-rprivate / && hostname {q(self.hostname(host))} && "
-                  f"mount --bind {q(str(hdir / 'local'))} {q(self.local_path)} && "
-                  f"mount --bind {q(str(self.shared_dir))} {q(self.shared_path)} && "
+                  f"mount --bind {q(str(hdir / 'local'))} {q(self.local_path)} && {shared} && "
                   + (f"mount --bind {q(str(shims[0]))} {q(str(shims[1]))} && " if shims else "") +
                   "mount -t tmpfs -o mode=1777 tmpfs /tmp && "
                   f"exec {SSHD} -D -f {q(str(hdir / 'sshd_config'))} -E {q(str(hdir / 'sshd.log'))}")
@@ -232,8 +252,8 @@ class Testbed:
         deadline = time.monotonic() + self.startup_timeout
         while not _port_open(addr):
             if proc.poll() is not None or time.monotonic() > deadline:
-                log = self.host_dir(host) / "sshd.log"
-                tail = log.read_text()[-500:] if log.exists() else "(no log)"
+                logs = [self.host_dir(host) / f for f in ("sshd.log", "sshfs.log")]
+                tail = " ".join(f.read_text()[-500:] for f in logs if f.exists()) or "(no log)"
                 raise RuntimeError(f"testbed: sshd of {host} ({addr}) did not come up "
                                    f"(exit {proc.poll()}): {tail}")
             time.sleep(0.05)
@@ -250,7 +270,9 @@ class Testbed:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
-        teardown_names(self.bridge, [self.netns(h) for h in self.hosts], errors)
+        teardown_names(self.bridge, self._namespaces(), errors)  # the storage last
+        if self.storage is not None:
+            self.storage.reap()
         _remove_dir(self.dir, errors)
         if errors:
             raise RuntimeError("testbed teardown: " + "; ".join(errors))
@@ -304,7 +326,8 @@ class Testbed:
         self._procs[host].wait(timeout=10)
 
     def revive(self, host: str) -> None:
-        """Boot a killed instance again (same address, host key and disks; empty /tmp)."""
+        """Boot a killed instance again (same address, host key and disks; empty /tmp; in sshfs
+        mode a fresh mount, so the storage must be up: a boot without it fails here)."""
         if self._procs[host].poll() is None:
             self.kill(host)
         self._launch(host)
@@ -319,7 +342,8 @@ class Testbed:
 
     def read_only(self, host: str, path: str) -> None:
         """`path` (as `host` sees it, e.g. a dir on the shared FS) turns read-only for `host`
-        only: writes fail with EROFS even for root, as a full or permission-denied mount does."""
+        only: writes fail with EROFS even for root, as a full or permission-denied mount does.
+        In sshfs mode it is a read-only bind over the FUSE mount, with the same effect."""
         q = shlex.quote(path)
         _sh("nsenter", "-t", str(self.sshd_pid(host)), "-m", "sh", "-c",
             f"mount --bind {q} {q} && mount -o remount,bind,ro {q}")
@@ -402,8 +426,22 @@ class Testbed:
         os.kill(self.sshd_pid(host), signal.SIGHUP)
         _wait(lambda: listening() >= before + listeners, 10, f"{host}'s sshd listening again")
 
+    def storage_down(self) -> None:
+        """A storage outage (sshfs mode): the storage server's link drops until `storage_up`."""
+        assert self.storage is not None, "testbed: only Testbed(n, shared='sshfs') has a storage server"
+        self.storage.set_down()
+
+    def storage_up(self) -> None:
+        """Returns once the server answers; each mount reconnects on its next use (`wait_mounts`)."""
+        assert self.storage is not None, "testbed: only Testbed(n, shared='sshfs') has a storage server"
+        self.storage.set_up()
+
     def heal(self) -> None:
-        """Undo every fault injected so far (links up, dead revived, disks back, keys trusted)."""
+        """Undo every fault injected so far (storage and links up, dead revived, disks back, keys
+        trusted); in sshfs mode it returns once the mounts that lost their server answer again."""
+        stalled = set(self._down) | (set(self.hosts) if self.storage and self.storage.down else set())
+        if self.storage is not None and self.storage.down:
+            self.storage_up()  # first: `revive` mounts the shared FS
         for host in sorted(self._down):
             self.link_up(host)
         for host in sorted(self._dead):
@@ -417,6 +455,8 @@ class Testbed:
         if self._rekeyed:
             self.trust_current_keys()
             self._rekeyed.clear()
+        if self.storage is not None and stalled:
+            self.storage.wait_mounts(sorted(stalled))
 
 
 def _server_key(addr: str) -> str | None:

@@ -15,21 +15,20 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ablate.config.project import Project
+from ablate.sweep import hostview
 from ablate.transport import fan_out, host_transport
-from ablate.transport.shellhost import NO_TMUX_SERVER
 
 TAIL_BYTES = 16384
-_MARK = "\x1eablate"  # a record separator no log line carries
+_MARK = hostview.MARK
 _GPU_QUERY = "index,name,utilization.gpu,memory.used,memory.total"
 # $1 ckpt_root, $2 bytes, $3 the sweep's heartbeats dir (as this host sees it), $4 the host's name,
-# then the host's tmux command line: its sessions come first (the liveness rule's answer, in the same
-# round trip), the rc after them. The current cells come from this host's own heartbeats
+# $5-$8 the view's arguments (`ablate.sweep.hostview.view_args`), then the host's tmux command line:
+# its sessions and its own view of what it wrote come first (the snapshot's per-host part, in the
+# same round trip: `hostview`). The current cells come from this host's own heartbeats
 # (`"state": "running"`, `"cell": "<name>"`), so the command needs nothing from the FS snapshot and
 # runs alongside it.
-SCRIPT = r"""root=$1; n=$2; hb=$3; me=$4; shift 4
-printf '\036ablate tmux\n'
-"$@" list-sessions -F '#{session_name}' 2>&1; printf '\036ablate tmuxrc %s\n' "$?"
-if command -v nvidia-smi >/dev/null 2>&1; then
+SCRIPT = r"""root=$1; n=$2; hb=$3; me=$4; vd=$5; ve=$6; vp=$7; va=$8; shift 8
+""" + hostview.TMUX + hostview.VIEW + r"""if command -v nvidia-smi >/dev/null 2>&1; then
   printf '\036ablate gpu\n'
   nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits 2>&1 | head -n 64
 fi
@@ -89,6 +88,8 @@ class HostLive:
     missing: list[str] = field(default_factory=list)  # cells whose log is not on this host
     sessions: set[str] | None = None  # its tmux sessions (None: tmux could not be asked)
     tmux_error: str | None = None
+    view: dict[str, Any] | None = None  # its own view of what it wrote (ablate.sweep.hostview)
+    view_error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"gpus": None if self.gpus is None else [asdict(g) for g in self.gpus],
@@ -100,26 +101,16 @@ def host_live(project: Project, host: str, nbytes: int = TAIL_BYTES, timeout: fl
     h = project.host(host)
     t = host_transport(project, h)
     argv = ["bash", "-c", SCRIPT, "bash", h.ckpt_root, str(nbytes), project.layout(h).heartbeats, h.name,
-            *t.tmux_argv()]
+            *hostview.view_args(project, host), *t.tmux_argv()]
     r = t.run(argv, timeout=timeout)
     r.check()
     return parse_output(host, r.stdout)
 
 
-def _tmux_answer(live: HostLive, lines: list[str], rc: str) -> None:
-    """tmux's answer as `tmux_sessions` reads it: rc 0 -> the names; no server -> none."""
-    text = "\n".join(lines).strip()
-    if rc.strip() == "0":
-        live.sessions = {ln for ln in lines if ln}
-    elif NO_TMUX_SERVER.search(text):
-        live.sessions = set()
-    else:
-        live.tmux_error = f"tmux list-sessions exited {rc.strip()}: {text[-200:]!r}"
-
-
 def parse_output(host: str, text: str) -> HostLive:
     live = HostLive(host)
     tmux_out: list[str] = []
+    view_out: list[str] = []
     section: str | None = None
     cell = ""
     body: list[str] = []
@@ -130,6 +121,8 @@ def parse_output(host: str, text: str) -> HostLive:
             live.gpus, live.gpu_error = parse_gpus(joined)
         elif section == "tmux":
             tmux_out.extend(body)
+        elif section == "view":
+            view_out.extend(body)
         elif section == "log":
             live.tails[cell] = joined
         body.clear()
@@ -144,7 +137,12 @@ def parse_output(host: str, text: str) -> HostLive:
             if kind == "tmuxrc":
                 close()
                 section = None
-                _tmux_answer(live, tmux_out, rest)
+                live.sessions, live.tmux_error = hostview.tmux_answer(tmux_out, rest)
+                continue
+            if kind == "viewrc":
+                close()
+                section = None
+                live.view, live.view_error = hostview.view_answer(view_out, rest)
                 continue
             close()
             section, cell = kind, rest
@@ -264,14 +262,19 @@ def gather(project: Project, hosts: Sequence[str] | None = None,
     return dict(fan_out(names, lambda h: host_live(project, h, nbytes)))
 
 
-def sessions_of(project: Project, got: Mapping[str, HostLive | Exception]
-                ) -> tuple[dict[str, set[str] | None], dict[str, str]]:
-    """Each host's tmux sessions from a `gather` (None: not known) and why the unknown ones are,
-    in the shape `ablate.sweep.snapshot.ask_tmux` gives them."""
+def asked_of(project: Project, got: Mapping[str, HostLive | Exception]) -> hostview.Asked:
+    """Each host's tmux sessions (None: not known), why the unknown ones are, and the hosts' own
+    views, from a `gather`: what `ablate.sweep.hostview.ask_hosts` gives."""
     sessions: dict[str, set[str] | None] = {}
     unreachable: dict[str, str] = {}
+    views: dict[str, dict[str, Any]] = {}
+    view_errors: dict[str, str] = {}
     for name in project.hosts:
         live = got.get(name)
+        if isinstance(live, HostLive) and live.view is not None:
+            views[name] = live.view
+        elif isinstance(live, HostLive) and live.view_error:
+            view_errors[name] = live.view_error
         if isinstance(live, HostLive) and live.sessions is not None:
             sessions[name] = set(live.sessions)
             continue
@@ -279,7 +282,7 @@ def sessions_of(project: Project, got: Mapping[str, HostLive | Exception]
         why = (live.tmux_error if isinstance(live, HostLive) else str(live) if live is not None
                else "not asked")
         unreachable[name] = (why or "tmux did not answer").splitlines()[0]
-    return sessions, unreachable
+    return hostview.from_parts(project, sessions, unreachable, views, view_errors)
 
 
 def attach_live(project: Project, report: Any,

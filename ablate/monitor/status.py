@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ablate.config.project import Project
-from ablate.monitor.hostinfo import HostLive, attach_live, gather, live_lines, sessions_of
+from ablate.monitor.hostinfo import HostLive, asked_of, attach_live, gather, live_lines
 from ablate.plan.cost import CostModel, eta_line, learn, queue_eta
 from ablate.sweep.cells import Cell
 from ablate.sweep.classify import (
@@ -24,7 +24,7 @@ from ablate.sweep.classify import (
     state_lines,
     warning_lines,
 )
-from ablate.sweep.snapshot import Sessions, Snapshot, load
+from ablate.sweep.snapshot import Asked, Snapshot, SweepState, load
 from ablate.transport import shared_fs
 from ablate.util.fmt import duration
 
@@ -63,6 +63,9 @@ class StatusReport:
     idle: list[HostAlarm] = field(default_factory=list)  # hosts idle and costing money, or approved
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)  # live: GPUs per host (hostinfo)
     warnings: list[str] = field(default_factory=list)  # malformed files seen on the shared FS
+    # host -> how its own files were read: through itself, or through the FS host and up to how old
+    views: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lag: dict[str, Any] = field(default_factory=dict)  # the FS's visibility lag the rules allow for
 
     @property
     def eta(self) -> float | None:
@@ -79,6 +82,7 @@ class StatusReport:
             "states": state_counts(self.cells.values()),
             "cells": {n: c.to_json() for n, c in self.cells.items()},
             "idle_hosts": [i.to_json() for i in self.idle], "hosts": self.hosts, "warnings": self.warnings,
+            "views": self.views, "fs_lag": self.lag,
         }
 
     def lines(self) -> list[str]:
@@ -100,6 +104,7 @@ class StatusReport:
             note = (f"; its queue(s) {', '.join(alive)} alive (fresh heartbeat read through "
                     f"{self.via or 'the shared FS'})" if alive else "")
             out.append(f"host {host} unreachable: {why}{note}")
+        out += [f"view of {h}: {v['why']}" for h, v in self.views.items() if v.get("unsettled")]
         return out + state_lines(self.cells, self.idle) + live_lines(self) + warning_lines(self.warnings)
 
 
@@ -112,10 +117,10 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
     # tails), all at once: the slowest host, not the sum, sets the wall time.
     host_data: dict[str, HostLive | Exception] | None = None
 
-    def ask() -> Sessions:
+    def ask() -> Asked:
         nonlocal host_data
         host_data = gather(project)
-        return sessions_of(project, host_data)
+        return asked_of(project, host_data)
 
     state = load(project, fs, ask=ask if live_info else None)
     got = classify_state(project, state)
@@ -152,7 +157,8 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
         verified=_last_verified(snap.reconcile, roster),
         rows=rows, unreachable=state.unreachable, via=getattr(fs, "via", None), model=model,
         cells=got.cells, idle=host_alarms(state, list(project.hosts), project.monitor.idle_after),
-        warnings=list(state.warnings),
+        warnings=list(state.warnings), views=_views(state),
+        lag={"seconds": state.lag.seconds, "measured": state.lag.measured, "note": state.lag.note},
     )
     if host_data is not None:
         attach_live(project, report, host_data)
@@ -180,6 +186,20 @@ def _eta(model: CostModel, host: str | None, queue: str, state: str, names: list
     left = [known[n] for n in names
             if n in known and n not in outcome and n not in snap.results and n != current and ours(n)]
     return queue_eta(model, host, left, cur, elapsed)
+
+
+def _views(state: SweepState) -> dict[str, dict[str, Any]]:
+    """Per host: its files read through itself (`max_age` 0), or through the FS host (up to the lag
+    old; `unsettled` while what it may have written since could still be invisible)."""
+    unsettled = state.unsettled()
+    out: dict[str, dict[str, Any]] = {}
+    for host in state.sessions:
+        mine = host in state.confirmed
+        why = unsettled.get(host) or ("read through itself" if mine else
+                                      "read through the FS host; nothing new from it within the lag")
+        out[host] = {"through": host if mine else "fs", "max_age": state.allowance(host),
+                     "unsettled": host in unsettled, "why": why}
+    return out
 
 
 def _last_verified(rec: Mapping[str, Any] | None, roster: set[str]) -> int | None:

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from ablate.remote import fsops
-from ablate.remote.layout import RELEASE_PREFIX, RELEASE_SUFFIX, STAGING_PREFIX, SweepLayout
+from ablate.remote.layout import ASIDE_PREFIX, RELEASE_PREFIX, RELEASE_SUFFIX, STAGING_PREFIX, SweepLayout
 
 
 def fs_now(root: str) -> float:
@@ -115,7 +115,7 @@ def snapshot(args: dict[str, Any]) -> dict[str, Any]:
             approvals[host] = {**rec, "mtime": mtime} if isinstance(rec, dict) else None
     return {"now": now, "events": events, "heartbeats": heartbeats, "claims": claims,
             "final": final, "ledgers": ledgers, "queues": queues, "approvals": approvals,
-            "reconcile": _read_json(lay.reconcile_record),
+            "reconcile": _read_json(lay.reconcile_record), "fs_lag": _read_json(lay.fs_lag),
             **_failure_details(lay, final_entries, final, int(args.get("tail_lines", TAIL_LINES)))}
 
 
@@ -131,41 +131,20 @@ def _failure_details(lay: SweepLayout, entries: list[str], final: list[str],
     result's manifest identity, result dirs without a MANIFEST.json (partial), leftover staging
     dirs, the failed cells' log tails (`tails/<name>.log`), each events file's mtime (FS clock: a
     host's last event) and the claims remediate released."""
-    import hashlib
 
-    manifests: dict[str, Any] = {}
-    for name in final:
-        try:
-            with open(lay.manifest(name), "rb") as f:
-                raw = f.read()
-        except OSError:
-            manifests[name] = None
-            continue
-        try:
-            m = json.loads(raw)
-        except ValueError:
-            m = None
-        m = m if isinstance(m, dict) else {}
-        manifests[name] = {"sha256": hashlib.sha256(raw).hexdigest(), "valid": bool(m),
-                           **{k: m.get(k) for k in ("cfg", "task", "epochs", "cfg_sha256", "host", "queue")}}
+    manifests = {name: _manifest(lay, name) for name in final}
     published = set(final)
     partial = [n for n in entries if not n.startswith(".") and n not in published
                and os.path.isdir(lay.final_dir(n))]
     staging = [n for n in entries if n.startswith(STAGING_PREFIX)]
+    aside = [n for n in entries if n.startswith(ASIDE_PREFIX)]
     tails: dict[str, Any] = {}
     for fn in _listdir(lay.tails):
         if fn.startswith(".") or not fn.endswith(".log"):
             continue
-        path = os.path.join(lay.tails, fn)
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                lines = [ln[:500] for ln in f.read(1 << 20).splitlines()]
-            mtime = os.stat(path).st_mtime
-        except OSError:
-            continue
-        oom = next((ln for ln in lines if OOM_RE.search(ln) and not ln.startswith("# ablate")), None)
-        tails[fn[: -len(".log")]] = {"lines": lines[-tail_lines:] if tail_lines > 0 else [],
-                                     "oom": oom, "mtime": mtime}
+        tail = _tail(os.path.join(lay.tails, fn), tail_lines)
+        if tail is not None:
+            tails[fn[: -len(".log")]] = tail
     events_mtime: dict[str, float] = {}
     for fn in _listdir(lay.events):
         if fn.endswith(".jsonl"):
@@ -179,8 +158,97 @@ def _failure_details(lay: SweepLayout, entries: list[str], final: list[str],
         m2 = RELEASED_RE.match(entry)
         if m2:
             released.setdefault(m2.group(1), []).append(entry)
-    return {"manifests": manifests, "partial": partial, "staging": staging, "tails": tails,
+    return {"manifests": manifests, "partial": partial, "staging": staging, "aside": aside, "tails": tails,
             "events_mtime": events_mtime, "released": released}
+
+
+def _manifest(lay: SweepLayout, name: str) -> dict[str, Any] | None:
+    """A published result's manifest identity (None: it vanished while read)."""
+    import hashlib
+
+    try:
+        with open(lay.manifest(name), "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    try:
+        m = json.loads(raw)
+    except ValueError:
+        m = None
+    m = m if isinstance(m, dict) else {}
+    try:
+        mtime: float | None = os.stat(lay.manifest(name)).st_mtime
+    except OSError:
+        mtime = None
+    return {"sha256": hashlib.sha256(raw).hexdigest(), "valid": bool(m), "mtime": mtime,
+            **{k: m.get(k) for k in ("cfg", "task", "epochs", "cfg_sha256", "host", "queue")}}
+
+
+def _tail(path: str, tail_lines: int) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = [ln[:500] for ln in f.read(1 << 20).splitlines()]
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        return None
+    oom = next((ln for ln in lines if OOM_RE.search(ln) and not ln.startswith("# ablate")), None)
+    return {"lines": lines[-tail_lines:] if tail_lines > 0 else [], "oom": oom, "mtime": mtime}
+
+
+def mine(args: dict[str, Any]) -> dict[str, Any]:
+    """What host `args["host"]` itself wrote, read through its own mount (a network FS's client
+    caches are coherent for the client's own writes; another host's view of them may lag): its
+    events files and heartbeats (`<host>.*`), and for every cell they name, its claim, published
+    result, partial result dir and failure tail. The controller merges this over the snapshot read
+    through the FS host (`ablate.sweep.snapshot.merge_views`). No clock touch: read-only."""
+    lay = SweepLayout(args["root"])
+    prefix = f"{args['host']}."
+    tail_lines = int(args.get("tail_lines", TAIL_LINES))
+    events: dict[str, list[dict[str, Any]]] = {}
+    events_mtime: dict[str, float] = {}
+    for fn in _listdir(lay.events):
+        if fn.startswith(prefix) and fn.endswith(".jsonl"):
+            path = os.path.join(lay.events, fn)
+            try:
+                events_mtime[fn[: -len(".jsonl")]] = os.stat(path).st_mtime
+            except OSError:
+                continue
+            events[fn[: -len(".jsonl")]] = _read_jsonl(path)
+    heartbeats: dict[str, Any] = {}
+    for fn in _listdir(lay.heartbeats):
+        if fn.startswith(prefix):
+            path = os.path.join(lay.heartbeats, fn)
+            try:
+                mtime = os.stat(path).st_mtime
+            except OSError:
+                continue
+            heartbeats[fn] = {"mtime": mtime, "data": _read_json(path)}
+    cells = {e["cell"] for evs in events.values() for e in evs if isinstance(e.get("cell"), str)}
+    cells |= {hb["data"]["cell"] for hb in heartbeats.values()
+              if isinstance(hb["data"], dict) and isinstance(hb["data"].get("cell"), str)}
+    cells = {c for c in cells if c and "/" not in c and not c.startswith(".")}
+    claims: dict[str, str] = {}
+    final: list[str] = []
+    manifests: dict[str, Any] = {}
+    partial: list[str] = []
+    tails: dict[str, Any] = {}
+    for name in sorted(cells):
+        if os.path.isdir(lay.claim(name)):
+            try:
+                with open(lay.claim_owner(name), encoding="utf-8") as f:
+                    claims[name] = f.read().strip()
+            except OSError:
+                claims[name] = ""
+        if os.path.exists(lay.manifest(name)):
+            final.append(name)
+            manifests[name] = _manifest(lay, name)
+        elif os.path.isdir(lay.final_dir(name)):
+            partial.append(name)
+        tail = _tail(lay.tail(name), tail_lines)
+        if tail is not None:
+            tails[name] = tail
+    return {"host": args["host"], "events": events, "events_mtime": events_mtime, "heartbeats": heartbeats,
+            "claims": claims, "final": final, "manifests": manifests, "partial": partial, "tails": tails}
 
 
 RELEASED_RE = re.compile(r"^(.+)\.(\d+\.\d+)$")  # released/<name>.<t>: t as epoch seconds, 3 decimals
@@ -261,8 +329,8 @@ def queue_copies(args: dict[str, Any]) -> dict[str, Any]:
     return {"queues": queues}
 
 
-OPS = {"snapshot": snapshot, "verify": verify, "now": now, "report": report, "queues": queue_copies,
-       "apply": fsops.apply}
+OPS = {"snapshot": snapshot, "mine": mine, "verify": verify, "now": now, "report": report,
+       "queues": queue_copies, "apply": fsops.apply}
 
 
 def run(op: str, args: dict[str, Any]) -> Any:

@@ -87,6 +87,8 @@ class RemediateResult:
     record: str | None = None
     launched: list[LaunchResult] = field(default_factory=list)
     down: dict[str, str] = field(default_factory=dict)  # host -> why it is not live
+    # cells that look like targets on a view that may be stale: left alone this time (classify)
+    unconfirmed: dict[str, CellState] = field(default_factory=dict)
 
     @property
     def nothing_new(self) -> bool:
@@ -114,6 +116,7 @@ class RemediateResult:
             "released": self.released, "aside": self.aside, "record": self.record,
             "hung": {c.name: c.to_json() for c in self.hung}, "advice": self.advice(),
             "down": self.down, "launched": [r.to_json() for r in self.launched],
+            "unconfirmed": {n: c.to_json() for n, c in self.unconfirmed.items()},
             "states": _counts(self.cells.values()),
         }
 
@@ -130,6 +133,11 @@ class RemediateResult:
                        f"cost {nq.cost:.2f}")
         for name, q in sorted(self.pending.items()):
             out.append(f"{name}: already in queues/{q}.txt (not launched yet); no new line")
+        if self.unconfirmed:
+            looks = "/".join(sorted({c.state for c in self.unconfirmed.values()}))
+            out.append(f"{len(self.unconfirmed)} cell(s) left alone: they look {looks} only on a view "
+                       "that may be stale; `ablate remediate` again once it settles:")
+            out += cell_lines(list(self.unconfirmed.values()))
         out += [f"released claim -> {p}" for p in self.released]
         out += [f"set aside -> {p}" for p in self.aside]
         out += self.advice()
@@ -200,8 +208,9 @@ def _remediate(project: Project, fs: SharedFS, got: Classification, selected: li
         for ln in q.cells:
             assert ln.cell is not None
             pending_of.setdefault(ln.cell.name, q.name)
-    targets = {n: c for n, c in got.cells.items() if c.state in TARGETS}
+    targets = {n: c for n, c in got.cells.items() if c.state in TARGETS and not c.unconfirmed}
     result.targets = targets
+    result.unconfirmed = {n: c for n, c in got.cells.items() if c.state in TARGETS and c.unconfirmed}
     result.pending = {n: pending_of[n] for n in targets if n in pending_of}
     rerun = [n for n in targets if n not in pending_of]
     if rerun and not live:

@@ -3,7 +3,9 @@
 Per host one connection and one batched `sh -c` script (ablate/run/hostcheck.py); before it, one
 nonce written on the shared FS through the host that serves it, and after it the nonce removed.
 "Shared" is proved, not assumed: every host reads the nonce back through its own transport at the
-path its own profile gives (AutoDL file storage is per region; only this tells). `launch` measures
+path its own profile gives (AutoDL file storage is per region; only this tells), waiting up to the
+cap for it (a caching FS shows a new file late). Then the FS's visibility lag between the hosts that
+passed (ablate/run/fslag.py): a sweep-level section, recorded in gate/fslag.json. `launch` measures
 the disk/inode budget and the commit itself (`launch_sections`, in the one command it asks each
 host with its tmux sessions) and refuses as doctor would (`launch_refusal`) before it changes
 anything.
@@ -25,6 +27,7 @@ from ablate.config.project import Host, Project, parse_size
 from ablate.errors import AblateError, ConfigError
 from ablate.remote.layout import SweepLayout
 from ablate.run.deploy import packaged_wrappers
+from ablate.run.fslag import LagResult, await_content, cap_seconds, survey
 from ablate.run.hostcheck import Section, ask_text, measure, parse_df
 from ablate.sweep.cells import QueueFile, read_all_queues
 from ablate.sweep.ledger import LedgerEntry, last_host, parse_ledger
@@ -66,21 +69,24 @@ class HostReport:
 @dataclass(frozen=True)
 class DoctorReport:
     hosts: Mapping[str, HostReport]
+    fs_lag: LagResult | None = None  # the FS's visibility lag (a long one only warns)
 
     @property
     def ok(self) -> bool:
-        return all(h.ok for h in self.hosts.values())
+        return all(h.ok for h in self.hosts.values()) and (self.fs_lag is None or self.fs_lag.ok)
 
     @property
     def problems(self) -> int:
-        return sum(not c.ok for h in self.hosts.values() for c in h.checks)
+        lag = self.fs_lag is not None and not self.fs_lag.ok
+        return sum(not c.ok for h in self.hosts.values() for c in h.checks) + lag
 
     def check(self, host: str, name: str) -> Check | None:
         return next((c for c in self.hosts[host].checks if c.check == name), None)
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "hosts": {name: {"ok": h.ok, "checks": [c.to_json() for c in h.checks]}
-                                         for name, h in self.hosts.items()}}
+                                         for name, h in self.hosts.items()},
+                "fs_lag": self.fs_lag.to_json() if self.fs_lag else None}
 
     def lines(self) -> list[str]:
         rows = [(h.host, c.check, "ok" if c.ok else "FAIL", c.reason)
@@ -89,7 +95,8 @@ class DoctorReport:
         wc = max((len(r[1]) for r in rows), default=5)
         out = [f"{host:<{wh}}  {check:<{wc}}  {state:<4}  {reason}" for host, check, state, reason in rows]
         verdict = "all checks passed" if self.ok else f"{self.problems} problem(s)"
-        return [*out, f"doctor: {len(self.hosts)} host(s), {verdict}"]
+        lag = self.fs_lag.lines() if self.fs_lag else []
+        return [*out, *lag, f"doctor: {len(self.hosts)} host(s), {verdict}"]
 
 
 # --------------------------------------------------------------------------- cells and budget
@@ -304,6 +311,7 @@ class _Plan:
     cells: Cells
     commit: str | None
     ask: dict[str, Any] | None
+    cap: float  # seconds to wait for the nonce on a caching FS
 
 
 def _sections(project: Project, host: Host, plan: _Plan) -> list[tuple[str, Sequence[str]]]:
@@ -372,16 +380,23 @@ def _deployed(project: Project, host: Host, plan: _Plan, sec: Section | None) ->
     return Check("deployed", True, f"version {version} visible, sha256 matches ({len(files)} files)")
 
 
-def _shared(project: Project, host: Host, plan: _Plan, sec: Section | None) -> Check:
+def _shared(project: Project, host: Host, plan: _Plan, sec: Section | None, t: HostTransport) -> Check:
     if plan.nonce_rel is None:
         return Check("shared_fs", False, f"could not write the nonce on the shared FS: {plan.fs_error}")
     path = posixpath.join(project.sweep_root(host), plan.nonce_rel)
-    if sec is not None and sec.rc == 0 and sec.out.strip() == plan.nonce:
+    waited = 0.0 if sec is not None and sec.rc == 0 and sec.out.strip() == plan.nonce else None
+    try:  # not there yet: a caching FS may show it late
+        waited = await_content(t, path, plan.nonce, plan.cap) if waited is None else waited
+    except AblateError as e:
+        return Check("shared_fs", False, f"could not look for the nonce {path}: {e.message}")
+    if waited is not None:
+        late = f" after {waited:.1f} s (the FS's client cache)" if waited >= 1 else ""
         return Check("shared_fs", True, f"{host.profile.shared_fs} is shared: nonce written through "
-                                        f"{plan.writer} read back here")
+                                        f"{plan.writer} read back here{late}")
     seen = "is missing" if sec is None or sec.rc != 0 else "holds other bytes"
     return Check("shared_fs", False, f"not the same shared FS as {plan.writer} (AutoDL file storage "
-                                     f"is per region?): the nonce {path} {seen} on {host.name}")
+                                     f"is per region?): the nonce {path} {seen} on {host.name} "
+                                     f"(waited {plan.cap:.0f} s)")
 
 
 def _check_host(project: Project, host: Host, plan: _Plan) -> HostReport:
@@ -409,7 +424,7 @@ def _check_host(project: Project, host: Host, plan: _Plan) -> HostReport:
     checks.append(Check("tmux", tm_ok, tm.last if tm and tm_ok else
                         f"tmux missing or broken ({tm.last if tm else 'no answer'}); {TMUX_FIX}"))
     checks.append(_env(host, sec("env")))
-    checks.append(_shared(project, host, plan, sec("nonce")))
+    checks.append(_shared(project, host, plan, sec("nonce"), t))
     checks.append(_deployed(project, host, plan, sec("sha")))
     checks.append(_disk(project, host, plan.cells, sec("disk")))
     checks.append(_inodes(project, host, plan.cells, sec("inodes")))
@@ -443,7 +458,10 @@ def _env(host: Host, sec: Section | None) -> Check:
 # --------------------------------------------------------------------------- the command
 
 
-def doctor(project: Project, hosts: list[str] | None = None, log: Log | None = None) -> DoctorReport:
+def doctor(project: Project, hosts: list[str] | None = None, log: Log | None = None,
+           cap: float | None = None) -> DoctorReport:
+    """`cap`: how long to wait for a write to show through another host (default fslag.CAP / env)."""
+    cap = cap_seconds() if cap is None else cap
     names = list(dict.fromkeys(hosts)) if hosts else list(project.hosts)
     chosen = [project.host(n) for n in names]
     ask = gpu_ask(project)  # a malformed resources.gpu is bad config: refused before any host work
@@ -469,7 +487,8 @@ def doctor(project: Project, hosts: list[str] | None = None, log: Log | None = N
             + (f"; nonce written through {writer}" if written else ""))
     try:
         plan = _Plan(nonce_rel if written else None, token, writer, fs_error, deployed,
-                     count_cells(project, fs if fs_error is None else None), controller_commit(project), ask)
+                     count_cells(project, fs if fs_error is None else None), controller_commit(project), ask,
+                     cap)
         results = fan_out(names, lambda name: _check_host(project, project.hosts[name], plan))
     finally:
         if written and fs is not None:
@@ -479,7 +498,11 @@ def doctor(project: Project, hosts: list[str] | None = None, log: Log | None = N
         r = results[name]
         reports[name] = r if isinstance(r, HostReport) else HostReport(
             name, (Check("reachable", False, f"doctor failed on this host: {type(r).__name__}: {r}"),))
-    return DoctorReport(reports)
+    bad = {n: ", ".join(c.check for c in r.checks if not c.ok and c.check in ("reachable", "shared_fs"))
+           for n, r in reports.items()}
+    lag = survey(project, [n for n in names if not bad[n]], fs if written else None,
+                 {n: f"{why} failed" for n, why in bad.items() if why}, cap=cap, log=log)
+    return DoctorReport(reports, lag)
 
 
 def _remove_nonce(project: Project, fs: SharedFS, writer: str, path: str, log: Log | None) -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,8 @@ STATES = ("verified", "synced", "queued", "running", "hung", "lost", "interrupte
           "sync_failed", "corrupt", "stale", "never_ran")
 # What `ablate remediate` re-runs: everything that is not done, doing, or about to be done.
 TARGETS = frozenset({"never_ran", "lost", "interrupted", "oom", "crashed", "sync_failed", "corrupt", "stale"})
+# Decided from an absence (no claim, end, result or fresh heartbeat): facts only on a settled view.
+FROM_ABSENCE = frozenset({"never_ran", "lost", "interrupted", "sync_failed"})
 SIGNALLED = {129: "HUP", 130: "INT", 143: "TERM"}
 TAIL_SHOWN = 3  # tail lines per failed cell in text output (JSON carries the probe's tail)
 
@@ -61,6 +63,9 @@ class CellState:
     tail: tuple[str, ...] = ()  # last log lines, for crashed / oom
     pending: str | None = None  # a launched-never queue on a reachable host that holds the cell
     aside: bool = False  # a durable or partial result dir to set aside before a re-run
+    # A state decided from something NOT being there, on a view that may be stale (a host not read
+    # through itself, within the FS's lag): why it is not yet a fact. Nothing acts on such a cell.
+    unconfirmed: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state, "host": self.host, "queue": self.queue,
@@ -69,11 +74,14 @@ class CellState:
             out["tail"] = list(self.tail)
         if self.pending:
             out["pending"] = self.pending
+        if self.unconfirmed:
+            out["unconfirmed"] = self.unconfirmed
         return out
 
     def line(self) -> str:
         where = f"{self.host or '-'}/{self.queue or '-'}"
-        return f"{self.state:<12} {self.name:<24} {where:<20} {self.reason}"
+        note = f" [unconfirmed: {self.unconfirmed}]" if self.unconfirmed else ""
+        return f"{self.state:<12} {self.name:<24} {where:<20} {self.reason}{note}"
 
 
 @dataclass(frozen=True)
@@ -240,6 +248,7 @@ def classify(state: SweepState, *, cfg_sha: Mapping[str, str | None], verificati
             if ln.cell is not None and ln.cell.name not in roster:
                 roster[ln.cell.name] = ln.cell
     queued, pending, idle_reason = _positions(state)
+    unsettled = state.unsettled()
     out: dict[str, CellState] = {}
     for name, cell in roster.items():
         if name in snap.results:
@@ -262,8 +271,16 @@ def classify(state: SweepState, *, cfg_sha: Mapping[str, str | None], verificati
             st = CellState(name, "sync_failed", f"final_ckpts/{name}/ exists without MANIFEST.json "
                            "(a partial copy); `ablate remediate` sets it aside and re-runs the cell",
                            st.host, st.queue, st.rc, st.tail, st.pending, aside=True)
-        out[name] = st
+        out[name] = _confirm(st, unsettled, name in snap.claims)
     return out
+
+
+def _confirm(st: CellState, unsettled: Mapping[str, str], claimed: bool) -> CellState:
+    """Unconfirmed while a host that could have written the missing thing is not settled (its
+    owner for a claimed cell; anyone, a steal, otherwise: `SweepState.unsettled`)."""
+    hosts = [st.host] if claimed and st.host else list(unsettled)
+    why = next((unsettled[h] for h in hosts if h in unsettled), None)
+    return st if why is None or st.state not in FROM_ABSENCE else replace(st, unconfirmed=why)
 
 
 def _positions(state: SweepState) -> tuple[

@@ -16,7 +16,7 @@ answer AND every heartbeat of it is stale (or it has none).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,158 +25,18 @@ from ablate.config.project import Project
 from ablate.errors import AblateError
 from ablate.remote.layout import session_name
 from ablate.sweep.cells import QueueFile, parse_queue_text, read_all_queues
+from ablate.sweep.hostview import Asked, ask_hosts
 from ablate.sweep.ledger import LedgerEntry, parse_entries
-from ablate.transport import SharedFS, fan_out, host_transport, shared_fs
+from ablate.sweep.records import Approval, Claim, Event, Heartbeat, Result, Tail
+from ablate.sweep.views import FsLag, merge_views
+from ablate.transport import SharedFS, shared_fs
 from ablate.util.fmt import age as fmt_age
-from ablate.util.jsonv import as_int, as_num, as_str
+from ablate.util.jsonv import as_num, as_str
 
 QUEUE_STATES = ("not_launched", "running", "stale", "drained", "stopped")
 
 
 
-
-
-# --------------------------------------------------------------------------- parts of a snapshot
-
-
-@dataclass(frozen=True)
-class Event:
-    """One line of `events/<host>.<queue>.jsonl` (docs/ARCHITECTURE.md, "Events")."""
-
-    ev: str
-    t: float | None = None
-    host: str | None = None
-    queue: str | None = None
-    cell: str | None = None
-    idx: int | None = None
-    rc: int | None = None
-    dur: float | None = None
-    resume: bool = False
-    from_queue: str | None = None
-    reason: str | None = None
-    by: str | None = None
-    slot: int | None = None
-
-    @classmethod
-    def parse(cls, obj: Any) -> Event | None:
-        if not isinstance(obj, dict) or not isinstance(obj.get("ev"), str):
-            return None
-        return cls(obj["ev"], as_num(obj.get("t")), as_str(obj.get("host")), as_str(obj.get("queue")),
-                   as_str(obj.get("cell")), as_int(obj.get("idx")), as_int(obj.get("rc")),
-                   as_num(obj.get("dur")), bool(obj.get("resume")), as_str(obj.get("from_queue")),
-                   as_str(obj.get("reason")), as_str(obj.get("by")), as_int(obj.get("slot")))
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """`heartbeats/<host>.<queue>`: its mtime (the FS clock) is the beat; the JSON says the rest."""
-
-    key: str  # the file name, host.queue
-    mtime: float
-    host: str | None = None
-    queue: str | None = None
-    state: str = ""  # running | drained | stopped ("" when the file does not say)
-    t: float | None = None  # host clock
-    slot: int | None = None
-    pid: int | None = None
-    pgid: int | None = None
-    idx: int | None = None
-    cell: str | None = None
-    cell_started: float | None = None
-    from_queue: str | None = None
-    log_mtime: float | None = None
-    log_size: int | None = None
-    run_queue: str | None = None
-    spec: str | None = None
-
-    @classmethod
-    def parse(cls, key: str, mtime: float, data: Any) -> Heartbeat:
-        d = data if isinstance(data, dict) else {}
-        return cls(key, mtime, as_str(d.get("host")), as_str(d.get("queue")),
-                   str(as_str(d.get("state")) or ""),
-                   as_num(d.get("t")), as_int(d.get("slot")), as_int(d.get("pid")), as_int(d.get("pgid")),
-                   as_int(d.get("idx")), as_str(d.get("cell")), as_num(d.get("cell_started")),
-                   as_str(d.get("from_queue")), as_num(d.get("log_mtime")), as_int(d.get("log_size")),
-                   as_str(d.get("run_queue")), as_str(d.get("spec")))
-
-    @classmethod
-    def from_bytes(cls, key: str, raw: bytes | None) -> Heartbeat | None:
-        """A heartbeat read alone (stop, append, logs -f poll one file); no mtime: 0."""
-        from ablate.util.fs import read_json_object
-
-        data = read_json_object(raw)
-        return None if data is None else cls.parse(key, 0.0, data)
-
-    @property
-    def files(self) -> set[str]:
-        """The wrapper and spec files (relative to the root) its run reads."""
-        out = set()
-        if self.run_queue:
-            out.add(f"wrappers/{self.run_queue}")
-        if self.spec:
-            out.add(f"specs/{self.spec}")
-        return out
-
-
-@dataclass(frozen=True)
-class Claim:
-    """`claims/<name>/owner`: `host queue idx t`; empty while the claimer has yet to write it."""
-
-    name: str
-    host: str | None
-    queue: str | None
-    raw: str
-
-    @classmethod
-    def parse(cls, name: str, text: Any) -> Claim:
-        raw = text.strip() if isinstance(text, str) else ""
-        parts = raw.split()
-        if len(parts) < 2:
-            return cls(name, None, None, raw)
-        return cls(name, parts[0], parts[1], raw)
-
-
-@dataclass(frozen=True)
-class Result:
-    """A published result `final_ckpts/<name>/` with its MANIFEST.json's identity."""
-
-    name: str
-    sha256: str | None  # of the MANIFEST.json bytes
-    valid: bool  # the manifest parses as a JSON object
-    cfg: str | None = None
-    task: str | None = None
-    epochs: int | None = None
-    cfg_sha256: str | None = None
-    host: str | None = None
-    queue: str | None = None
-
-    @classmethod
-    def parse(cls, name: str, m: Any) -> Result:
-        if not isinstance(m, dict):
-            return cls(name, None, False)
-        return cls(name, as_str(m.get("sha256")), bool(m.get("valid")), as_str(m.get("cfg")),
-                   as_str(m.get("task")), as_int(m.get("epochs")), as_str(m.get("cfg_sha256")),
-                   as_str(m.get("host")), as_str(m.get("queue")))
-
-
-@dataclass(frozen=True)
-class Tail:
-    """`tails/<name>.log`: the last log lines run_queue kept of a cell that failed."""
-
-    lines: tuple[str, ...]
-    oom: str | None  # the first line that reads as an out-of-memory death
-    mtime: float | None
-
-
-@dataclass(frozen=True)
-class Approval:
-    """`gate/release.<host>.json`: `ablate release` approved (and maybe released) the host."""
-
-    host: str
-    t: float  # when it was approved (the controller's clock), for people
-    mtime: float  # the record's mtime (the FS's clock), to compare with the host's last event
-    ran: str | None  # the profile's release command that ran, or None (approval recorded only)
-    by: str | None
 
 
 @dataclass(frozen=True)
@@ -241,7 +101,8 @@ class Snapshot:
                                             as_str(rec.get("ran")), as_str(rec.get("by")))
         manifests = _dict(raw.get("manifests"))
         known = {"now", "events", "events_mtime", "heartbeats", "claims", "final", "manifests", "partial",
-                 "staging", "tails", "ledgers", "queues", "released", "approvals", "reconcile"}
+                 "staging", "aside", "tails", "ledgers", "queues", "released", "approvals", "reconcile",
+                 "fs_lag"}
         return cls(
             now=now, events=events,
             events_mtime={str(k): float(v) for k, v in _dict(raw.get("events_mtime")).items()
@@ -298,8 +159,15 @@ class SweepState:
 
     def __init__(self, snap: Snapshot, sessions: Mapping[str, set[str] | None], *,
                  sweep: str, stale_after: float, queues: Mapping[str, QueueFile] | None = None,
-                 unreachable: Mapping[str, str] | None = None, warnings: Sequence[str] = ()) -> None:
+                 unreachable: Mapping[str, str] | None = None, warnings: Sequence[str] = (),
+                 confirmed: Collection[str] | None = None, lag: FsLag | None = None,
+                 view_errors: Mapping[str, str] | None = None) -> None:
         self.snap = snap
+        # Hosts whose own files were read through themselves (or a coherent local FS: all); the
+        # others' files are as the FS host sees them, up to `lag` old (ablate.sweep.views).
+        self.confirmed = frozenset(sessions if confirmed is None else confirmed)
+        self.lag = lag or FsLag.local()
+        self.view_errors = dict(view_errors or {})
         self.now = snap.now
         self.sessions = dict(sessions)
         self.sweep = sweep
@@ -325,9 +193,40 @@ class SweepState:
         hb = self.snap.heartbeat(host, queue)
         return (None, None) if hb is None else (self.snap.age(hb), hb)
 
+    def allowance(self, host: str | None) -> float:
+        """How much older than the truth this host's files may look here: 0 when read through the
+        host itself, else the FS's visibility lag."""
+        return 0.0 if host in self.confirmed else self.lag.seconds
+
     def fresh(self, host: str | None, queue: str | None) -> bool:
+        """The heartbeat is fresh: at most `stale_after` old, plus the lag when it was read through
+        another host (a cached view makes it look older than it is: absence never taken on it)."""
         age, _ = self.heartbeat(host, queue)
-        return age is not None and age <= self.stale_after
+        return age is not None and age <= self.stale_after + self.allowance(host)
+
+    def last_evidence(self, host: str) -> float | None:
+        """When (FS clock; a ledger's t for a launch) `host` last showed it was working, as seen here."""
+        times = [hb.mtime for hb in self.snap.heartbeats.values() if hb.host == host]
+        times += [m for k, m in self.snap.events_mtime.items() if k.startswith(f"{host}.")]
+        times += [e.t for es in self.snap.ledgers.values() for e in es if e.host == host and e.t is not None]
+        return max(times) if times else None
+
+    def unsettled(self) -> dict[str, str]:
+        """Hosts whose writes may still be invisible here (not read through themselves, and active
+        within `stale_after` + the lag): host -> why. What is *absent* from their files (an end, a
+        claim, a result) is not a fact until this is empty for them."""
+        out: dict[str, str] = {}
+        for host in self.sessions:
+            if host in self.confirmed:
+                continue
+            last = self.last_evidence(host)
+            if last is None or self.now - last > self.stale_after + self.lag.seconds:
+                continue
+            why = self.unreachable.get(host) or self.view_errors.get(host) or "its own view was not read"
+            wait = fmt_age(max(self.stale_after + self.lag.seconds - (self.now - last), 1))
+            out[host] = (f"{host}'s files were read through the FS host ({why}); they may be up to "
+                         f"{self.lag.seconds:.0f} s old ({self.lag.note}); settled in {wait}")
+        return out
 
     def live(self, host: str | None, queue: str | None) -> bool:
         """THE liveness rule (module docstring)."""
@@ -336,8 +235,8 @@ class SweepState:
         got = self.sessions.get(host)
         if got is not None:
             return session_name(self.sweep, host, queue) in got
-        age, hb = self.heartbeat(host, queue)
-        return age is not None and hb is not None and age <= self.stale_after and hb.state == "running"
+        _, hb = self.heartbeat(host, queue)
+        return hb is not None and hb.state == "running" and self.fresh(host, queue)
 
     def busy(self, host: str | None, queue: str | None) -> bool:
         """The rule before anything is destroyed (a host released, a wrapper removed): live, or a
@@ -410,7 +309,7 @@ class SweepState:
             if got is not None:
                 continue
             ages = [self.snap.age(hb) for hb in self.snap.heartbeats.values() if hb.host == host]
-            if not ages or min(ages) > self.stale_after:
+            if not ages or min(ages) > self.stale_after + self.allowance(host):
                 age = f"newest heartbeat {fmt_age(min(ages))} old" if ages else "no heartbeat"
                 out[host] = f"unreachable and {age}"
         return out
@@ -462,47 +361,36 @@ def all_queues(project: Project, copies: Mapping[str, str]) -> tuple[dict[str, Q
     return dict(sorted(out.items())), warnings
 
 
-def ask_tmux(project: Project, hosts: Sequence[str]) -> tuple[dict[str, set[str] | None], dict[str, str]]:
-    """Each host's live tmux sessions (None: not reachable) and why the unreachable ones are."""
-    answers = fan_out(list(hosts), lambda n: host_transport(project, project.hosts[n]).tmux_sessions())
-    sessions: dict[str, set[str] | None] = {}
-    unreachable: dict[str, str] = {}
-    for name in project.hosts:
-        got = answers.get(name)
-        if isinstance(got, Exception) or got is None:
-            sessions[name] = None
-            text = str(got) if got is not None else "not asked"
-            unreachable[name] = text.splitlines()[0] if text else type(got).__name__
-        else:
-            sessions[name] = set(got)
-    return sessions, unreachable
-
-
-def state_of(project: Project, raw: Mapping[str, Any], sessions: Mapping[str, set[str] | None],
+def state_of(project: Project, raw: Mapping[str, Any], sessions: Mapping[str, set[str] | None] | Asked,
              unreachable: Mapping[str, str] | None = None) -> SweepState:
-    """A SweepState from a probe's answer and the hosts' tmux answers (no I/O beyond the local
-    queue files)."""
-    snap = Snapshot.parse(raw)
+    """A SweepState from a probe's answer and the hosts' answers (`Asked`: with their own views,
+    merged over the probe's; or tmux sessions alone). No I/O beyond the local queue files."""
+    if not isinstance(sessions, Asked):
+        down = {h: "did not answer" for h, s in sessions.items() if s is None}
+    asked = sessions if isinstance(sessions, Asked) else Asked(dict(sessions), dict(unreachable or down))
+    coherent = project.profile.transport == "local"  # one local directory: every view is the truth
+    snap = Snapshot.parse(merge_views(raw, asked.views) if asked.views else raw)
     queues, warnings = all_queues(project, snap.queue_copies)
-    return SweepState(snap, sessions, sweep=project.sweep, stale_after=stale_after(project), queues=queues,
-                      unreachable=unreachable, warnings=warnings)
-
-
-Sessions = tuple[dict[str, set[str] | None], dict[str, str]]  # ask_tmux: per host, and why not
+    return SweepState(snap, asked.sessions, sweep=project.sweep, stale_after=stale_after(project),
+                      queues=queues, unreachable=asked.unreachable, warnings=warnings,
+                      confirmed=set(asked.sessions) | set(project.hosts) if coherent else set(asked.views),
+                      lag=FsLag.local() if coherent else FsLag.from_record(raw.get("fs_lag")),
+                      view_errors=asked.view_errors)
 
 
 def load(project: Project, fs: SharedFS | None = None, *, op: str = "snapshot",
          args: Mapping[str, Any] | None = None, touch: bool = True,
-         ask: Callable[[], Sessions] | None = None) -> SweepState:
-    """Probe the shared FS and ask every host's tmux at once (the slowest host, not the sum, sets
-    the wall time), then parse. `op`/`args`: a probe op that extends `snapshot` (report). `ask`:
-    what asks the hosts instead of `ask_tmux` (status asks each host one command for more)."""
+         ask: Callable[[], Asked] | None = None) -> SweepState:
+    """Probe the shared FS and ask every host at once (its tmux and its own view: `hostview`; the
+    slowest host, not the sum, sets the wall time), then merge and parse. `op`/`args`: a probe op
+    that extends `snapshot` (report). `ask`: what asks the hosts instead of `ask_hosts` (status
+    asks each host one command for more)."""
     fs = fs or shared_fs(project)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        asked = pool.submit(ask or (lambda: ask_tmux(project, list(project.hosts))))
+        asked = pool.submit(ask or (lambda: ask_hosts(project)))
         raw = fs.probe(op, {"root": fs.root, "touch": touch, **(args or {})})
-        sessions, unreachable = asked.result()
-    return state_of(project, raw, sessions, unreachable)
+        got = asked.result()
+    return state_of(project, raw, got)
 
 
 def probe_only(project: Project, fs: SharedFS, *, touch: bool = False) -> Snapshot:
@@ -510,5 +398,5 @@ def probe_only(project: Project, fs: SharedFS, *, touch: bool = False) -> Snapsh
     return Snapshot.parse(fs.probe("snapshot", {"root": fs.root, "touch": touch}))
 
 
-__all__ = ["QUEUE_STATES", "Approval", "Claim", "Event", "Heartbeat", "QueueView", "Result", "Snapshot",
-           "SweepState", "Tail", "all_queues", "ask_tmux", "load", "probe_only", "stale_after", "state_of"]
+__all__ = ["QUEUE_STATES", "Approval", "Asked", "Claim", "Event", "Heartbeat", "QueueView", "Result",
+           "Snapshot", "SweepState", "Tail", "all_queues", "load", "probe_only", "stale_after", "state_of"]

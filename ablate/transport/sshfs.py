@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -89,6 +90,16 @@ def probe_lib() -> dict[str, bytes]:
     return files
 
 
+@functools.lru_cache(maxsize=1)
+def lib_digest() -> str:
+    """The probe library's content address (`lib/<sha12>/` on the FS)."""
+    digest = hashlib.sha256()
+    lib = probe_lib()
+    for rel in sorted(lib):
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(lib[rel]).digest())
+    return digest.hexdigest()[:12]
+
+
 class RemoteFlock:
     """A flock(2) on a shared-FS file held by `flock … cat` on a host for as long as `live` runs."""
 
@@ -147,12 +158,8 @@ class SSHFS:
         self.probe_timeout = probe_timeout
         self.via = self.hosts[0].name  # the host the last operation went through
         self._lib_ready = False
-        lib = probe_lib()
-        digest = hashlib.sha256()
-        for rel in sorted(lib):
-            digest.update(rel.encode() + b"\0" + hashlib.sha256(lib[rel]).digest())
-        self.lib_dir = SweepLayout(self.root).lib_dir(digest.hexdigest()[:12])
-        self._lib = lib
+        self.lib_dir = SweepLayout(self.root).lib_dir(lib_digest())
+        self._lib = probe_lib()
 
     def _sh(self, script: str, *args: str, stdin: bytes | None = None, timeout: float | None = None,
             sink: Sink | None = None) -> tuple[int, bytes, bytes]:

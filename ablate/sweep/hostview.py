@@ -1,0 +1,155 @@
+"""Ask every host, one command each and all at once: its tmux sessions and its own view of what it
+wrote (`ablate.remote.probe.mine`: its events, heartbeats, and the claims, results and tails of the
+cells they name), read through its own mount.
+
+Why through the writer: a network FS (NFS, sshfs, FUSE mounts) caches on each client, so another
+host's appended line or renamed-in result may be invisible through the FS host for seconds, while
+a client's own writes are coherent for that client. `snapshot.load` merges these views over the
+snapshot read through the FS host (`snapshot.merge_views`); a host that does not answer leaves its
+files as the FS host sees them, and the state says how old that view may be.
+
+The sections of the answer (`\\036ablate <kind>` lines) are shared with `ablate.monitor.hostinfo`,
+whose one command per host for `status` carries the same tmux and view sections.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ablate.config.project import Project
+from ablate.remote.layout import SweepLayout
+from ablate.transport import fan_out, host_transport
+from ablate.transport.shellhost import NO_TMUX_SERVER
+from ablate.transport.sshfs import lib_digest
+
+MARK = "\x1eablate"  # a record separator no log line (and no JSON document) carries
+# tmux: "$@" is the host's tmux command line; its sessions come first, the rc after them.
+TMUX = r"""printf '\036ablate tmux\n'
+"$@" list-sessions -F '#{session_name}' 2>&1; printf '\036ablate tmuxrc %s\n' "$?"
+"""
+# The view: $vd the probe's library dir on the FS (as this host mounts it; empty: not asked), $ve
+# the profile's env, $vp its python, $va the JSON arguments. rc 97: the library is not there yet.
+VIEW = r"""printf '\036ablate view\n'
+if [ -z "$vd" ]; then printf '\n\036ablate viewrc 96\n'
+elif [ -r "$vd/ablate/remote/probe.py" ]; then
+  ( if [ -n "$ve" ]; then eval "$ve" >/dev/null 2>&1 || exit 98; fi
+    cd "$vd" && PYTHONPATH="$vd" PYTHONDONTWRITEBYTECODE=1 exec "$vp" -S -m ablate.remote.probe mine "$va"
+  ) 2>/dev/null
+  printf '\n\036ablate viewrc %s\n' "$?"
+else printf '\n\036ablate viewrc 97\n'; fi
+"""
+SCRIPT = 'vd=$1; ve=$2; vp=$3; va=$4; shift 4\n' + TMUX + VIEW
+VIEW_RC = {96: "not asked (local transport)", 97: "the probe library is not on the FS as this host sees it",
+           98: "the profile's env failed"}
+
+
+def view_args(project: Project, host: str) -> list[str]:
+    """$vd $ve $vp $va for `VIEW` on `host` (all empty for a local host: its FS is the controller's)."""
+    h = project.host(host)
+    if h.transport != "ssh":
+        return ["", "", "", ""]
+    root = project.sweep_root(h)
+    return [SweepLayout(root).lib_dir(lib_digest()), h.profile.env or "", h.profile.python,
+            json.dumps({"root": root, "host": h.name})]
+
+
+def tmux_answer(lines: Sequence[str], rc: str) -> tuple[set[str] | None, str | None]:
+    """tmux's answer as `tmux_sessions` reads it: rc 0 -> the names; no server -> none; else why."""
+    text = "\n".join(lines).strip()
+    if rc.strip() == "0":
+        return {ln for ln in lines if ln}, None
+    if NO_TMUX_SERVER.search(text):
+        return set(), None
+    return None, f"tmux list-sessions exited {rc.strip()}: {text[-200:]!r}"
+
+
+def view_answer(lines: Sequence[str], rc: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The `mine` probe's document, or why there is none."""
+    code = int(rc.strip()) if rc.strip().lstrip("-").isdigit() else -1
+    if code != 0:
+        return None, VIEW_RC.get(code, f"the view probe exited {code}")
+    try:
+        got = json.loads("\n".join(lines))
+    except ValueError:
+        return None, "the view probe did not print one JSON document"
+    return (got, None) if isinstance(got, dict) else (None, "the view probe printed no JSON object")
+
+
+@dataclass
+class Asked:
+    """Every host's answer: tmux sessions (None: not known), why a host is unreachable, and the
+    views read through the hosts themselves (host -> `mine` document) or why not."""
+
+    sessions: dict[str, set[str] | None] = field(default_factory=dict)
+    unreachable: dict[str, str] = field(default_factory=dict)
+    views: dict[str, dict[str, Any]] = field(default_factory=dict)
+    view_errors: dict[str, str] = field(default_factory=dict)
+
+
+def parse(text: str) -> tuple[tuple[set[str] | None, str | None], tuple[dict[str, Any] | None, str | None]]:
+    """(tmux answer, view answer) of one host's `SCRIPT` output."""
+    sections: dict[str, list[str]] = {}
+    rcs: dict[str, str] = {}
+    current: str | None = None
+    for line in text.split("\n"):
+        if line.startswith(MARK + " "):
+            kind, _, rest = line[len(MARK) + 1:].partition(" ")
+            if kind.endswith("rc"):
+                rcs[kind[:-2]] = rest
+                current = None
+            else:
+                current = kind
+                sections[kind] = []
+            continue
+        if current is not None:
+            sections[current].append(line)
+    tmux = tmux_answer(sections.get("tmux", []), rcs["tmux"]) if "tmux" in rcs else \
+        (None, "tmux did not answer")
+    view = view_answer(sections.get("view", []), rcs["view"]) if "view" in rcs else \
+        (None, "the view was not read")
+    return tmux, view
+
+
+def ask_one(project: Project, host: str, timeout: float = 20.0) -> str:
+    h = project.host(host)
+    t = host_transport(project, h)
+    r = t.run(["bash", "-c", SCRIPT, "bash", *view_args(project, host), *t.tmux_argv()], timeout=timeout)
+    r.check()
+    return r.stdout
+
+
+def ask_hosts(project: Project, hosts: Sequence[str] | None = None) -> Asked:
+    """Every host (or those named) in parallel: one command each (`SCRIPT`)."""
+    names = list(project.hosts) if hosts is None else list(hosts)
+    answers = fan_out(names, lambda n: ask_one(project, n))
+    asked = Asked()
+    for name in project.hosts:
+        got = answers.get(name)
+        if not isinstance(got, str):
+            asked.sessions[name] = None
+            text = str(got) if got is not None else "not asked"
+            asked.unreachable[name] = text.splitlines()[0] if text else type(got).__name__
+            continue
+        (sessions, why), (view, vwhy) = parse(got)
+        asked.sessions[name] = sessions
+        if sessions is None:
+            asked.unreachable[name] = (why or "tmux did not answer").splitlines()[0]
+        if view is not None:
+            asked.views[name] = view
+        elif vwhy:
+            asked.view_errors[name] = vwhy
+    return asked
+
+
+def from_parts(project: Project, sessions: Mapping[str, set[str] | None], unreachable: Mapping[str, str],
+               views: Mapping[str, dict[str, Any]], view_errors: Mapping[str, str]) -> Asked:
+    """An `Asked` from answers gathered another way (status's one command per host)."""
+    return Asked({h: sessions.get(h) for h in project.hosts}, dict(unreachable), dict(views),
+                 dict(view_errors))
+
+
+__all__ = ["MARK", "SCRIPT", "TMUX", "VIEW", "Asked", "ask_hosts", "ask_one", "from_parts", "parse",
+           "tmux_answer", "view_answer", "view_args"]

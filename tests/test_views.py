@@ -1,0 +1,134 @@
+"""Each host's own view merged over the FS host's snapshot (ablate/sweep/views.py), and absence
+never taken on a view that may be stale (SweepState.unsettled, classify's `unconfirmed`). The
+merge rules on the probe's documents; the rules on a real local sweep's snapshot, as a controller
+on a caching FS would see it with a host that does or does not answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ablate.config.project import load_project
+from ablate.remote.layout import session_name
+from ablate.sweep.classify import cfg_hashes, classify
+from ablate.sweep.snapshot import Snapshot, SweepState, all_queues, stale_after
+from ablate.sweep.views import DEFAULT_LAG, FsLag, merge_views
+from ablate.transport.local import LocalFS
+from tests.helpers.cli import Cli
+from tests.helpers.project import LocalProject
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
+
+
+def ev(ev: str, cell: str | None = None, **kw: Any) -> dict[str, Any]:
+    return {"ev": ev, **({"cell": cell} if cell else {}), **kw}
+
+
+FS = {  # what the FS host sees: h2's events file without its last lines, an old heartbeat
+    "now": 1000.0,
+    "events": {"h2.q2": [ev("start", "a", idx=0)]},
+    "events_mtime": {"h2.q2": 900.0},
+    "heartbeats": {"h2.q2": {"mtime": 900.0, "data": {"host": "h2", "queue": "q2", "state": "running"}}},
+    "claims": {"a": "h2 q2 0 899.0", "old": ""},
+    "final": [], "manifests": {}, "partial": ["a"], "tails": {},
+    "released": {"gone": ["gone.950.000"]}, "aside": [".aside.redo.960.000"],
+}
+MINE = {  # what h2 sees of its own writes
+    "host": "h2",
+    "events": {"h2.q2": [ev("start", "a", idx=0), ev("end", "a", rc=0), ev("queue_end")]},
+    "events_mtime": {"h2.q2": 990.0},
+    "heartbeats": {"h2.q2": {"mtime": 990.0, "data": {"host": "h2", "queue": "q2", "state": "drained"}}},
+    "claims": {"a": "h2 q2 0 899.0", "old": "h2 q2 1 905.0", "gone": "h2 q2 2 940.0", "new": "h2 q2 3 980.0"},
+    "final": ["a", "redo"],
+    "manifests": {"a": {"sha256": "x", "valid": True, "mtime": 985.0},
+                  "redo": {"sha256": "y", "valid": True, "mtime": 955.0}},
+    "partial": [], "tails": {},
+}
+
+
+def test_the_writers_view_wins_where_it_is_newer_and_removals_are_not_undone() -> None:
+    got = merge_views(FS, {"h2": MINE})
+    assert [e["ev"] for e in got["events"]["h2.q2"]] == ["start", "end", "queue_end"]  # the longer
+    assert got["events_mtime"]["h2.q2"] == 990.0
+    assert got["heartbeats"]["h2.q2"]["data"]["state"] == "drained"  # the later mtime
+    # A claim the FS host cannot see yet counts; one released since (its t before the release) not.
+    assert got["claims"]["new"] == "h2 q2 3 980.0" and "gone" not in got["claims"]
+    assert got["claims"]["old"] == "h2 q2 1 905.0"  # an owner the FS host had not seen yet
+    # A published result the FS host cannot see counts and is no longer partial; one set aside
+    # by remediate after it was made (the writer's cache still shows it) does not come back.
+    assert got["final"] == ["a"] and got["partial"] == [] and "redo" not in got["manifests"]
+    # Nothing the writer did not write is touched.
+    assert got["released"] == FS["released"] and got["now"] == 1000.0
+
+
+def test_an_older_or_shorter_view_never_replaces_a_newer_one() -> None:
+    stale_mine = {**MINE, "events": {"h2.q2": []}, "heartbeats": {"h2.q2": {"mtime": 10.0, "data": {}}}}
+    got = merge_views(FS, {"h2": stale_mine})
+    assert got["events"]["h2.q2"] == FS["events"]["h2.q2"]
+    assert got["heartbeats"]["h2.q2"]["mtime"] == 900.0
+
+
+def test_the_lag_allowed_is_the_measured_one_with_a_margin_else_a_conservative_default() -> None:
+    assert FsLag.from_record({"lag": 20.0}).seconds == 30.0
+    assert FsLag.from_record({"lag": 0.0}).seconds == 2.0
+    assert FsLag.from_record(None).seconds == DEFAULT_LAG and "not measured" in FsLag.from_record(None).note
+    assert FsLag.from_record({"lag": "soon"}).seconds == DEFAULT_LAG
+
+
+@pytest.fixture
+def ran(local_project: LocalProject, cli: Cli) -> tuple[LocalProject, dict[str, Any]]:
+    """A real queue run to its end on h1 (h2 has a queue never reached): the FS's truth."""
+    require_tmux()
+    p = local_project
+    p.write_config(steal=False)
+    p.queue("q1", ["# ablate: host=h1", p.cfg("cfgs/a/one.yaml") + " recon 1"])
+    p.queue("q2", ["# ablate: host=h2", p.cfg("cfgs/a/two.yaml") + " recon 1"])
+    cli.json(p, "launch", "q1", "--host", "h1")
+    wait_for(lambda: '"queue_end"' in (p.shared / "events" / "h1.q1.jsonl").read_text()
+             if (p.shared / "events" / "h1.q1.jsonl").exists() else False, timeout=60, interval=0.1)
+    return p, LocalFS(str(p.shared)).probe("snapshot", {"root": str(p.shared)})
+
+
+def _state(p: LocalProject, raw: dict[str, Any], confirmed: set[str], lag: float) -> SweepState:
+    project = load_project(p.root)
+    snap = Snapshot.parse(raw)
+    queues, _ = all_queues(project, snap.queue_copies)
+    return SweepState(snap, {"h1": None, "h2": set()}, sweep=project.sweep, stale_after=stale_after(project),
+                      queues=queues, confirmed=confirmed, lag=FsLag(lag, "test"))
+
+
+def _cells(p: LocalProject, st: SweepState) -> dict[str, Any]:
+    project = load_project(p.root)
+    return classify(st, cfg_sha=cfg_hashes(project, st.queues), verification=None, hung_after=1800)
+
+
+def test_absence_on_a_view_that_may_be_stale_is_unconfirmed_until_the_lag_has_passed(
+        ran: tuple[LocalProject, dict[str, Any]]) -> None:
+    p, raw = ran
+    # h1 does not answer and its files were read through another host: what h1 may have written
+    # in the last stale_after + lag is possibly invisible, so "h1 never ran `two`"... is not known.
+    raw = {**raw, "events": {}, "events_mtime": {k: v for k, v in raw["events_mtime"].items()},
+           "claims": {}, "final": [], "manifests": {}}
+    st = _state(p, raw, confirmed={"h2"}, lag=20.0)
+    assert "h1" in st.unsettled() and "20 s" in st.unsettled()["h1"]
+    one = _cells(p, st)["one"]
+    assert one.state == "never_ran" and one.unconfirmed and "h1" in one.unconfirmed
+    # The same view once the lag has passed since h1's last sign of life: a fact.
+    later = _state(p, {**raw, "now": raw["now"] + stale_after(load_project(p.root)) + 21}, {"h2"}, 20.0)
+    assert later.unsettled() == {} and _cells(p, later)["one"].unconfirmed is None
+    # Read through h1 itself (confirmed): a fact at once.
+    mine = _state(p, raw, confirmed={"h1", "h2"}, lag=20.0)
+    assert mine.unsettled() == {} and _cells(p, mine)["one"].unconfirmed is None
+
+
+def test_an_unreachable_hosts_heartbeat_is_fresh_for_the_lag_longer(
+        ran: tuple[LocalProject, dict[str, Any]]) -> None:
+    p, raw = ran
+    hb = dict(raw["heartbeats"]["h1.q1"])
+    hb["data"] = {**hb["data"], "state": "running"}
+    raw = {**raw, "heartbeats": {"h1.q1": hb}, "now": hb["mtime"] + 40}  # 40 s old: past stale_after
+    assert not _state(p, raw, confirmed={"h1", "h2"}, lag=20.0).fresh("h1", "q1")
+    st = _state(p, raw, confirmed={"h2"}, lag=20.0)  # through a cache: it may be 20 s newer
+    assert st.fresh("h1", "q1") and st.live("h1", "q1") and st.lost_hosts() == {}
+    assert session_name("t1", "h1", "q1")  # (the session it stands for, when h1 answers)
