@@ -21,6 +21,18 @@ from tests.helpers.tmux import require_tmux
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
+BIND_ONLY: set[str] = set()
+
+@pytest.fixture
+def testbed(testbed: Testbed, request: pytest.FixtureRequest) -> Testbed:
+    """This module runs on the sshfs bed (a real network FS: client caches, a storage server),
+    except the cases that need the bind mount (BIND_ONLY: the host's link drops while its FS
+    stays, which on sshfs would take the FS with it)."""
+    if request.node.originalname in BIND_ONLY:
+        return testbed
+    bed: Testbed = request.getfixturevalue("testbed_sshfs")
+    return bed
+
 
 @pytest.fixture(autouse=True)
 def _tmux() -> None:

@@ -25,10 +25,27 @@ LOG=$ABLATE_CKPT_ROOT/$NAME.log
 SELF=${BASH_SOURCE[0]##*/}
 
 now() { T=${EPOCHREALTIME/,/.}; }  # some locales print a decimal comma
-ev() {  # ev KIND ', "key": value, ...' -- one JSON line, one O_APPEND write
+# A network FS's outage (sshfs, NFS): calls block, then fail (EIO) until its server is back. No
+# line of the sweep's record may be lost to it: wait for the FS (a file made and removed: a real
+# round trip, never a cached stat), at most ABLATE_FS_WAIT seconds (default 900), then write again.
+fs_up() { local p=$ABLATE_ROOT/.up.$ABLATE_HOST.$BASHPID; { : >"$p" && rm -f -- "$p"; } 2>/dev/null; }
+fs_wait() {
+  local until=$((SECONDS + ${ABLATE_FS_WAIT:-900}))
+  until fs_up; do
+    (( SECONDS < until )) || return 1
+    sleep 2
+  done
+}
+ev() {  # ev KIND ', "key": value, ...' -- one JSON line, one O_APPEND write (again after an outage)
+  local line tries=0
   now
-  printf '{"t": %s, "ev": "%s", "host": "%s", "queue": "%s"%s}\n' \
-    "$T" "$1" "$ABLATE_HOST" "$QUEUE" "${2-}" >>"$EVENTS"
+  printf -v line '{"t": %s, "ev": "%s", "host": "%s", "queue": "%s"%s}\n' \
+    "$T" "$1" "$ABLATE_HOST" "$QUEUE" "${2-}"
+  # A retry starts with a newline: a write torn by the outage never swallows this line.
+  until printf '%s' "$line" >>"$EVENTS" 2>/dev/null; do
+    (( ++tries <= 3 )) && fs_wait || { printf 'ablate: could not record %s: %s' "$1" "$line" >&2; return 1; }
+    line=$'\n'$line
+  done
 }
 jstr() {  # a JSON string literal in REPLY (reasons can quote a path)
   local s=${1//\\/\\\\}
@@ -72,74 +89,94 @@ printf '# ablate end %s rc=%s\n' "$ENDED" "$rc" >>"$LOG"
 FINAL_PARENT=$ABLATE_ROOT/final_ckpts
 FINAL=$FINAL_PARENT/$NAME
 STAGING=
+SYNC_TRIES=0
 fail() {
+  [[ -n $STAGING ]] && rm -rf -- "$STAGING" 2>/dev/null
+  STAGING=
+  # The FS went away mid-copy (a network FS's outage): wait for it and copy again, from scratch.
+  if (( SYNC_TRIES < 3 )) && ! fs_up; then
+    SYNC_TRIES=$((SYNC_TRIES + 1))
+    printf '# ablate: the shared FS did not answer while syncing (%s); waiting for it\n' "$1" >>"$LOG"
+    fs_wait && sync_all  # exits
+  fi
   jstr "$1"
   ev sync_failed ", \"cell\": \"$NAME\", \"reason\": $REPLY"
   printf '# ablate sync failed: %s\n' "$1" >>"$LOG"
-  [[ -n $STAGING ]] && rm -rf -- "$STAGING"
   exit 3
 }
-
-CK=$CKPT_DIR/$ABLATE_CHECKPOINT
-[[ -f $CK && -s $CK ]] || fail "checkpoint $ABLATE_CHECKPOINT missing or empty in $CKPT_DIR"
-if [[ -n ${ABLATE_METRICS-} ]]; then
-  [[ -f $CKPT_DIR/$ABLATE_METRICS && -s $CKPT_DIR/$ABLATE_METRICS ]] \
-    || fail "metrics $ABLATE_METRICS missing or empty in $CKPT_DIR"
-fi
-[[ -e $FINAL ]] && fail "final_ckpts/$NAME already exists; a durable result is never overwritten"
-mkdir -p "$FINAL_PARENT" || fail "cannot create $FINAL_PARENT"
-STAGING=$FINAL_PARENT/.staging.$NAME.$ABLATE_HOST.$$
-rm -rf -- "$STAGING"
-mkdir "$STAGING" || fail "cannot create $STAGING"
-
-ARTIFACTS=
-copy_checked() {  # copy_checked SRC REL KEY
-  local src=$1 rel=$2 dst=$STAGING/$2 size dsize sum dsum
-  if [[ $rel == */* ]]; then mkdir -p -- "${dst%/*}" || fail "cannot create ${dst%/*}"; fi
-  cp -- "$src" "$dst" || fail "copy of $rel to the shared FS failed"
-  size=$(stat -c %s -- "$src") && dsize=$(stat -c %s -- "$dst") || fail "cannot stat $rel"
-  [[ $size == "$dsize" ]] || fail "copy of $rel is short: $dsize of $size bytes"
-  sum=$(sha256sum -- "$src") && dsum=$(sha256sum -- "$dst") || fail "cannot hash $rel"
-  sum=${sum%% *} dsum=${dsum%% *}
-  [[ $sum == "$dsum" ]] || fail "copy of $rel differs from its source (sha256 $dsum, expected $sum)"
-  ARTIFACTS+="${ARTIFACTS:+, }\"$3\": {\"file\": \"$rel\", \"size\": $size, \"sha256\": \"$sum\"}"
+ours() {  # the published result is this very run's (a rename whose answer the outage lost)
+  local m=$FINAL/MANIFEST.json
+  grep -qF "\"host\": \"$ABLATE_HOST\"" "$m" 2>/dev/null && grep -qF "\"started\": $STARTED," "$m" 2>/dev/null
 }
-copy_checked "$CK" "$ABLATE_CHECKPOINT" checkpoint
-[[ -n ${ABLATE_METRICS-} ]] && copy_checked "$CKPT_DIR/$ABLATE_METRICS" "$ABLATE_METRICS" metrics
-copy_checked "$LOG" "$NAME.log" log
 
-cfg_path=$CFG
-[[ $CFG == /* ]] || cfg_path=$ABLATE_WORKDIR/$CFG
-cfg_sha=null
-if [[ -f $cfg_path && -r $cfg_path ]] && s=$(sha256sum -- "$cfg_path" 2>/dev/null); then
-  cfg_sha="\"${s%% *}\""
-fi
-commit=null
-if command -v git >/dev/null 2>&1 && c=$(git -C "$ABLATE_WORKDIR" rev-parse HEAD 2>/dev/null) \
-    && [[ $c =~ ^[0-9a-f]{40}$ ]]; then
-  commit="\"$c\""
-fi
-sha12_of() {  # the version in a content-addressed file name (run_one.<sha12>.sh, <sha12>.env)
-  if [[ $1 =~ ^(run_one\.|run_queue\.)?([0-9a-f]{12})\.(sh|env)$ ]]; then
-    REPLY="\"${BASH_REMATCH[2]}\""
-  else
-    REPLY=null
+sync_all() {  # copy, check, publish; exits 0 (synced) or through fail
+  ARTIFACTS=
+  CK=$CKPT_DIR/$ABLATE_CHECKPOINT
+  [[ -f $CK && -s $CK ]] || fail "checkpoint $ABLATE_CHECKPOINT missing or empty in $CKPT_DIR"
+  if [[ -n ${ABLATE_METRICS-} ]]; then
+    [[ -f $CKPT_DIR/$ABLATE_METRICS && -s $CKPT_DIR/$ABLATE_METRICS ]] \
+      || fail "metrics $ABLATE_METRICS missing or empty in $CKPT_DIR"
   fi
+  if [[ -e $FINAL ]]; then
+    (( SYNC_TRIES )) && ours && { ev synced ", \"cell\": \"$NAME\""; exit 0; }
+    fail "final_ckpts/$NAME already exists; a durable result is never overwritten"
+  fi
+  mkdir -p "$FINAL_PARENT" || fail "cannot create $FINAL_PARENT"
+  STAGING=$FINAL_PARENT/.staging.$NAME.$ABLATE_HOST.$$
+  rm -rf -- "$STAGING"
+  mkdir "$STAGING" || fail "cannot create $STAGING"
+
+  copy_checked() {  # copy_checked SRC REL KEY
+    local src=$1 rel=$2 dst=$STAGING/$2 size dsize sum dsum
+    if [[ $rel == */* ]]; then mkdir -p -- "${dst%/*}" || fail "cannot create ${dst%/*}"; fi
+    cp -- "$src" "$dst" || fail "copy of $rel to the shared FS failed"
+    size=$(stat -c %s -- "$src") && dsize=$(stat -c %s -- "$dst") || fail "cannot stat $rel"
+    [[ $size == "$dsize" ]] || fail "copy of $rel is short: $dsize of $size bytes"
+    sum=$(sha256sum -- "$src") && dsum=$(sha256sum -- "$dst") || fail "cannot hash $rel"
+    sum=${sum%% *} dsum=${dsum%% *}
+    [[ $sum == "$dsum" ]] || fail "copy of $rel differs from its source (sha256 $dsum, expected $sum)"
+    ARTIFACTS+="${ARTIFACTS:+, }\"$3\": {\"file\": \"$rel\", \"size\": $size, \"sha256\": \"$sum\"}"
+  }
+  copy_checked "$CK" "$ABLATE_CHECKPOINT" checkpoint
+  [[ -n ${ABLATE_METRICS-} ]] && copy_checked "$CKPT_DIR/$ABLATE_METRICS" "$ABLATE_METRICS" metrics
+  copy_checked "$LOG" "$NAME.log" log
+
+  cfg_path=$CFG
+  [[ $CFG == /* ]] || cfg_path=$ABLATE_WORKDIR/$CFG
+  cfg_sha=null
+  if [[ -f $cfg_path && -r $cfg_path ]] && s=$(sha256sum -- "$cfg_path" 2>/dev/null); then
+    cfg_sha="\"${s%% *}\""
+  fi
+  commit=null
+  if command -v git >/dev/null 2>&1 && c=$(git -C "$ABLATE_WORKDIR" rev-parse HEAD 2>/dev/null) \
+      && [[ $c =~ ^[0-9a-f]{40}$ ]]; then
+    commit="\"$c\""
+  fi
+  sha12_of() {  # the version in a content-addressed file name (run_one.<sha12>.sh, <sha12>.env)
+    if [[ $1 =~ ^(run_one\.|run_queue\.)?([0-9a-f]{12})\.(sh|env)$ ]]; then
+      REPLY="\"${BASH_REMATCH[2]}\""
+    else
+      REPLY=null
+    fi
+  }
+  sha12_of "$SELF"; v_one=$REPLY
+  sha12_of "${ABLATE_RUN_QUEUE_VERSION-}"; v_queue=$REPLY
+  sha12_of "${ABLATE_SPEC_VERSION-}"; v_spec=$REPLY
+
+  printf '{"name": "%s", "cfg": "%s", "task": "%s", "epochs": %s, "cat": "%s", "cfg_sha256": %s, "wrapper_version": %s, "run_queue_version": %s, "spec_version": %s, "host": "%s", "queue": "%s", "commit": %s, "started": %s, "ended": %s, "resume": %s, "artifacts": {%s}}\n' \
+    "$NAME" "$CFG" "$TASK" "$EPOCHS" "$CAT" "$cfg_sha" "$v_one" "$v_queue" "$v_spec" "$ABLATE_HOST" \
+    "$QUEUE" "$commit" "$STARTED" "$ENDED" "$RESUME" "$ARTIFACTS" >"$STAGING/MANIFEST.json" \
+    || fail "cannot write MANIFEST.json in $STAGING"
+
+  # -T: never move *into* an existing dir; -n: never replace one (renameat2 NOREPLACE where the FS has
+  # it).
+  [[ -e $FINAL ]] && fail "final_ckpts/$NAME appeared while syncing; a durable result is never overwritten"
+  mv -T -n -- "$STAGING" "$FINAL" 2>/dev/null
+  # Published means this run's MANIFEST.json opens under the final name (asked of the server: a
+  # cached stat of the staging dir could say it moved when the outage cut the rename).
+  ours || fail "could not rename $STAGING to final_ckpts/$NAME (it exists now?)"
+  STAGING=
+  ev synced ", \"cell\": \"$NAME\""
+  exit 0
 }
-sha12_of "$SELF"; v_one=$REPLY
-sha12_of "${ABLATE_RUN_QUEUE_VERSION-}"; v_queue=$REPLY
-sha12_of "${ABLATE_SPEC_VERSION-}"; v_spec=$REPLY
-
-printf '{"name": "%s", "cfg": "%s", "task": "%s", "epochs": %s, "cat": "%s", "cfg_sha256": %s, "wrapper_version": %s, "run_queue_version": %s, "spec_version": %s, "host": "%s", "queue": "%s", "commit": %s, "started": %s, "ended": %s, "resume": %s, "artifacts": {%s}}\n' \
-  "$NAME" "$CFG" "$TASK" "$EPOCHS" "$CAT" "$cfg_sha" "$v_one" "$v_queue" "$v_spec" "$ABLATE_HOST" \
-  "$QUEUE" "$commit" "$STARTED" "$ENDED" "$RESUME" "$ARTIFACTS" >"$STAGING/MANIFEST.json" \
-  || fail "cannot write MANIFEST.json in $STAGING"
-
-# -T: never move *into* an existing dir; -n: never replace one (renameat2 NOREPLACE where the FS has
-# it). The staging dir still being there afterwards means the rename did not happen.
-[[ -e $FINAL ]] && fail "final_ckpts/$NAME appeared while syncing; a durable result is never overwritten"
-mv -T -n -- "$STAGING" "$FINAL" 2>/dev/null
-[[ -e $STAGING ]] && fail "could not rename $STAGING to final_ckpts/$NAME (it exists now?)"
-STAGING=
-ev synced ", \"cell\": \"$NAME\""
-exit 0
+sync_all

@@ -75,10 +75,27 @@ ms_of() {  # ms_of SECONDS (a JSON number, "1700000000.123456"): REPLY = integer
   REPLY=$(( 10#${BASH_REMATCH[1]} * 1000 + 10#${frac:0:3} ))
 }
 
-ev() {  # ev KIND ', "key": value, ...' -- one JSON line, one O_APPEND write
+# A network FS's outage (sshfs, NFS): calls block, then fail (EIO) until its server is back. No
+# line of the sweep's record may be lost to it: wait for the FS (a file made and removed: a real
+# round trip, never a cached stat), at most ABLATE_FS_WAIT seconds (default 900), then write again.
+fs_up() { local p=$ABLATE_ROOT/.up.$ABLATE_HOST.$BASHPID; { : >"$p" && rm -f -- "$p"; } 2>/dev/null; }
+fs_wait() {
+  local until=$((SECONDS + ${ABLATE_FS_WAIT:-900}))
+  until fs_up; do
+    (( SECONDS < until )) || return 1
+    sleep 2
+  done
+}
+ev() {  # ev KIND ', "key": value, ...' -- one JSON line, one O_APPEND write (again after an outage)
+  local line tries=0
   now
-  printf '{"t": %s, "ev": "%s", "host": "%s", "queue": "%s"%s}\n' \
-    "$T" "$1" "$ABLATE_HOST" "$QUEUE" "${2-}" >>"$EVENTS"
+  printf -v line '{"t": %s, "ev": "%s", "host": "%s", "queue": "%s"%s}\n' \
+    "$T" "$1" "$ABLATE_HOST" "$QUEUE" "${2-}"
+  # A retry starts with a newline: a write torn by the outage never swallows this line.
+  until printf '%s' "$line" >>"$EVENTS" 2>/dev/null; do
+    (( ++tries <= 3 )) && fs_wait || { printf 'ablate: could not record %s: %s' "$1" "$line" >&2; return 1; }
+    line=$'\n'$line
+  done
 }
 
 # idx, cell and from_queue always describe the same (current or last) cell: idx is a line of
@@ -187,8 +204,24 @@ parse_line() {  # parse_line LINE: 0 = a valid cell (sets P_*), 1 = invalid, 2 =
   P_CFG=$cfg P_TASK=$task P_EPOCHS=$epochs P_NAME=$name P_CAT=$cat
 }
 
+# On a network FS a client's cache may still show a name the server no longer has (a claim that
+# remediate released, a result it set aside) for the FS's lag: `mkdir` then fails with EEXIST and
+# a stat finds it. Opening a file inside asks the server, so a claim's proof is its readable owner
+# and a result's its readable MANIFEST.json.
+published() { { : <"$FINAL/$1/MANIFEST.json"; } 2>/dev/null; }
+CLAIM_WAIT=${ABLATE_CLAIM_WAIT:-60}  # seconds a name with no owner is retried (the FS's lag, max)
 claim() {  # claim NAME IDX: 0 when this call created claims/NAME (and wrote its owner)
-  mkdir "$CLAIMS/$1" 2>/dev/null || return 1
+  local waited=0
+  until mkdir "$CLAIMS/$1" 2>/dev/null; do
+    { : <"$CLAIMS/$1/owner"; } 2>/dev/null && return 1  # someone's claim
+    if ! fs_up; then  # the FS is down: wait for it, then try again
+      fs_wait || return 1
+      continue
+    fi
+    # No owner: a stale cache of a released claim, or a claimer between its mkdir and its owner.
+    (( waited++ < CLAIM_WAIT )) || return 1
+    sleep 1
+  done
   now
   printf '%s %s %s %s\n' "$ABLATE_HOST" "$QUEUE" "$2" "$T" >"$CLAIMS/$1/.owner.$$" \
     && mv -f "$CLAIMS/$1/.owner.$$" "$CLAIMS/$1/owner"
@@ -389,7 +422,7 @@ steal_once() {  # 0 = ran a stolen cell or lost a race (look again); 1 = nothing
   local key=$S_QUEUE:$S_IDX secs
   # Re-read and re-validate the victim's line: only values that pass parse_line are ever used.
   if ! read_line_of "$ROOT/queues/$S_QUEUE.txt" "$S_IDX" || ! parse_line "$LINE" \
-      || [[ $P_NAME != "$S_NAME" || -e $FINAL/$P_NAME/MANIFEST.json ]]; then
+      || [[ $P_NAME != "$S_NAME" ]] || published "$P_NAME"; then
     STEAL_SKIP[$key]=1
     return 0
   fi
@@ -440,7 +473,7 @@ reenter_one() {  # 0 when it ran one
     c=${entry%%:*} i=${entry##*:}
     from=${entry#*:}
     from=${from%:*}
-    [[ -e $FINAL/$c/MANIFEST.json ]] && continue
+    published "$c" && continue
     claimed_by_us "$c" || continue  # released by remediate, or never ours
     read_line_of "$ROOT/queues/$from.txt" "$i" && parse_line "$LINE" && [[ $P_NAME == "$c" ]] || continue
     say "re-entering $c (line $i of $from), stolen by this queue and cut before its end"
@@ -497,7 +530,7 @@ while :; do
       continue ;;
   esac
   name=$P_NAME
-  if [[ -e $FINAL/$name/MANIFEST.json ]]; then
+  if published "$name"; then
     ev skip ", \"idx\": $idx, \"cell\": \"$name\", \"reason\": \"done\""
     idx=$((idx + 1))
     continue

@@ -328,7 +328,9 @@ def verify_tree(args: dict[str, Any],
     """Describe every result dir under args["dir"], verifying those named in args["names"].
 
     args: dir (the directory holding `<name>/` result dirs), artifacts, names (list, or None for
-    every dir), load (default True), hash (default True), workers (default: CPU count, at most
+    every dir), also (names looked up by their exact path even when the listing lacks them: on a
+    network FS a listing may lag another host's rename by seconds, a lookup of a name asks the
+    server), load (default True), hash (default True), workers (default: CPU count, at most
     MAX_WORKERS; serial below PARALLEL_MIN dirs).
     Returns {"dir", "exists", "entries": every name in dir (staging dirs too), "dirs": non-hidden
     dirs, "cells": {name: {"manifest", "manifest_sha256", "files": {file: [size, mtime_ns]},
@@ -346,6 +348,10 @@ def verify_tree(args: dict[str, Any],
     except FileNotFoundError:
         entries, exists = [], False
     dirs = [e for e in entries if not e.startswith(".") and os.path.isdir(os.path.join(root, e))]
+    unlisted = {str(n) for n in args.get("also") or () if isinstance(n, str) and n and "/" not in n
+                and not n.startswith(".")} - set(entries)
+    found = [n for n in unlisted if exists and os.path.isdir(os.path.join(root, n))]
+    entries, dirs = sorted(entries + found), sorted(dirs + found)
     wanted = set(dirs) if names is None else set(names)
     jobs = [(os.path.join(root, d), artifacts, d in wanted, load, check_hash) for d in dirs]
     workers = args.get("workers") or min(os.cpu_count() or 1, MAX_WORKERS)

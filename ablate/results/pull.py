@@ -72,7 +72,7 @@ def pull(project: Project, to: Path | str | None = None, log: Log | None = None,
     layout = SweepLayout(sfs.root)
     # One round trip: the listing and every manifest; no hashing or loading on the FS side.
     tree = sfs.probe("verify", {"dir": layout.final, "artifacts": artifacts_arg(project), "names": [],
-                                "load": False, "hash": False})
+                                "also": list(roster.cells), "load": False, "hash": False})
     result = PullResult(to=str(dest))
     published = [d for d in tree["dirs"] if tree["cells"][d]["manifest_sha256"] is not None]
     result.missing = [n for n in roster.cells if n not in published]

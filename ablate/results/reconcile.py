@@ -128,7 +128,8 @@ def reconcile(project: Project, fs: bool = False, host: str | None = None, load:
     sfs = shared_fs(project, via=host)
     roster = sweep_roster(project, sfs, log)
     layout = SweepLayout(sfs.root)
-    args: dict[str, Any] = {"artifacts": artifacts_arg(project), "names": roster.names, "load": load}
+    args: dict[str, Any] = {"artifacts": artifacts_arg(project), "names": roster.names, "load": load,
+                            "also": roster.names}
     verb = "loading" if load else "hashing"
     if fs:
         args["dir"] = layout.final
