@@ -14,7 +14,10 @@ A repetition is clean when every cell ends verified, every cell's training compl
 nothing that had run was classified as an absence (`never_ran`/`lost`/`interrupted`/
 `sync_failed`) without `unconfirmed`, and remediate re-ran exactly the crashed cell.
 
-    sudo python3 scripts/soak_sshfs.py [--reps 10] [--shared sshfs|bind]
+    sudo python3 scripts/soak_sshfs.py [--reps 10] [--shared sshfs|bind] [--ablate DIR]
+
+`--ablate DIR` runs the CLI from another checkout (e.g. a commit before issue 11, to see what the
+same loop did then); the test bed, the trainer and the tally are this checkout's.
 """
 
 from __future__ import annotations
@@ -65,9 +68,12 @@ class Rep:
                 and self.remediated == [CRASHER])
 
 
+CLI_PATH = REPO  # where the `ablate` package the CLI processes import lives (--ablate)
+
+
 def ablate(proj: Path, *args: str, check: bool = True, timeout: float = 300) -> dict[str, Any]:
     """`python -m ablate -C proj ARGS --json` in a new process; its one JSON object."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(CLI_PATH)}
     r = subprocess.run([sys.executable, "-m", "ablate", "-C", str(proj), *args, "--json"], env=env,
                        capture_output=True, text=True, timeout=timeout)
     if check and r.returncode != 0:
@@ -171,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--shared", choices=("sshfs", "bind"), default="sshfs")
+    ap.add_argument("--ablate", type=Path, default=REPO, help="the checkout whose CLI runs")
     a = ap.parse_args(argv)
+    global CLI_PATH
+    CLI_PATH = a.ablate.resolve()
     reason = missing_requirement()
     if reason:
         print(f"soak_sshfs: cannot run: {reason}", file=sys.stderr)
@@ -188,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"  remediated {r.remediated}  unconfirmed seen {r.unconfirmed_seen}"
                   f"  lag {r.lag}  {r.secs:.0f} s" + (f"  error: {r.error}" if r.error else ""), flush=True)
     clean = sum(r.clean for r in reps)
-    print(f"tally ({a.shared}): {clean}/{len(reps)} repetitions clean; cells verified "
+    print(f"tally ({a.shared}, ablate from {CLI_PATH}): {clean}/{len(reps)} repetitions clean; "
+          "cells verified "
           f"{sum(r.verified for r in reps)}/{sum(len(r.completions) for r in reps)}; trained more than once "
           f"{sum(1 for r in reps for k in r.completions.values() if k > 1)}; never trained "
           f"{sum(1 for r in reps for k in r.completions.values() if k == 0)}; false absences "

@@ -727,3 +727,39 @@ def test_12_instance_reboots_mid_cell_and_resumes(testbed: Testbed, sweep: Calla
     metrics = json.loads((sw.root / "final_ckpts" / cut / "metrics.json").read_text())
     assert metrics["start_epoch"] == at_reboot and sw.manifest(cut)["resume"] == 1
     sw.finish()
+
+
+def test_13_storage_outage_mid_queue(testbed: Testbed, sweep: Callable[..., Sweep]) -> None:
+    """The shared FS's server goes away for 20 s while every host is mid-cell (over sshfs, calls
+    block and then fail with EIO until it is back): nothing lost, nothing run twice, every cell
+    classified truthfully afterwards, and nothing for remediate to do."""
+    assert testbed.shared == "sshfs"
+    sw = sweep(epochs=3, step_time=0.5)
+    firsts = {h: cs[0] for h, cs in sw.queues.items()}
+    for c in firsts.values():
+        sw.fault(c, "hang")  # every host mid-cell when the outage starts, however loaded the machine
+    sw.ok("launch", "--all")
+    wait_for(lambda: all(sw.epochs_done(h, c) >= 1 for h, c in firsts.items()), timeout=60)
+
+    testbed.storage_down()
+    began = time.monotonic()
+    for c in firsts.values():
+        sw.clear(c, "hang")  # (the backing dir: the server's own disk, written here)
+    # The trainers go on (their checkpoints are on the local disks; the marker reads fail with EIO
+    # and count as absent) and finish while the FS is away; then the outage lasts its 20 s.
+    wait_for(lambda: all(sw.epochs_done(h, c) == 3 for h, c in firsts.items()), timeout=60)
+    wait_for(lambda: time.monotonic() - began >= 20, timeout=30, interval=0.5)
+    testbed.storage_up()
+
+    sw.assert_gate_closed("tb-h1")
+    sw.wait_synced(timeout=120)
+    sw.wait_states(dict.fromkeys(sw.cells, DONE), timeout=60)
+    assert sw.ok("remediate")["targets"] == {}
+    # The trainers' own record: every cell trained once, to its end, on one host.
+    for c in sw.cells:
+        runs = [(h, e) for h in testbed.hosts for e in sw.trace(h, c) if e["ev"] == "start"]
+        assert len(runs) == 1 and runs[0][1]["resume"] == 0, (c, runs)
+        assert len(sw.evs("start", c)) == 1, (c, sw.evs("start", c))
+    # The first cells' syncs waited for the FS and went through: no sync failure was recorded.
+    assert not sw.evs("sync_failed"), sw.evs("sync_failed")
+    sw.finish()

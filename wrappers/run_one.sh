@@ -6,6 +6,9 @@
 # Exit code: the train command's; 3 when training succeeded but the sync failed (the
 # instance-local checkpoint is left intact); 125 when this wrapper could not set up the run.
 # Formats (MANIFEST.json, events): docs/ARCHITECTURE.md. Plain bash 5 + coreutils.
+# One compound command, parsed whole before any of it runs: bash reads a script as it goes, and
+# this file is on the shared FS, which can go away mid-run (an outage of a network FS).
+{
 set -u
 shopt -u patsub_replacement 2>/dev/null || true  # bash 5.2: `&` in a ${x//p/r} replacement is literal
 
@@ -180,3 +183,5 @@ sync_all() {  # copy, check, publish; exits 0 (synced) or through fail
   exit 0
 }
 sync_all
+exit
+}

@@ -9,6 +9,9 @@
 # Python start-up per event, integer arithmetic only (speeds x1000, times in ms). Values from the
 # spec and the queues are safe by construction ([A-Za-z0-9._/+@,=-]), so they go into JSON and
 # commands without escaping; lines that do not match are skipped with reason "invalid", never run.
+# One compound command, parsed whole before any of it runs: bash reads a script as it goes, and
+# this file is on the shared FS, which can go away mid-run (an outage of a network FS).
+{
 set -u
 shopt -u patsub_replacement 2>/dev/null || true  # bash 5.2: `&` in a ${x//p/r} replacement is literal
 
@@ -547,3 +550,5 @@ while :; do
   run_cell "$idx" "$name" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" "$resume"
   idx=$((idx + 1))
 done
+exit
+}

@@ -43,11 +43,12 @@ def _trace(out: str, **rec: object) -> None:
 
 
 def _fault(name: str, kind: str) -> str | None:
-    """The marker's content when `faults/<name>.<kind>` exists, else None."""
+    """The marker's content when `faults/<name>.<kind>` exists, else None (also when the shared FS
+    does not answer: an outage of its server is a fault the suite injects too)."""
     try:
         with open(os.path.join("faults", f"{name}.{kind}"), encoding="utf-8") as f:
             return f.read().strip()
-    except FileNotFoundError:
+    except OSError:
         return None
 
 
