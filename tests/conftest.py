@@ -14,7 +14,8 @@ import pytest
 
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
-from tests.testbed import Testbed, missing_requirement
+from tests.helpers.testbed_projects import LIVE_BEDS, session_bed
+from tests.testbed import Testbed
 
 
 @pytest.fixture(autouse=True)
@@ -55,25 +56,11 @@ def tmux_socket() -> str:
 
 # --------------------------------------------------------------------------- SSH test bed
 
-_TESTBEDS: list[Testbed] = []
-
-
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[Testbed]:
     """Three real sshd+tmux instances sharing one FS (tests/testbed.py); skips when not root or
     a tool is missing. Faults a test injects are undone after it by `_testbed_heal`."""
-    reason = missing_requirement()
-    if reason:
-        pytest.skip(reason)
-    tb = Testbed(3)
-    try:
-        tb.start()
-        _TESTBEDS.append(tb)
-        yield tb
-    finally:
-        if tb in _TESTBEDS:  # both beds may live in one session
-            _TESTBEDS.remove(tb)
-        tb.close()
+    yield from session_bed("bind")
 
 
 @pytest.fixture(scope="session")
@@ -81,22 +68,11 @@ def testbed_sshfs() -> Iterator[Testbed]:
     """Like `testbed`, but the shared FS is a storage server each instance mounts over sshfs with its
     default options (client caches on: another instance's changes show up seconds later); skips
     when not root or sshfs, FUSE or a tool is missing. Healed after each test by `_testbed_heal`."""
-    reason = missing_requirement("sshfs")
-    if reason:
-        pytest.skip(reason)
-    tb = Testbed(3, shared="sshfs")
-    try:
-        tb.start()
-        _TESTBEDS.append(tb)
-        yield tb
-    finally:
-        if tb in _TESTBEDS:  # both beds may live in one session
-            _TESTBEDS.remove(tb)
-        tb.close()
+    yield from session_bed("sshfs")
 
 
 @pytest.fixture(autouse=True)
 def _testbed_heal() -> Iterator[None]:
     yield
-    for tb in _TESTBEDS:
+    for tb in LIVE_BEDS:
         tb.heal()

@@ -38,20 +38,11 @@ from safetensors.numpy import load_file
 from ablate.transport import close_all
 from tests.helpers import fault_train
 from tests.helpers.cli import REPO, Cli, CliResult, ablate_process
+from tests.helpers.testbed_projects import sshfs_testbed
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
-BIND_ONLY: set[str] = {"test_02_link_drops_mid_queue_and_heals"}
-
-@pytest.fixture
-def testbed(testbed: Testbed, request: pytest.FixtureRequest) -> Testbed:
-    """This module runs on the sshfs bed (a real network FS: client caches, a storage server),
-    except the cases that need the bind mount (BIND_ONLY: the host's link drops while its FS
-    stays, which on sshfs would take the FS with it)."""
-    if request.node.originalname in BIND_ONLY:
-        return testbed
-    bed: Testbed = request.getfixturevalue("testbed_sshfs")
-    return bed
+testbed = sshfs_testbed({"test_02_link_drops_mid_queue_and_heals"})
 
 CKPT = fault_train.CKPT
 TRAIN = (f"{sys.executable} train.py --config {{cfg}} --epochs {{epochs}} --out {{ckpt_dir}} "

@@ -17,21 +17,12 @@ from ablate.transport.ssh import SSHHost
 from ablate.transport.sshfs import SSHFS
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject, live
+from tests.helpers.testbed_projects import sshfs_testbed
 from tests.helpers.tmux import require_tmux
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
-BIND_ONLY: set[str] = set()
-
-@pytest.fixture
-def testbed(testbed: Testbed, request: pytest.FixtureRequest) -> Testbed:
-    """This module runs on the sshfs bed (a real network FS: client caches, a storage server),
-    except the cases that need the bind mount (BIND_ONLY: the host's link drops while its FS
-    stays, which on sshfs would take the FS with it)."""
-    if request.node.originalname in BIND_ONLY:
-        return testbed
-    bed: Testbed = request.getfixturevalue("testbed_sshfs")
-    return bed
+testbed = sshfs_testbed()
 
 
 @pytest.fixture(autouse=True)

@@ -9,28 +9,16 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
-
 from ablate.remote.layout import session_name
 from ablate.transport import close_all
 from ablate.transport.fanout import fan_out
 from ablate.transport.ssh import SSHHost
 from tests.helpers.cli import Cli
-from tests.helpers.testbed_projects import CKPT, events, make_project
+from tests.helpers.testbed_projects import CKPT, events, make_project, sshfs_testbed
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
-BIND_ONLY: set[str] = {"test_a_dropped_link_does_not_stop_the_queue"}
-
-@pytest.fixture
-def testbed(testbed: Testbed, request: pytest.FixtureRequest) -> Testbed:
-    """This module runs on the sshfs bed (a real network FS: client caches, a storage server),
-    except the cases that need the bind mount (BIND_ONLY: the host's link drops while its FS
-    stays, which on sshfs would take the FS with it)."""
-    if request.node.originalname in BIND_ONLY:
-        return testbed
-    bed: Testbed = request.getfixturevalue("testbed_sshfs")
-    return bed
+testbed = sshfs_testbed({"test_a_dropped_link_does_not_stop_the_queue"})
 
 
 def test_whole_flow_on_three_hosts(testbed: Testbed, tmp_path: Path, cli: Cli) -> None:

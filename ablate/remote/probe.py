@@ -60,6 +60,21 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
+def _heartbeats(lay: SweepLayout, prefix: str) -> dict[str, Any]:
+    """Every heartbeat whose name starts with `prefix` (not a hidden temp file): mtime + JSON."""
+    out: dict[str, Any] = {}
+    for fn in _listdir(lay.heartbeats):
+        if fn.startswith(".") or not fn.startswith(prefix):
+            continue
+        path = os.path.join(lay.heartbeats, fn)
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            continue
+        out[fn] = {"mtime": mtime, "data": _read_json(path)}
+    return out
+
+
 def snapshot(args: dict[str, Any]) -> dict[str, Any]:
     """Everything a reader of the sweep needs from the FS in one read (parsed by
     `ablate.sweep.snapshot.Snapshot.parse`): events, heartbeats, claims, results, ledgers, the FS
@@ -71,16 +86,7 @@ def snapshot(args: dict[str, Any]) -> dict[str, Any]:
     for fn in _listdir(lay.events):
         if fn.endswith(".jsonl"):
             events[fn[: -len(".jsonl")]] = _read_jsonl(os.path.join(lay.events, fn))
-    heartbeats = {}
-    for fn in _listdir(lay.heartbeats):
-        if fn.startswith("."):
-            continue
-        path = os.path.join(lay.heartbeats, fn)
-        try:
-            mtime = os.stat(path).st_mtime
-        except OSError:
-            continue
-        heartbeats[fn] = {"mtime": mtime, "data": _read_json(path)}
+    heartbeats = _heartbeats(lay, "")
     claims = {}
     for name in _listdir(lay.claims):
         try:
@@ -214,15 +220,7 @@ def mine(args: dict[str, Any]) -> dict[str, Any]:
             except OSError:
                 continue
             events[fn[: -len(".jsonl")]] = _read_jsonl(path)
-    heartbeats: dict[str, Any] = {}
-    for fn in _listdir(lay.heartbeats):
-        if fn.startswith(prefix):
-            path = os.path.join(lay.heartbeats, fn)
-            try:
-                mtime = os.stat(path).st_mtime
-            except OSError:
-                continue
-            heartbeats[fn] = {"mtime": mtime, "data": _read_json(path)}
+    heartbeats = _heartbeats(lay, prefix)
     cells = {e["cell"] for evs in events.values() for e in evs if isinstance(e.get("cell"), str)}
     cells |= {hb["data"]["cell"] for hb in heartbeats.values()
               if isinstance(hb["data"], dict) and isinstance(hb["data"].get("cell"), str)}

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 import ablate.demo.train as demo_train
-from tests.testbed import Testbed
+from tests.testbed import Testbed, missing_requirement
 
 CKPT = "model.safetensors"
 # sys.executable lives outside /tmp (pyenv, /usr): the instances run the controller's Python.
@@ -75,3 +77,38 @@ def events(tb: Testbed, sweep: str, host: str, queue: str) -> list[dict[str, Any
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def sshfs_testbed(bind_only: Collection[str] = ()) -> Any:
+    """A module's `testbed` fixture that gives its tests the sshfs bed (a real network FS: client
+    caches, a storage server), except the tests named in `bind_only`, which need the bind mount
+    (a host's link drops while its FS stays up; over sshfs the FS would go with it)."""
+
+    @pytest.fixture(name="testbed")
+    def _testbed(testbed: Testbed, request: pytest.FixtureRequest) -> Testbed:
+        if request.node.originalname in bind_only:
+            return testbed
+        bed: Testbed = request.getfixturevalue("testbed_sshfs")
+        return bed
+
+    return _testbed
+
+
+LIVE_BEDS: list[Testbed] = []  # the session's test beds, healed after each test (conftest)
+
+
+def session_bed(shared: str) -> Iterator[Testbed]:
+    """A 3-instance bed with that shared FS for the session (skipped with the reason when it cannot
+    be built here), in LIVE_BEDS while it lives, torn down at the end whatever happened."""
+    reason = missing_requirement(shared)
+    if reason:
+        pytest.skip(reason)
+    tb = Testbed(3, shared=shared)
+    try:
+        tb.start()
+        LIVE_BEDS.append(tb)
+        yield tb
+    finally:
+        if tb in LIVE_BEDS:  # both beds may live in one session
+            LIVE_BEDS.remove(tb)
+        tb.close()
