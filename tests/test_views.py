@@ -5,6 +5,8 @@ on a caching FS would see it with a host that does or does not answer."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +19,10 @@ from ablate.sweep.views import DEFAULT_LAG, FsLag, merge_views
 from ablate.transport.local import LocalFS
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
+from tests.helpers.testbed_projects import events, make_project
 from tests.helpers.tmux import require_tmux
 from tests.helpers.wait import wait_for
+from tests.testbed import Testbed
 
 
 def ev(ev: str, cell: str | None = None, **kw: Any) -> dict[str, Any]:
@@ -132,3 +136,34 @@ def test_an_unreachable_hosts_heartbeat_is_fresh_for_the_lag_longer(
     st = _state(p, raw, confirmed={"h2"}, lag=20.0)  # through a cache: it may be 20 s newer
     assert st.fresh("h1", "q1") and st.live("h1", "q1") and st.lost_hosts() == {}
     assert session_name("t1", "h1", "q1")  # (the session it stands for, when h1 answers)
+
+
+def test_on_sshfs_a_queue_that_just_drained_is_read_through_its_own_host(
+        testbed_sshfs: Testbed, tmp_path: Path, cli: Cli) -> None:
+    """The failure users met, on a real network FS: a queue on tb-h2 drains while the FS host
+    (tb-h1) still holds cached listings without its claim, events file and result. Read through
+    tb-h2, the cell is synced at once (never `never_ran`), reconcile --fs verifies it (its name
+    looked up by exact path), and remediate has nothing to re-run."""
+    tb, sweep = testbed_sshfs, "views1"
+    proj = make_project(tb, tmp_path, sweep, cells=1, epochs=1, step_time=0.0)
+    (proj / "queues").mkdir(exist_ok=True)
+    (proj / "queues" / "q2.txt").write_text(f"# ablate: host=tb-h2\nconfigs/{sweep}/c0.yaml recon\n")
+    cli.json(proj, "deploy")
+    mnt = f"{tb.shared_path}/ablate/{sweep}"
+    for d in ("claims", "final_ckpts", "events", "heartbeats"):
+        (tb.shared_dir / "ablate" / sweep / d).mkdir(exist_ok=True)
+    assert cli.json(proj, "status")["cells"]["c0"]["state"] == "never_ran"  # tb-h1 listed them: cached
+    cli.json(proj, "launch", "q2", "--host", "tb-h2")
+    wait_for(lambda: any(e["ev"] == "queue_end" for e in events(tb, sweep, "tb-h2", "q2")), timeout=30,
+             interval=0.1)
+    seen = subprocess.run(tb.ssh_argv("tb-h1", "ls", f"{mnt}/claims", f"{mnt}/final_ckpts", f"{mnt}/events"),
+                          capture_output=True, text=True, timeout=30).stdout
+    assert "c0" not in seen and "q2" not in seen, seen  # the FS host's view: as if it never ran
+
+    st = cli.json(proj, "status")
+    assert st["cells"]["c0"]["state"] == "synced" and "unconfirmed" not in st["cells"]["c0"], st["cells"]
+    assert st["views"]["tb-h2"]["through"] == "tb-h2" and st["views"]["tb-h2"]["max_age"] == 0
+    assert [q["state"] for q in st["queues"]] == ["drained"]
+    rec = cli.json(proj, "reconcile", "--fs")
+    assert rec["complete"] is True and rec["verified"] == 1, rec
+    assert cli.json(proj, "remediate")["targets"] == {}
