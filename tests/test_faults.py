@@ -67,7 +67,7 @@ class Sweep:
     def __init__(self, tb: Testbed, base: Path, cli: Cli, name: str, *,
                  epochs: int = 3, step_time: float = 0.1, steal: bool = False, ssh_extra: str = "",
                  queues: tuple[str, ...] | None = None, **config: Any) -> None:
-        self.tb, self._cli, self.name = tb, cli, name
+        self.tb, self._cli, self.name, self.epochs = tb, cli, name, epochs
         self.proj = base / "proj"
         self.work = tb.shared_dir / "work" / name
         self.root = tb.shared_dir / "ablate" / name
@@ -276,6 +276,12 @@ class Sweep:
             assert 1 <= len(self.evs("synced", c)) <= most, (c, self.evs("synced", c))
         assert self.manifests() == set(self.cells)
         assert not list((self.root / "final_ckpts").glob(".staging.*"))
+        # Counted apart from our own events: the trainers' own records of a run that reached its
+        # last epoch, on every instance's local disk.
+        for c in self.cells:
+            completed = sum(1 for h in self.tb.hosts for e in self.trace(h, c)
+                            if e["ev"] == "epoch" and e["epoch"] == self.epochs)
+            assert 1 <= completed <= (2 if c in reran else 1), (c, completed)
         # The roster is 100 % verified, on pulled copies loaded locally.
         pulled = self.ok("pull")
         assert pulled["failed"] == [], pulled
@@ -464,7 +470,7 @@ def test_05_sync_to_the_shared_fs_fails(testbed: Testbed, sweep: Callable[..., S
     [record] = sw.remediations()
     assert record["cells"] == {c: "sync_failed" for c in mine}, record
     assert list(record["queues"].values()) == ["tb-h1"], record
-    sw.finish()
+    sw.finish(reran=tuple(mine))  # trained on tb-h2 (its copy failed), then again on tb-h1
 
 
 def test_06_checkpoint_truncated_after_sync(testbed: Testbed, sweep: Callable[..., Sweep]) -> None:
