@@ -282,7 +282,7 @@ def asked_of(project: Project, got: Mapping[str, HostLive | Exception]) -> hostv
         why = (live.tmux_error if isinstance(live, HostLive) else str(live) if live is not None
                else "not asked")
         unreachable[name] = (why or "tmux did not answer").splitlines()[0]
-    return hostview.from_parts(project, sessions, unreachable, views, view_errors)
+    return hostview.Asked(sessions, unreachable, views, view_errors)
 
 
 def attach_live(project: Project, report: Any,

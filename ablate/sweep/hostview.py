@@ -15,7 +15,7 @@ whose one command per host for `status` carries the same tmux and view sections.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,12 +144,5 @@ def ask_hosts(project: Project, hosts: Sequence[str] | None = None) -> Asked:
     return asked
 
 
-def from_parts(project: Project, sessions: Mapping[str, set[str] | None], unreachable: Mapping[str, str],
-               views: Mapping[str, dict[str, Any]], view_errors: Mapping[str, str]) -> Asked:
-    """An `Asked` from answers gathered another way (status's one command per host)."""
-    return Asked({h: sessions.get(h) for h in project.hosts}, dict(unreachable), dict(views),
-                 dict(view_errors))
-
-
-__all__ = ["MARK", "SCRIPT", "TMUX", "VIEW", "Asked", "ask_hosts", "ask_one", "from_parts", "parse",
+__all__ = ["MARK", "SCRIPT", "TMUX", "VIEW", "Asked", "ask_hosts", "ask_one", "parse",
            "tmux_answer", "view_answer", "view_args"]

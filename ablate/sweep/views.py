@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ablate.remote.layout import ASIDE_PREFIX
+from ablate.remote.probe import RELEASED_RE
 
 DEFAULT_LAG = 60.0  # seconds assumed until `ablate doctor` measures it: NFS's acdirmax, 3 x sshfs's 20 s
-# `<name>.<t>`, t as epoch seconds with decimals (remediate's `f"{time.time():.3f}"`)
+# `.aside.<name>.<t>[.staging-<k>]`, t as remediate writes it (as in `released/<name>.<t>`)
 _ASIDE_RE = re.compile(r"^" + re.escape(ASIDE_PREFIX) + r"(.+)\.(\d+\.\d+)(?:\.staging-\d+)?$")
-_RELEASED_RE = re.compile(r"^(.+)\.(\d+\.\d+)$")
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def merge_views(raw: Mapping[str, Any], views: Mapping[str, Mapping[str, Any]]) 
     final = [str(n) for n in raw.get("final") or () if isinstance(n, str)]
     partial = {str(n) for n in raw.get("partial") or () if isinstance(n, str)}
     released = _times([e for es in _d(raw.get("released")).values() if isinstance(es, list) for e in es],
-                      _RELEASED_RE)
+                      RELEASED_RE)
     aside = _times(raw.get("aside"), _ASIDE_RE)
     for view in views.values():
         for key, evs in _d(view.get("events")).items():
