@@ -11,10 +11,16 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ablate.config.project import load_project
+from ablate.monitor.logs import source_of
+from ablate.remote.layout import SweepLayout, session_name
+from ablate.sweep.snapshot import state_of
 from ablate.transport import close_all
+from ablate.transport.local import LocalFS
 from tests.helpers.cli import Cli, ablate_process
 from tests.helpers.project import LocalProject
 from tests.helpers.testbed_projects import events, make_project
@@ -120,6 +126,33 @@ def test_logs_of_running_finished_and_failed_cells_without_naming_a_host(
     tails.unlink()
     code, out, err = cli(proj, "logs", "bad")
     assert code == 1 and out == "" and "the log is gone from h1" in err and "tails/bad.log" in err
+
+
+def test_a_published_cell_whose_heartbeat_has_not_moved_on_is_durable(proj: LocalProject,
+                                                                       cli: Cli) -> None:
+    """run_one publishes the result before its queue's heartbeat leaves the cell: in that window
+    the cell is finished (its durable log is the whole one), not running. Real snapshots of the
+    sweep: the heartbeat while `slow` trains, the results once it published."""
+    assert cli(proj, "-q", "launch", "q1", "--host", "h1").code == 0
+    project = load_project(proj.root)
+    fs = LocalFS(str(proj.shared))
+    layout = SweepLayout(str(proj.shared))
+    live = {"h1": {session_name("t1", "h1", "q1")}, "h2": set()}
+
+    def snapshot() -> dict[str, Any]:
+        return fs.probe("snapshot", {"root": str(proj.shared)})
+
+    def on_slow(snap: dict[str, Any]) -> bool:
+        return any(hb["data"].get("cell") == "slow" and hb["data"].get("state") == "running"
+                   for hb in snap["heartbeats"].values())
+
+    wait_for(lambda: on_slow(snapshot()), timeout=30)
+    running = snapshot()
+    assert source_of(project, state_of(project, running, live), layout, "slow").where == "running"
+    wait_for(lambda: (proj.shared / "final_ckpts" / "slow" / "MANIFEST.json").exists(), timeout=60)
+    window = {**snapshot(), "heartbeats": running["heartbeats"]}
+    got = source_of(project, state_of(project, window, live), layout, "slow")
+    assert (got.where, got.path) == ("durable", f"{layout.final_dir('slow')}/slow.log")
 
 
 def test_follow_streams_a_running_cell_until_it_ends(proj: LocalProject, cli: Cli) -> None:

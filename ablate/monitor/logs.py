@@ -53,9 +53,13 @@ class LogSource:
 
 def locate(project: Project, cell: str, log: Log | None = None) -> LogSource:
     fs = shared_fs(project)
-    layout = SweepLayout(fs.root)
     state = load(project, fs)
     warn(log, state.warnings)
+    return source_of(project, state, SweepLayout(fs.root), cell)
+
+
+def source_of(project: Project, state: SweepState, layout: SweepLayout, cell: str) -> LogSource:
+    """Where the cell's log is, in this state of the sweep."""
     snap = state.snap
     # The roster as the state has it: the local queue files and the FS copies this laptop lacks.
     roster = {ln.cell.name for q in state.queues.values() for ln in q.cells if ln.cell is not None}
@@ -66,10 +70,15 @@ def locate(project: Project, cell: str, log: Log | None = None) -> LogSource:
         hint = f"; did you mean {', '.join(close)}?" if close else "; `ablate status` lists the queues"
         raise AblateError(f"no cell named {cell!r} in this sweep's queues or on the shared FS{hint}")
 
+    # A published result first: run_one publishes it before its queue's heartbeat moves on, so a
+    # heartbeat still on the cell then is a finished run, and its durable log is the whole one.
+    result = snap.results.get(cell)
+    if result is not None and result.valid:
+        return LogSource(cell, "durable", posixpath.join(layout.final_dir(cell), f"{cell}.log"))
     hb = state.running_cell(cell)  # a live queue (the one liveness rule) whose heartbeat is on it
     if hb is not None and hb.host is not None and hb.host in project.hosts:
         return LogSource(cell, "running", _instance_path(project, hb.host, cell), hb.host, hb.queue)
-    if cell in snap.results:
+    if result is not None:
         return LogSource(cell, "durable", posixpath.join(layout.final_dir(cell), f"{cell}.log"))
     host, queue = _ran_on(state, cell)
     if host is None:
