@@ -263,7 +263,7 @@ def logs(app: App, cell: str, follow: bool, lines: int) -> None:
     """A cell's log, live from the host that runs it or its durable copy.  Example: ablate logs c3 -f"""
     from ablate.monitor.logs import logs as do_logs
 
-    out = click.get_binary_stream("stdout")
+    out = sys.stdout.buffer  # click.get_binary_stream is deprecated (click 8.5)
 
     def write(data: bytes) -> None:
         out.write(data)

@@ -5,7 +5,9 @@ against `cat` of the same files to /dev/null (the disk's limit) in the same run.
 Two throw-away local projects (profile `local`: the shared FS is a directory on this disk):
   small  1,000 cells, each a real safetensors checkpoint (written by safetensors.numpy)
   large  20 cells, each a ~200 MB checkpoint (safetensors by default, or torch.save with
-         --large-format torch)
+         --large-format torch); with --shards K, each large cell's checkpoint is K shards of
+         --large-mb each plus their `model.safetensors.index.json`, as Hugging Face's sharded
+         `save_pretrained` writes them (`artifacts.checkpoint: "model*.safetensors*"`)
 Each result dir is what run_one publishes: the checkpoint, metrics.json, `<name>.log` and a
 MANIFEST.json recording size and sha256 of each; the roster is one queue file of those cells.
 
@@ -19,7 +21,8 @@ once before a "warm" one. cat and reconcile alternate, cold then warm, for --rep
 median is kept.
 
     python3 scripts/bench_reconcile.py [--small 1000] [--large 20] [--large-mb 200]
-                                       [--large-format safetensors|torch] [--reps 3] [--no-write]
+                                       [--large-format safetensors|torch] [--shards K]
+                                       [--reps 3] [--no-write]
 """
 
 from __future__ import annotations
@@ -78,8 +81,27 @@ def write_checkpoint(path: Path, fmt: str, mb: float, rng: np.random.Generator) 
         save_file(tensors, str(path))
 
 
-def make_dataset(base: Path, label: str, n: int, mb: float, fmt: str) -> Dataset:
+def entry(d: Path, f: str) -> dict[str, object]:
+    """A MANIFEST.json entry, as run_one records it."""
+    return {"file": f, "size": (d / f).stat().st_size, "sha256": sha(d / f)}
+
+
+def write_shards(d: Path, k: int, mb: float, rng: np.random.Generator) -> list[str]:
+    """k safetensors shards of mb MB each and the index naming them (Hugging Face's layout)."""
+    names = [f"model-{i + 1:05d}-of-{k:05d}.safetensors" for i in range(k)]
+    wmap = {}
+    for i, shard in enumerate(names):
+        write_checkpoint(d / shard, "safetensors", mb, rng)
+        wmap.update({f"block{i}.layer{j}.weight": shard for j in range(4)})
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": sum((d / n).stat().st_size for n in names)}, "weight_map": wmap}))
+    return [*names, "model.safetensors.index.json"]
+
+
+def make_dataset(base: Path, label: str, n: int, mb: float, fmt: str, shards: int = 1) -> Dataset:
     ckpt = "model.pth" if fmt == "torch" else "model.safetensors"
+    if shards > 1:
+        ckpt = "model*.safetensors*"
     proj = base / label
     (proj / "configs").mkdir(parents=True)
     (proj / "queues").mkdir()
@@ -98,15 +120,20 @@ def make_dataset(base: Path, label: str, n: int, mb: float, fmt: str) -> Dataset
         lines.append(f"{cfg} t 1\n")
         d = final / name
         d.mkdir(parents=True)
-        write_checkpoint(d / ckpt, fmt, mb, rng)
+        if shards > 1:
+            ckpt_files = write_shards(d, shards, mb, rng)
+        else:
+            write_checkpoint(d / ckpt, fmt, mb, rng)
+            ckpt_files = [ckpt]
         (d / "metrics.json").write_text(json.dumps({"val_loss": float(i)}))
         (d / f"{name}.log").write_text(f"# ablate run of {name}\nepoch 1/1 val_loss={i}\n")
-        arts = {role: {"file": f, "size": (d / f).stat().st_size, "sha256": sha(d / f)}
-                for role, f in (("checkpoint", ckpt), ("metrics", "metrics.json"), ("log", f"{name}.log"))}
+        arts: dict[str, object] = {"checkpoint": [entry(d, f) for f in ckpt_files] if shards > 1
+                                   else entry(d, ckpt),
+                                   "metrics": entry(d, "metrics.json"), "log": entry(d, f"{name}.log")}
         (d / "MANIFEST.json").write_text(json.dumps({
             "name": name, "cfg": cfg, "task": "t", "epochs": 1, "cat": "configs",
             "cfg_sha256": sha(proj / cfg), "host": "h1", "queue": "q", "artifacts": arts}))
-        files += [d / ckpt, d / "metrics.json", d / f"{name}.log", d / "MANIFEST.json"]
+        files += [*(d / f for f in ckpt_files), d / "metrics.json", d / f"{name}.log", d / "MANIFEST.json"]
     (proj / "queues" / "q.txt").write_text("".join(lines))
     for f in files:  # on disk, so "cold" means the disk and not dirty pages
         with f.open("rb") as fh:
@@ -179,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--large", type=int, default=20, help="cells with a large checkpoint (default 20)")
     ap.add_argument("--large-mb", type=float, default=200, help="size of a large checkpoint (default 200)")
     ap.add_argument("--large-format", choices=("safetensors", "torch"), default="safetensors")
+    ap.add_argument("--shards", type=int, default=1,
+                    help="shards per large checkpoint, each --large-mb (default 1: one file)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions; the median is kept (default 3)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md alone")
     args = ap.parse_args(argv)
@@ -191,11 +220,12 @@ def main(argv: list[str] | None = None) -> int:
             if n <= 0:
                 continue
             t0 = time.perf_counter()
-            ds = make_dataset(Path(tmp), label, n, mb, fmt)
+            k = args.shards if label == "large" else 1
+            ds = make_dataset(Path(tmp), label, n, mb, fmt, k)
             took = time.perf_counter() - t0
             print(f"{label}: wrote {n} cells, {ds.mb:,.0f} MB in {took:.1f}s", file=sys.stderr)
             rows.append((ds, measure(ds, reps)))
-            ds.label = f"{label} ({fmt})"
+            ds.label = f"{label} ({fmt}{f', {k} x {mb:g} MB shards + index' if k > 1 else ''})"
         lines = table(rows)
     print(f"{os.cpu_count()} CPU(s); median of {reps}")
     print("\n".join(lines))
@@ -208,16 +238,21 @@ def main(argv: list[str] | None = None) -> int:
                          f"(target >= 50%: {'met' if cold >= 0.5 else 'MISSED'})")
             notes.append(f"large files, warm: reconcile at {warm:.0%} of the cat rate (memory bandwidth; "
                          "for reference)")
-            workers = min(os.cpu_count() or 1, verify.MAX_WORKERS, ds.cells)
+            workers = min(os.cpu_count() or 1, verify.MAX_WORKERS,
+                          ds.cells * (args.shards + 1 if args.shards > 1 else 1))
             rate = num(ds.mb / t["sha256 warm"])
             notes.append(f"the CPU ceiling: sha256 alone in one process (warm) {rate} MB/s; verify hashes "
                          f"in {workers} worker thread(s)")
     print("\n".join(notes))
     if not args.no_write:
         cmd = (f"python3 scripts/bench_reconcile.py --small {args.small} --large {args.large} "
-               f"--large-mb {args.large_mb:g} --large-format {args.large_format} --reps {reps}")
-        path = write_section(f"bench_reconcile_{args.large_format}", [
-            f"## Reconcile throughput (`ablate reconcile --fs`, large checkpoints: {args.large_format})", "",
+               f"--large-mb {args.large_mb:g} --large-format {args.large_format}"
+               + (f" --shards {args.shards}" if args.shards > 1 else "") + f" --reps {reps}")
+        kind = "sharded" if args.shards > 1 else args.large_format
+        what = (f"{args.shards} x {args.large_mb:g} MB safetensors shards per cell" if args.shards > 1
+                else args.large_format)
+        path = write_section(f"bench_reconcile_{kind}", [
+            f"## Reconcile throughput (`ablate reconcile --fs`, large checkpoints: {what})", "",
             measured_line(cmd), "",
             "Real checkpoints written by the real libraries into result dirs as run_one publishes them "
             "(checkpoint, metrics.json, log, MANIFEST.json with size + sha256), on this machine's disk. "

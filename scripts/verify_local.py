@@ -26,7 +26,9 @@ except ImportError:  # run from a checkout without installing: the package sits 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("dir", help="directory of result dirs, or one result dir")
-    ap.add_argument("--checkpoint", required=True, help="checkpoint file name (artifacts.checkpoint)")
+    ap.add_argument("--checkpoint", required=True, action="append",
+                    help="a checkpoint entry: file, directory or glob (artifacts.checkpoint; repeat "
+                         "for a list)")
     ap.add_argument("--metrics", help="metrics JSON file name (artifacts.metrics)")
     ap.add_argument("--keys", default="", help="comma-separated keys the metrics must hold")
     ap.add_argument("--no-load", action="store_true", help="sizes and hashes only; do not load")

@@ -109,6 +109,14 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], list[str]]] = [
     ("checkpoint absolute", {"artifacts": {"checkpoint": "/etc/passwd"}}, ["artifacts.checkpoint", "relative"]),
     ("checkpoint escapes", {"artifacts": {"checkpoint": "../x.pt"}}, ["artifacts.checkpoint"]),
     ("checkpoint unsafe", {"artifacts": {"checkpoint": "a;b.pt"}}, ["artifacts.checkpoint"]),
+    ("checkpoint with space", {"artifacts": {"checkpoint": "my model.pt"}}, ["artifacts.checkpoint"]),
+    ("checkpoint list escapes", {"artifacts": {"checkpoint": ["a.pt", "x/../../b.pt"]}},
+     ["artifacts.checkpoint", "'x/../../b.pt'"]),
+    ("checkpoint empty list", {"artifacts": {"checkpoint": []}}, ["artifacts.checkpoint", "list"]),
+    ("checkpoint a number", {"artifacts": {"checkpoint": 3}}, ["artifacts.checkpoint"]),
+    ("checkpoint the ckpt dir", {"artifacts": {"checkpoint": "./"}}, ["artifacts.checkpoint"]),
+    ("pick unknown", {"artifacts": {"checkpoint": "e*.ckpt", "pick": "latest"}},
+     ["artifacts.pick", "all", "newest", "'latest'"]),
     ("glob absolute", {"cells": [{"glob": "/etc/*.yaml", "task": "recon"}]}, ["cells[0].glob", "relative"]),
     ("glob escapes", {"cells": [{"glob": "../x/*.yaml", "task": "recon"}]}, ["cells[0].glob", "inside"]),
     ("glob unsafe", {"cells": [{"glob": "c/$(x)*.yaml", "task": "recon"}]}, ["cells[0].glob", "shell"]),
@@ -209,6 +217,16 @@ def test_good_config_loads(local_project: LocalProject) -> None:
     assert p.budget.ckpt_size == 2 * 1024**3 and p.budget.scratch == 500 * 10**6
     assert p.heartbeat_secs == 5 and p.train == TRAIN
     assert p.cells[0].epochs == 7 and p.cells[0].task == "det"
+    assert p.artifacts.checkpoint == ("model.safetensors",) and p.artifacts.pick == "all"
+
+
+def test_checkpoint_may_be_a_glob_a_directory_or_a_list(local_project: LocalProject) -> None:
+    local_project.write_config(artifacts={"checkpoint": ["hf/model*.safetensors*", "hf/config.json",
+                                                         "global_step*/", "hf/config.json"],
+                                          "pick": "newest"})
+    a = load_project(local_project.root).artifacts
+    assert a.checkpoint == ("hf/model*.safetensors*", "hf/config.json", "global_step*")
+    assert a.pick == "newest"
 
 
 @pytest.mark.parametrize(("value", "expected"), [

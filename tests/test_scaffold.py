@@ -40,7 +40,7 @@ def test_local_scaffold_loads_plans_and_trains(tmp_path: Path) -> None:
     cmd = project.train.format(cfg=cell.cfg, epochs=1, ckpt_dir=out, resume=0)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     subprocess.run(shlex.split(cmd), cwd=tmp_path, env=env, check=True, capture_output=True, timeout=120)
-    assert (out / project.artifacts.checkpoint).stat().st_size > 0
+    assert (out / project.artifacts.checkpoint[0]).stat().st_size > 0
     assert (out / "metrics.json").is_file()
 
 

@@ -112,10 +112,53 @@ ours() {  # the published result is this very run's (a rename whose answer the o
   grep -qF "\"host\": \"$ABLATE_HOST\"" "$m" 2>/dev/null && grep -qF "\"started\": $STARTED," "$m" 2>/dev/null
 }
 
+ck_add() {  # ck_add PATH [in-dir]: one checkpoint file, once, by its path relative to CKPT_DIR
+  local rel=${1#"$CKPT_DIR"/}
+  # A file named (or matched) must have content; a directory may hold empty files (markers).
+  [[ -n ${2-} || -s $1 ]] || fail "checkpoint $rel missing or empty in $CKPT_DIR"
+  # Recorded in MANIFEST.json as is: no quote, backslash or control character to escape.
+  [[ $rel == *[[:cntrl:]\"\\]* ]] && fail "checkpoint file name ${rel//[[:cntrl:]]/?} has a quote, backslash or control character; rename it"
+  [[ -n ${CK_SEEN[$rel]-} || $rel == "${ABLATE_METRICS-}" ]] && return 0
+  CK_SEEN[$rel]=1
+  CK_FILES+=("$rel")
+}
+ck_resolve() {  # CK_FILES: the files ABLATE_CHECKPOINT's entries name now (docs/ARCHITECTURE.md)
+  local entry m f newest n
+  local -a entries matches
+  CK_FILES=()
+  declare -gA CK_SEEN=()
+  read -ra entries <<<"$ABLATE_CHECKPOINT"
+  for entry in "${entries[@]}"; do
+    if [[ $entry == *[*?[]* ]]; then
+      shopt -s nullglob
+      matches=("$CKPT_DIR"/$entry)  # unquoted: expanded as a glob (entries hold no blanks)
+      shopt -u nullglob
+      (( ${#matches[@]} )) || fail "checkpoint $entry matches nothing in $CKPT_DIR"
+      if [[ ${ABLATE_PICK:-all} == newest ]]; then
+        newest=${matches[0]}
+        for m in "${matches[@]}"; do [[ $m -nt $newest ]] && newest=$m; done
+        matches=("$newest")
+      fi
+    else
+      matches=("$CKPT_DIR/$entry")
+    fi
+    for m in "${matches[@]}"; do
+      if [[ -d $m ]]; then
+        n=${#CK_FILES[@]}
+        while IFS= read -r -d '' f; do ck_add "$f" in-dir; done < <(find "$m" -type f -print0 | LC_ALL=C sort -z)
+        (( ${#CK_FILES[@]} > n )) || fail "checkpoint directory ${m#"$CKPT_DIR"/} has no files in $CKPT_DIR"
+      elif [[ -f $m ]]; then
+        ck_add "$m"
+      else
+        fail "checkpoint ${m#"$CKPT_DIR"/} missing or empty in $CKPT_DIR"
+      fi
+    done
+  done
+}
+
 sync_all() {  # copy, check, publish; exits 0 (synced) or through fail
   ARTIFACTS=
-  CK=$CKPT_DIR/$ABLATE_CHECKPOINT
-  [[ -f $CK && -s $CK ]] || fail "checkpoint $ABLATE_CHECKPOINT missing or empty in $CKPT_DIR"
+  ck_resolve
   if [[ -n ${ABLATE_METRICS-} ]]; then
     [[ -f $CKPT_DIR/$ABLATE_METRICS && -s $CKPT_DIR/$ABLATE_METRICS ]] \
       || fail "metrics $ABLATE_METRICS missing or empty in $CKPT_DIR"
@@ -129,7 +172,7 @@ sync_all() {  # copy, check, publish; exits 0 (synced) or through fail
   rm -rf -- "$STAGING"
   mkdir "$STAGING" || fail "cannot create $STAGING"
 
-  copy_checked() {  # copy_checked SRC REL KEY
+  copy_checked() {  # copy_checked SRC REL: its manifest entry in REPLY
     local src=$1 rel=$2 dst=$STAGING/$2 size dsize sum dsum
     if [[ $rel == */* ]]; then mkdir -p -- "${dst%/*}" || fail "cannot create ${dst%/*}"; fi
     cp -- "$src" "$dst" || fail "copy of $rel to the shared FS failed"
@@ -138,11 +181,22 @@ sync_all() {  # copy, check, publish; exits 0 (synced) or through fail
     sum=$(sha256sum -- "$src") && dsum=$(sha256sum -- "$dst") || fail "cannot hash $rel"
     sum=${sum%% *} dsum=${dsum%% *}
     [[ $sum == "$dsum" ]] || fail "copy of $rel differs from its source (sha256 $dsum, expected $sum)"
-    ARTIFACTS+="${ARTIFACTS:+, }\"$3\": {\"file\": \"$rel\", \"size\": $size, \"sha256\": \"$sum\"}"
+    REPLY="{\"file\": \"$rel\", \"size\": $size, \"sha256\": \"$sum\"}"
   }
-  copy_checked "$CK" "$ABLATE_CHECKPOINT" checkpoint
-  [[ -n ${ABLATE_METRICS-} ]] && copy_checked "$CKPT_DIR/$ABLATE_METRICS" "$ABLATE_METRICS" metrics
-  copy_checked "$LOG" "$NAME.log" log
+  # One plain file configured and found: recorded as one object (as ever); else a list of them.
+  local ck= rel
+  for rel in "${CK_FILES[@]}"; do
+    copy_checked "$CKPT_DIR/$rel" "$rel"
+    ck+="${ck:+, }$REPLY"
+  done
+  [[ ${#CK_FILES[@]} == 1 && ${CK_FILES[0]} == "$ABLATE_CHECKPOINT" ]] || ck="[$ck]"
+  ARTIFACTS="\"checkpoint\": $ck"
+  if [[ -n ${ABLATE_METRICS-} ]]; then
+    copy_checked "$CKPT_DIR/$ABLATE_METRICS" "$ABLATE_METRICS"
+    ARTIFACTS+=", \"metrics\": $REPLY"
+  fi
+  copy_checked "$LOG" "$NAME.log"
+  ARTIFACTS+=", \"log\": $REPLY"
 
   cfg_path=$CFG
   [[ $CFG == /* ]] || cfg_path=$ABLATE_WORKDIR/$CFG

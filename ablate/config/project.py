@@ -29,6 +29,7 @@ from ablate.config.settings import (
     parse_steal,
 )
 from ablate.errors import ConfigError
+from ablate.remote.artifacts import PICKS
 from ablate.remote.layout import SweepLayout
 
 CONFIG_NAME = "ablate.yaml"
@@ -83,9 +84,10 @@ class Task:
 
 @dataclass(frozen=True)
 class Artifacts:
-    checkpoint: str
+    checkpoint: tuple[str, ...]  # files, directories or globs relative to {ckpt_dir}
     metrics: str | None
     metrics_keys: tuple[str, ...]
+    pick: str = "all"  # which matches of a glob count: all | newest
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,31 @@ def load_profile(name: str, project_dir: Path, where: str) -> Profile:
 
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+@,=~-]+$")
 _SAFE_GLOB = re.compile(r"^[A-Za-z0-9._/+@,=*?\[\]-]+$")
+_SAFE_GLOB_PATH = re.compile(r"^[A-Za-z0-9._/+@,=~*?\[\]-]+$")
+
+
+def _relative(path: str, pattern: re.Pattern[str]) -> bool:
+    return bool(pattern.match(path)) and not path.startswith("/") and ".." not in path.split("/")
+
+
+def _checkpoint_entries(a: Reader) -> tuple[str, ...]:
+    """artifacts.checkpoint: a file, directory or glob relative to {ckpt_dir}, or a list of them."""
+    raw = a.data.get("checkpoint")
+    if raw is None:
+        raise a.err("checkpoint", "is required")
+    items = raw if isinstance(raw, list) else [raw]
+    if not items or not all(isinstance(i, str) and i.strip() for i in items):
+        raise a.err("checkpoint", f"must be a file, directory or glob inside {{ckpt_dir}}, or a list "
+                                  f"of them, got {raw!r}")
+    out: list[str] = []
+    for item in items:
+        entry = item.strip().rstrip("/")
+        if not entry or entry == "." or not _relative(entry, _SAFE_GLOB_PATH):
+            raise a.err("checkpoint", f"{item!r} must be a relative path inside {{ckpt_dir}} of plain "
+                                      "characters (a glob may use * ? [ ])")
+        if entry not in out:
+            out.append(entry)
+    return tuple(out)
 
 
 def _local_path(p: str, base: Path) -> str:
@@ -275,18 +302,21 @@ def load_project(directory: Path | str = ".") -> Project:
     if "{cfg}" not in train:
         raise r.err("train", "must use {cfg} so each cell trains its own config")
 
-    a = r.sub("artifacts", {"checkpoint", "metrics", "metrics_keys"})
-    checkpoint = a.text("checkpoint", required=True) or ""
+    a = r.sub("artifacts", {"checkpoint", "metrics", "metrics_keys", "pick"})
+    checkpoint = _checkpoint_entries(a)
     metrics = a.text("metrics")
-    for key, val in (("checkpoint", checkpoint), ("metrics", metrics)):
-        if val is not None and (not _SAFE_PATH.match(val) or val.startswith("/") or ".." in val.split("/")):
-            raise a.err(key, f"{val!r} must be a plain relative file name inside {{ckpt_dir}}")
+    if metrics is not None and not _relative(metrics, _SAFE_PATH):
+        raise a.err("metrics", f"{metrics!r} must be a plain relative file name inside {{ckpt_dir}}")
+    pick = a.text("pick", "all") or "all"
+    if pick not in PICKS:
+        raise a.err("pick", f"must be all (every match of a checkpoint glob) or newest (the most "
+                            f"recently modified match), got {pick!r}")
     keys = a.data.get("metrics_keys") or []
     if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
         raise a.err("metrics_keys", f"must be a list of key names, got {keys!r}")
     if keys and not metrics:
         raise a.err("metrics_keys", "needs artifacts.metrics (the JSON file holding those keys)")
-    artifacts = Artifacts(checkpoint, metrics, tuple(keys))
+    artifacts = Artifacts(checkpoint, metrics, tuple(keys), pick)
 
     tasks = _tasks(r)
     cells = _cells(r, tasks)

@@ -65,7 +65,8 @@ train: >-
   python train.py --config {{cfg}} training.epochs={{epochs}}
   training.checkpoint_dir={{ckpt_dir}} wandb.group={{task}}_{{cat}} wandb.name={{name}}
 artifacts:                      # must exist in {{ckpt_dir}} after training, and load
-  checkpoint: best.pth
+  checkpoint: best.pth          # or a directory, a glob, or a list: see the README ("Checkpoints")
+  # pick: newest                # a glob's newest match only (Lightning's "epoch=*.ckpt")
   metrics: metrics.json         # optional: must parse as JSON
   metrics_keys: [val_loss]      # and hold these keys
 tasks:                          # default epochs and relative cost per epoch (for balancing)

@@ -4,10 +4,13 @@ This module is shipped to instances (beside `ablate/remote/probe.py`), so it imp
 standard library at module level; torch, safetensors and numpy are imported only when a file that
 needs them is met, and a missing library is a problem that says how to install it.
 
-A result dir (`final_ckpts/<name>/` on the shared FS, or its pulled copy) holds the checkpoint, the
-metrics file, `<name>.log` and `MANIFEST.json` (docs/ARCHITECTURE.md). Each file is checked in order
-and the first failure is its problem:
-  present -> non-empty (checkpoint, metrics, manifest; a log may be empty if its manifest says so)
+A result dir (`final_ckpts/<name>/` on the shared FS, or its pulled copy) holds the checkpoint's
+file(s), the metrics file, `<name>.log` and `MANIFEST.json` (docs/ARCHITECTURE.md; which files the
+checkpoint is: `ablate.remote.artifacts`). The recorded checkpoint files must match ablate.yaml's
+entries, and an index's shards must all be there. Each file is checked in order and the first
+failure is its problem:
+  present -> non-empty (checkpoint, metrics, manifest; a log may be empty if its manifest says so,
+  and so may a file found in a checkpoint directory)
   -> size and sha256 equal to MANIFEST.json (a truncated file is corrupt even if it loads)
   -> loads: torch `weights_only=True` (.pt .pth .ckpt, and .bin when it is a torch file),
      safetensors, numpy `allow_pickle=False` (.npy .npz), JSON (.json; metrics must be an object
@@ -33,6 +36,7 @@ import zipfile
 from collections.abc import Callable
 from typing import Any
 
+from ablate.remote import artifacts as arts
 from ablate.remote.layout import MANIFEST
 
 TORCH_EXT = (".pt", ".pth", ".ckpt", ".bin")
@@ -58,11 +62,26 @@ def _problem(file: str, kind: str, error: str) -> Problem:
     return {"file": file, "kind": kind, "error": error}
 
 
+PREFETCH = 32 << 20  # bytes asked of the disk ahead of the hash (posix_fadvise WILLNEED)
+
+
 def sha256_file(path: str | os.PathLike[str], bufsize: int = 1 << 20) -> str:
+    """sha256 of a file; the kernel reads the next PREFETCH bytes while this thread hashes."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(bufsize):
-            h.update(chunk)
+    buf = bytearray(bufsize)
+    view = memoryview(buf)
+    advise = getattr(os, "posix_fadvise", None)
+    with open(path, "rb", buffering=0) as f:
+        fd, pos, ahead = f.fileno(), 0, 0
+        while True:
+            if advise is not None and pos + bufsize > ahead:
+                advise(fd, ahead, PREFETCH, os.POSIX_FADV_WILLNEED)
+                ahead += PREFETCH
+            n = f.readinto(view)
+            if not n:
+                break
+            h.update(view[:n])
+            pos += n
     return h.hexdigest()
 
 
@@ -211,31 +230,43 @@ def safe_relpath(file: Any) -> bool:
 
 
 def expected_files(name: str, artifacts: dict[str, Any],
-                   manifest: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """[(role, file)] a result dir must hold besides MANIFEST.json.
+                   manifest: dict[str, Any] | None) -> list[tuple[str, str, Any]]:
+    """[(role, file, its MANIFEST.json entry or None)] a result dir must hold besides MANIFEST.json.
 
-    The manifest says where each artifact sits in the dir; ablate.yaml says which artifacts exist.
+    The manifest says which files the checkpoint is (run_one resolved its globs and directories)
+    and where each artifact sits; ablate.yaml says which artifacts exist. Without a manifest, the
+    configured plain file names (a glob or directory cannot be expanded after the fact).
     """
-    recorded = (manifest or {}).get("artifacts") or {}
-    out: list[tuple[str, str]] = []
-    roles = (("checkpoint", artifacts.get("checkpoint")), ("metrics", artifacts.get("metrics")),
-             ("log", f"{name}.log"))
-    for role, configured in roles:
-        if not configured:
+    out: list[tuple[str, str, Any]] = []
+    configured = {"checkpoint": arts.entries(artifacts.get("checkpoint")),
+                  "metrics": arts.entries(artifacts.get("metrics")), "log": (f"{name}.log",)}
+    for role, names in configured.items():
+        if not names:
             continue
-        entry = recorded.get(role)
-        file = entry.get("file") if isinstance(entry, dict) else None
-        # run_one keeps the artifact's path relative to {ckpt_dir} (it may hold a sub dir).
-        out.append((role, str(file) if safe_relpath(file) else str(configured)))
+        entries = arts.recorded(manifest, role) if manifest is not None else []
+        if not entries:
+            out += [(role, n, None) for n in names if not arts.is_glob(n)]
+            continue
+        for entry in entries:
+            file = entry.get("file") if isinstance(entry, dict) else None
+            # run_one keeps each file's path relative to {ckpt_dir} (it may be in a sub dir).
+            if safe_relpath(file):
+                out.append((role, str(file), entry))
+            elif role != "checkpoint":
+                out.append((role, names[0], entry))
+            else:
+                out.append((role, f"<{role} entry {len(out)}>", {"malformed": True}))
     return out
 
 
 def verify_cell_dir(path: str, artifacts: dict[str, Any], *, load: bool = True,
-                    check_hash: bool = True) -> list[Problem]:
+                    check_hash: bool = True, pool: concurrent.futures.Executor | None = None,
+                    ) -> list[Problem]:
     """Every problem of one result dir; [] means it is verified.
 
-    artifacts: {"checkpoint": file, "metrics": file or None, "metrics_keys": [...]}.
-    load=False checks existence, sizes and (check_hash) sha256 against MANIFEST.json only.
+    artifacts: {"checkpoint": entry or [entries], "pick", "metrics": file or None,
+    "metrics_keys": [...]}. load=False checks existence, sizes and (check_hash) sha256 against
+    MANIFEST.json only. pool: check the files side by side (a sharded checkpoint of one cell).
     """
     path = os.fspath(path)
     name = os.path.basename(os.path.normpath(path))
@@ -243,20 +274,47 @@ def verify_cell_dir(path: str, artifacts: dict[str, Any], *, load: bool = True,
         return [_problem("", "missing", f"no result directory {path}")]
     manifest, _digest, mproblem = _read_manifest(path)
     problems = [mproblem] if mproblem else []
-    recorded: dict[str, Any] = (manifest or {}).get("artifacts") or {}
     if manifest is not None and manifest.get("name") not in (None, name):
         problems.append(_problem(MANIFEST, "corrupt",
                                  f"MANIFEST.json is for cell {manifest.get('name')!r}, not {name!r}"))
-    for role, file in expected_files(name, artifacts, manifest):
-        problem = _check_file(path, role, file, recorded.get(role) if manifest is not None else None,
-                              manifest is not None, artifacts, load, check_hash)
-        if problem:
-            problems.append(problem)
-    return problems
+    files = [f for f in expected_files(name, artifacts, manifest)
+             if manifest is not None or not os.path.isdir(os.path.join(path, f[1]))]
+    if manifest is not None:
+        problems += _checkpoint_coverage(path, artifacts, files)
+
+    def check(f: tuple[str, str, Any]) -> Problem | None:
+        return _check_file(path, f[0], f[1], f[2], manifest is not None, artifacts, load, check_hash)
+
+    found = pool.map(check, files) if pool is not None and len(files) > 2 else map(check, files)
+    return problems + [p for p in found if p]
+
+
+def _checkpoint_coverage(path: str, artifacts: dict[str, Any],
+                         files: list[tuple[str, str, Any]]) -> list[Problem]:
+    """The recorded checkpoint files against ablate.yaml's entries (each entry found, each file
+    named by an entry), and every shard an index file names in the result."""
+    configured = arts.entries(artifacts.get("checkpoint"))
+    ckpt = [f for role, f, _ in files if role == "checkpoint"]
+    out: list[Problem] = []
+    for entry in configured:
+        if not any(arts.covers(entry, f) for f in ckpt):
+            out.append(_problem(entry, "corrupt", "MANIFEST.json records no checkpoint file for "
+                                                  f"it; ablate.yaml expects {entry}"))
+    have = set(ckpt)
+    for f in ckpt:
+        if f.endswith(arts.INDEX_SUFFIX) and os.path.isfile(os.path.join(path, f)):
+            shards, error = arts.index_shards(os.path.join(path, f), f)
+            if error:
+                out.append(_problem(f, "corrupt", error))
+            out += [_problem(s, "missing", f"index {f} names shard {s}, which is not in the result")
+                    for s in shards if s not in have]
+    return out
 
 
 def _check_file(path: str, role: str, file: str, entry: Any, have_manifest: bool,
                 artifacts: dict[str, Any], load: bool, check_hash: bool) -> Problem | None:
+    if isinstance(entry, dict) and entry.get("malformed"):
+        return _problem(file, "corrupt", f"MANIFEST.json has a malformed {role} entry")
     full = os.path.join(path, file)
     try:
         size = os.stat(full).st_size
@@ -267,15 +325,21 @@ def _check_file(path: str, role: str, file: str, entry: Any, have_manifest: bool
     if not os.path.isfile(full):
         return _problem(file, "corrupt", f"{file} is not a regular file")
     want_size = entry.get("size") if isinstance(entry, dict) else None
-    if size == 0 and (role != "log" or (isinstance(want_size, int) and want_size > 0)):
+    # A log may be empty, and so may a file run_one found in a checkpoint directory, as recorded.
+    may_be_empty = role == "log" or (role == "checkpoint" and want_size == 0
+                                     and file not in arts.entries(artifacts.get("checkpoint")))
+    if size == 0 and (not may_be_empty or (isinstance(want_size, int) and want_size > 0)):
         return _problem(file, "zero_byte", f"{role} file {file} is empty (0 bytes)")
     if have_manifest:
         if not isinstance(entry, dict):
             return _problem(file, "corrupt", f"MANIFEST.json does not record the {role}")
-        configured = artifacts.get(role)
-        if role != "log" and configured and posixpath.normpath(str(configured)) != file:
+        configured = arts.entries(artifacts.get(role))
+        if role == "checkpoint" and not any(arts.covers(c, file) for c in configured):
+            return _problem(file, "corrupt", f"MANIFEST.json records checkpoint file {file}, which none "
+                                             f"of ablate.yaml's entries ({', '.join(configured)}) names")
+        if role == "metrics" and configured and posixpath.normpath(configured[0]) != file:
             return _problem(file, "corrupt", f"MANIFEST.json records {role} {file}, ablate.yaml expects "
-                                             f"{configured}")
+                                             f"{configured[0]}")
         if want_size != size:
             return _problem(file, "corrupt", f"size {size} bytes, MANIFEST.json says {want_size} "
                                              "(truncated or changed)")
@@ -309,12 +373,13 @@ def _stat_files(path: str, files: list[str]) -> dict[str, list[int]]:
 
 
 def describe_dir(path: str, artifacts: dict[str, Any], verify: bool, load: bool,
-                 check_hash: bool) -> dict[str, Any]:
+                 check_hash: bool, pool: concurrent.futures.Executor | None = None) -> dict[str, Any]:
     """What a caller needs about one result dir: its manifest, file stats and (verify) problems."""
     name = os.path.basename(os.path.normpath(path))
     manifest, digest, _ = _read_manifest(path)
-    files = [f for _, f in expected_files(name, artifacts, manifest)] + [MANIFEST]
-    problems = verify_cell_dir(path, artifacts, load=load, check_hash=check_hash) if verify else None
+    files = [f for _, f, _ in expected_files(name, artifacts, manifest)] + [MANIFEST]
+    problems = verify_cell_dir(path, artifacts, load=load, check_hash=check_hash, pool=pool) \
+        if verify else None
     return {"manifest": manifest, "manifest_sha256": digest, "files": _stat_files(path, files),
             "problems": problems}
 
@@ -354,8 +419,7 @@ def verify_tree(args: dict[str, Any],
     entries, dirs = sorted(entries + found), sorted(dirs + found)
     wanted = set(dirs) if names is None else set(names)
     jobs = [(os.path.join(root, d), artifacts, d in wanted, load, check_hash) for d in dirs]
-    workers = args.get("workers") or min(os.cpu_count() or 1, MAX_WORKERS)
-    workers = max(1, min(int(workers), len(jobs)))
+    workers = max(1, int(args.get("workers") or min(os.cpu_count() or 1, MAX_WORKERS)))
     heavy = sum(1 for j in jobs if j[2])
     results: list[dict[str, Any]] = []
 
@@ -364,14 +428,19 @@ def verify_tree(args: dict[str, Any],
         if progress is not None:
             progress(len(results), len(jobs), dirs[len(results) - 1])
 
-    if workers <= 1 or heavy < PARALLEL_MIN:
+    if workers <= 1 or not jobs:
         for j in jobs:
             done(_describe_job(j))
+    elif heavy < PARALLEL_MIN:
+        # Few dirs: side by side within each dir instead (the shards of a sharded checkpoint).
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as files_pool:
+            for j in jobs:
+                done(describe_dir(*j, pool=files_pool))
     else:
         # Threads, not processes: sha256 (hashlib) and the loaders (torch, safetensors, numpy) release
         # the GIL on large buffers, and one process imports torch once instead of once per worker
         # (measured in scripts/bench_reconcile.py: 200 MB torch files 18 % -> 51 % of `cat`).
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as ex:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as ex:
             # Chunks: one round trip per small dir costs more than verifying it.
             chunk = max(1, min(32, len(jobs) // (workers * 4)))
             for result in ex.map(_describe_job, jobs, chunksize=chunk):

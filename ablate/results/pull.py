@@ -24,6 +24,7 @@ from typing import Any
 
 from ablate.config.project import Project
 from ablate.remote import verify
+from ablate.remote.artifacts import manifest_files
 from ablate.remote.layout import MANIFEST, SweepLayout
 from ablate.remote.verify import sha256_file  # the one hash helper (stdlib-only, runs on hosts too)
 from ablate.results.reconcile import artifacts_arg, default_results_dir
@@ -98,8 +99,7 @@ def _totals(tree: dict[str, Any], published: list[str]) -> tuple[int, int]:
     for name in published:
         info = tree["cells"][name]
         manifest = info.get("manifest")
-        entries = manifest.get("artifacts") if isinstance(manifest, dict) else None
-        for entry in (entries or {}).values():
+        for _, entry in manifest_files(manifest if isinstance(manifest, dict) else None):
             if isinstance(entry, dict) and isinstance(entry.get("size"), int):
                 nbytes += entry["size"]
                 files += 1
@@ -118,7 +118,7 @@ def _pull_dir(sfs: SharedFS, remote: str, local: Path, name: str, info: dict[str
         return False
     local.mkdir(parents=True, exist_ok=True)
     all_ok = True
-    for role, entry in sorted(manifest["artifacts"].items()):
+    for role, entry in manifest_files(manifest):
         file = entry.get("file") if isinstance(entry, dict) else None
         if not verify.safe_relpath(file) or not isinstance(entry.get("size"), int) \
                 or not isinstance(entry.get("sha256"), str):

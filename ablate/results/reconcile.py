@@ -109,7 +109,8 @@ def default_results_dir(project: Project) -> Path:
 
 def artifacts_arg(project: Project) -> dict[str, Any]:
     a = project.artifacts
-    return {"checkpoint": a.checkpoint, "metrics": a.metrics, "metrics_keys": list(a.metrics_keys)}
+    return {"checkpoint": list(a.checkpoint), "pick": a.pick, "metrics": a.metrics,
+            "metrics_keys": list(a.metrics_keys)}
 
 
 def reconcile(project: Project, fs: bool = False, host: str | None = None, load: bool = True,

@@ -26,6 +26,7 @@ from typing import Any
 
 from ablate.config.project import Host, Project
 from ablate.errors import CheckFailed, ConfigError, RemoteError
+from ablate.remote.artifacts import manifest_files
 from ablate.remote.layout import MANIFEST, SweepLayout
 from ablate.sweep.cells import Roster, build_roster
 from ablate.sweep.classify import warn
@@ -211,7 +212,7 @@ def _cell_changed(cell_dir: Path, entry: dict[str, Any]) -> str | None:
                 return f"{MANIFEST}: changed"
         if file == MANIFEST:
             continue  # touched but byte-identical: _manifest_if_unchanged just checked it
-        art = next((a for a in manifest.get("artifacts", {}).values()
+        art = next((a for _, a in manifest_files(manifest)
                     if isinstance(a, dict) and a.get("file") == file), None)
         if art is None or art.get("size") != st.st_size or _sha256(path) != art.get("sha256"):
             return f"{file}: changed"

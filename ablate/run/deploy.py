@@ -53,7 +53,8 @@ def render_spec(project: Project, host: Host, run_one_path: str) -> bytes:
         "ABLATE_CKPT_ROOT": host.ckpt_root,
         "ABLATE_TRAIN": project.train,
         "ABLATE_ENV": host.profile.env or "",
-        "ABLATE_CHECKPOINT": project.artifacts.checkpoint,
+        "ABLATE_CHECKPOINT": " ".join(project.artifacts.checkpoint),  # entries hold no spaces
+        "ABLATE_PICK": project.artifacts.pick,
         "ABLATE_METRICS": project.artifacts.metrics or "",
         "ABLATE_TASK_EPOCHS": " ".join(f"{t.name}={t.epochs}" for t in project.tasks.values()),
         "ABLATE_RUN_ONE": run_one_path,
