@@ -14,7 +14,8 @@ import pytest
 
 from ablate.config.project import load_project
 from ablate.remote.layout import session_name
-from ablate.sweep.classify import Verification, cfg_hashes, classify, host_alarms
+from ablate.sweep.alarms import host_alarms
+from ablate.sweep.classify import Verification, cfg_hashes, classify
 from ablate.sweep.snapshot import SweepState, state_of
 from ablate.transport.local import LocalFS, LocalHost
 from tests.helpers.cli import Cli

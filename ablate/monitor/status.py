@@ -14,16 +14,9 @@ from typing import Any
 from ablate.config.project import Project
 from ablate.monitor.hostinfo import HostLive, asked_of, attach_live, gather, live_lines
 from ablate.plan.cost import CostModel, eta_line, learn, queue_eta
+from ablate.sweep.alarms import HostAlarm, host_alarms
 from ablate.sweep.cells import Cell
-from ablate.sweep.classify import (
-    CellState,
-    HostAlarm,
-    classify_state,
-    host_alarms,
-    state_counts,
-    state_lines,
-    warning_lines,
-)
+from ablate.sweep.classify import CellState, classify_state, state_counts, state_lines, warning_lines
 from ablate.sweep.snapshot import Asked, Snapshot, SweepState, load
 from ablate.transport import shared_fs
 from ablate.util.fmt import duration
