@@ -356,7 +356,8 @@ def release(app: App, host: str, yes: bool, as_json: bool) -> None:
 
 @cli.command()
 @click.option("--out", type=click.Path(file_okay=False), metavar="DIR",
-              help="Where to write report.html, timeline.png, ablation.csv (default ./reports/<sweep>).")
+              help="Where to write report.html, timeline.png, ablation.csv/.md/.tex and "
+                   "ablation_groups.csv (default ./reports/<sweep>).")
 @json_option
 @pass_app
 def report(app: App, out: str | None, as_json: bool) -> None:

@@ -1,5 +1,6 @@
 """The optional sections of `ablate.yaml` beyond the core: cost overrides, monitoring thresholds
-and log-progress patterns, the report's baseline and main metric, work stealing.
+and log-progress patterns, the report's baseline, main metric and grouping over seeds, work
+stealing.
 
 Each parser takes the `Reader` of the top level (`ablate.config.reader`) and returns a frozen
 dataclass with defaults, so a project without these sections behaves as documented.
@@ -19,6 +20,8 @@ from ablate.errors import ConfigError
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
 _DUR_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _SAFE_GLOB = re.compile(r"^[A-Za-z0-9._/+@,=*?\[\]-]+$")
+_KEY_PATH = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")  # `seed`, `train.seed`: dots separate nested keys
+_GROUP_OFF = ("none", "off")
 
 # Defaults that match the usual trainers' lines (tests/test_watch.py has them): plain prints
 # ("Epoch 3/20", "epoch: 3", "[epoch 3]", "val_loss=0.123", "loss: 1.2e-3"), PyTorch Lightning's
@@ -55,6 +58,10 @@ class ReportSettings:
     baseline: tuple[str, ...]  # cell-name globs (or cfg-path globs) that mark a task's baseline
     metric: str | None  # the main metric (a key of the metrics file); None: first metrics_keys
     goal: str  # "min" or "max": which direction is better for `metric`
+    # The config key that holds the seed (dotted for a nested one): cells of a task whose configs
+    # differ only in it are one row of the table over seeds; a config without it groups by the
+    # name's _seed<k> / _s<k> suffix. None (`group_by: none`): every cell is its own row.
+    group_by: str | None = "seed"
 
 
 DEFAULT_MONITOR = Monitor(1800.0, 1200.0, DEFAULT_EPOCH_RE, DEFAULT_METRIC_RE)
@@ -122,7 +129,7 @@ def parse_monitor(r: Reader) -> Monitor:
 
 
 def parse_report(r: Reader, metrics_keys: tuple[str, ...]) -> ReportSettings:
-    s = r.sub("report", {"baseline", "metric", "goal"})
+    s = r.sub("report", {"baseline", "metric", "goal", "group_by"})
     baseline = s.data.get("baseline")
     if baseline is None:
         globs = DEFAULT_REPORT.baseline
@@ -138,7 +145,19 @@ def parse_report(r: Reader, metrics_keys: tuple[str, ...]) -> ReportSettings:
     goal = s.text("goal", "min") or "min"
     if goal not in ("min", "max"):
         raise s.err("goal", f"must be min or max (is a lower {metric or 'metric'} better?), got {goal!r}")
-    return ReportSettings(globs, metric, goal)
+    return ReportSettings(globs, metric, goal, _group_by(s))
+
+
+def _group_by(s: Reader) -> str | None:
+    v = s.data.get("group_by")
+    if v is None:
+        return DEFAULT_REPORT.group_by
+    if v is False or (isinstance(v, str) and v.strip().lower() in _GROUP_OFF):
+        return None
+    if isinstance(v, str) and _KEY_PATH.match(v):
+        return v
+    raise s.err("group_by", f"must be the config key that holds the seed (seed, or train.seed for a "
+                            f"nested key), or none to give every cell its own row; got {v!r}")
 
 
 def parse_steal(r: Reader) -> bool:

@@ -1,18 +1,22 @@
-"""`ablate report`: a self-contained HTML report of the sweep, its timeline as a PNG beside it, and
-the ablation table as a CSV.
+"""`ablate report`: a self-contained HTML report of the sweep, its timeline as a PNG beside it, the
+ablation table per cell as a CSV, and the ablation table over seeds as markdown, LaTeX and CSV.
 
     report(project, out=None, log=None) -> ReportResult
 
 Reads the shared FS in one probe round trip (`ablate.remote.probe.report`: events, heartbeats, every
 published result's MANIFEST.json sha256 and metrics numbers, the last reconcile record), the local
-queue files (the roster) and the pulled copies of the metrics (`./results/<sweep>/<name>/`). Writes
-`report.html`, `timeline.png` and `ablation.csv` into `out` (default `./reports/<sweep>/`: outside
-`./results/<sweep>/`, where a `report/` dir would read as an unexpected result and could collide
-with a cell named `report`). Nothing on the shared FS is changed except the probe's clock file.
+queue files (the roster), the cells' config files (for the grouping over seeds) and the pulled
+copies of the metrics (`./results/<sweep>/<name>/`). Writes `report.html`, `timeline.png`,
+`ablation.csv` (per cell), `ablation.md`, `ablation.tex` and `ablation_groups.csv` (over seeds)
+into `out` (default `./reports/<sweep>/`: outside `./results/<sweep>/`, where a `report/` dir would
+read as an unexpected result and could collide with a cell named `report`). Nothing on the shared
+FS is changed except the probe's clock file.
 
 Parts: `data` (what is read, cell states), `timeline` (runs from events, makespan and its lower
-bound), `table` (ablation table, baselines, best, CSV), `svg` / `plot` (the timeline drawn),
-`html` (the page from `template.html`, `report.css`, `report.js`).
+bound), `table` (ablation table per cell, baselines, best, CSV), `groups` / `stats` (the table over
+seeds: grouping, mean ± std, Welch intervals), `export` (its markdown, LaTeX and CSV), `svg` /
+`plot` (the timeline drawn), `chart` (the groups' bar charts), `html` (the page from
+`template.html`, `report.css`, `report.js`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from typing import Any
 from ablate.config.project import Project
 from ablate.errors import AblateError
 from ablate.report.data import SweepData, gather
+from ablate.report.export import groups_csv, to_latex, to_markdown
+from ablate.report.groups import GroupTable, build_groups, read_cfgs
 from ablate.report.html import render_page
 from ablate.report.plot import timeline_png
 from ablate.report.svg import human_secs
@@ -37,6 +43,9 @@ from ablate.util.fs import atomic_write
 HTML_NAME = "report.html"
 PNG_NAME = "timeline.png"
 CSV_NAME = "ablation.csv"
+MD_NAME = "ablation.md"
+TEX_NAME = "ablation.tex"
+GROUPS_CSV_NAME = "ablation_groups.csv"
 
 
 @dataclass
@@ -45,6 +54,9 @@ class ReportResult:
     html: str
     png: str
     csv: str
+    md: str
+    tex: str
+    groups_csv: str
     roster: int
     states: dict[str, int]
     runs: int
@@ -57,7 +69,8 @@ class ReportResult:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"out": self.out, "html": self.html, "png": self.png, "csv": self.csv, "roster": self.roster,
+        return {"out": self.out, "html": self.html, "png": self.png, "csv": self.csv, "md": self.md,
+                "tex": self.tex, "groups_csv": self.groups_csv, "roster": self.roster,
                 "states": self.states, "runs": self.runs, "lanes": self.lanes, "makespan": self.makespan,
                 "lower_bound": self.lower_bound, "reruns": self.reruns, "stolen": self.stolen,
                 "tasks": self.tasks, "notes": self.notes}
@@ -68,8 +81,15 @@ class ReportResult:
         out = [f"report: {self.html}",
                f"timeline: {self.png} ({self.runs} runs on {self.lanes} queues, makespan "
                f"{human_secs(self.makespan)}{bound})",
-               f"ablation table: {self.csv} ({self.roster} cells: {states})"]
+               f"ablation table: {self.csv} ({self.roster} cells: {states})",
+               f"over seeds: {self.md}, {self.tex}, {self.groups_csv} ({self._groups()})"]
         return out + [n if n.startswith("warning: ") else f"note: {n}" for n in self.notes]
+
+    def _groups(self) -> str:
+        groups = [g for t in self.tasks.values() for g in t["groups"]]
+        missing = sum(len(g["missing"]) for g in groups)
+        return (f"{len(groups)} groups of {sum(len(g['cells']) for g in groups)} cells"
+                + (f", {missing} cell{'s' if missing > 1 else ''} without metrics" if missing else ""))
 
 
 def default_out(project: Project) -> Path:
@@ -99,8 +119,8 @@ def _summary(data: SweepData, tl: Timeline, states: dict[str, int]) -> list[str]
     return out
 
 
-def _notes(project: Project, data: SweepData, tables: list[TaskTable]) -> list[str]:
-    notes = [t.note for t in tables if t.note]
+def _notes(project: Project, data: SweepData, tables: list[TaskTable], groups: list[GroupTable]) -> list[str]:
+    notes = [t.note for t in tables if t.note] + [n for g in groups for n in g.notes]
     if project.artifacts.metrics is None:
         notes.append("no metrics file in ablate.yaml (artifacts.metrics): the ablation table has no numbers")
     for name, res in data.metrics.items():
@@ -131,21 +151,33 @@ def report(project: Project, out: Path | None = None, log: Log | None = None) ->
     colors = task_colors(sorted({t for t in tasks.values() if t} | set(project.tasks)))
     tables = build_tables(data.roster, data.states, data.metrics, project.report,
                           project.artifacts.metrics_keys)
+    group_by = project.report.group_by
+    cfgs = read_cfgs(project.dir, data.roster) if group_by else {}
+    groups = build_groups(tables, data.roster, cfgs, group_by)
     states = state_counts(data.details.values())  # in the order of classify.STATES
-    notes = _notes(project, data, tables)
+    notes = _notes(project, data, tables, groups)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     html_path, png_path, csv_path = out_dir / HTML_NAME, out_dir / PNG_NAME, out_dir / CSV_NAME
     say(f"drawing the timeline: {len(tl.runs)} runs on {len(tl.lanes)} queues")
     timeline_png(tl, colors, png_path, f"sweep {project.sweep}: {len(tl.runs)} runs")
     atomic_write(csv_path, to_csv(tables).encode())
-    page = render_page(data, tl, tables, colors, _summary(data, tl, states), notes, PNG_NAME, CSV_NAME)
+    md_path, tex_path, gcsv_path = out_dir / MD_NAME, out_dir / TEX_NAME, out_dir / GROUPS_CSV_NAME
+    atomic_write(md_path, to_markdown(groups, project.sweep).encode())
+    atomic_write(tex_path, to_latex(groups, project.sweep).encode())
+    atomic_write(gcsv_path, groups_csv(groups).encode())
+    files = {"png": PNG_NAME, "csv": CSV_NAME, "md": MD_NAME, "tex": TEX_NAME, "groups_csv": GROUPS_CSV_NAME}
+    page = render_page(data, tl, tables, groups, colors, _summary(data, tl, states), notes, files)
     atomic_write(html_path, page.encode())
+    by_task = {g.task: g for g in groups}
     return ReportResult(
-        out=str(out_dir), html=str(html_path), png=str(png_path), csv=str(csv_path),
+        out=str(out_dir), html=str(html_path), png=str(png_path), csv=str(csv_path), md=str(md_path),
+        tex=str(tex_path), groups_csv=str(gcsv_path),
         roster=len(data.roster), states=states, runs=len(tl.runs), lanes=len(tl.lanes),
         makespan=tl.makespan, lower_bound=tl.lower_bound, reruns=rerun_cells(tl), stolen=steal_count(tl),
         tasks={t.task: {"cells": len(t.rows), "baseline": t.baseline, "metrics": t.metrics,
-                        "best": {m: sorted(c) for m, c in t.best.items()}} for t in tables},
+                        "best": {m: sorted(c) for m, c in t.best.items()},
+                        "group_by": group_by, "baseline_group": by_task[t.task].baseline,
+                        "groups": [g.to_json() for g in by_task[t.task].groups]} for t in tables},
         notes=notes,
     )

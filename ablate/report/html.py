@@ -13,7 +13,11 @@ from string import Template
 
 from ablate import __version__
 from ablate import resources as packaged
+from ablate.report.chart import LEGEND, group_chart
 from ablate.report.data import Number, SweepData
+from ablate.report.export import MARK, NO_DIFF, fmt_ci, fmt_delta, fmt_mean, metric_n
+from ablate.report.groups import Group, GroupTable
+from ablate.report.stats import LEVEL
 from ablate.report.svg import human_secs, timeline_svg
 from ablate.report.table import TaskTable, fmt_csv
 from ablate.report.timeline import Run, Timeline
@@ -123,6 +127,74 @@ def ablation_table(t: TaskTable) -> str:
             + "</section>")
 
 
+def _group_delta(t: GroupTable, g: Group, m: str) -> str:
+    d = g.diffs.get(m)
+    if g.baseline:
+        return f'<td class="num delta" data-value="0">{NO_DIFF}</td>'
+    if d is None:
+        return _td_num(None, "num delta")
+    attrs = " ".join(f'data-{k}="{"" if v is None else repr(v)}"'
+                     for k, v in (("value", d.delta), ("low", d.low), ("high", d.high), ("df", d.df)))
+    if d.low is None:
+        return (f'<td class="num delta no-ci" {attrs} title="no confidence interval: {escape(d.why or "")}">'
+                f'{escape(fmt_delta(t, g, m, d))} <span class="why">({escape(d.why or "")})</span></td>')
+    goal = t.goals.get(m)
+    judge = "" if goal is None or not d.excludes_zero else (
+        " better" if (d.delta < 0) == (goal == "min") else " worse")
+    mark = f' <span class="sig">{MARK}</span>' if d.excludes_zero else ""
+    return (f'<td class="num delta{" significant" if d.excludes_zero else ""}{judge}" {attrs} '
+            f'title="Welch df {d.df:.3g}, standard error {d.se:.3g}">{escape(fmt_delta(t, g, m, d))} '
+            f'<span class="ci">{escape(fmt_ci(d))}</span>{mark}</td>')
+
+
+def group_table(t: GroupTable) -> str:
+    with_delta = t.baseline is not None
+    cols = [("group", "text"), ("cells", "num"), ("missing", "num"), ("not verified", "num"),
+            ("seeds", "text")]
+    for m in t.metrics:
+        cols.append((f"{m} (mean \u00b1 std)", "num"))
+        if with_delta:
+            cols.append((f"\u0394 {m} [{LEVEL:.0%} CI]", "num"))
+    body = []
+    for g in t.groups:
+        missing = ", ".join(f"{c} ({g.state_of(c)})" for c in g.missing)
+        unverified = ", ".join(f"{c} ({g.state_of(c)})" for c in g.unverified)
+        cells = [_td(g.name + (" (baseline)" if g.baseline else ""), g.name),
+                 f'<td class="num" data-value="{len(g.done)}" title="{escape(" ".join(g.cells))}">'
+                 f"{len(g.done)}/{len(g.cells)}</td>",
+                 _td_num(len(g.missing), "num missing" + (" some" if g.missing else ""), title=missing),
+                 _td_num(len(g.unverified), "num unverified" + (" some" if g.unverified else ""),
+                         title=unverified),
+                 _td(", ".join(s for s in g.seeds if s))]
+        for m in t.metrics:
+            s = g.stats[m]
+            best = " best" if g.name in t.best.get(m, set()) else ""
+            if s.mean is None:
+                cells.append('<td class="num metric" data-value="" data-n="0"></td>')
+            else:
+                cells.append(f'<td class="num metric{best}" data-value="{s.mean!r}" '
+                             f'data-std="{"" if s.std is None else repr(s.std)}" data-n="{s.n}">'
+                             f"{escape(fmt_mean(s) + metric_n(g, m))}</td>")
+            if with_delta:
+                cells.append(_group_delta(t, g, m))
+        cls = ' class="baseline"' if g.baseline else ""
+        body.append(f'<tr data-group="{escape(g.name)}"{cls}>' + "".join(cells) + "</tr>")
+    return (f'<table id="groups-{escape(t.task)}" class="sortable groups" data-task="{escape(t.task)}">'
+            f'{_head(cols)}<tbody>' + "\n".join(body) + "</tbody></table>")
+
+
+def group_section(t: GroupTable) -> str:
+    notes = "".join(f'<p class="note">{escape(n)}</p>' for n in t.notes)
+    base = f", baseline group {escape(t.baseline)}" if t.baseline else ", no baseline group"
+    charts = "".join(f'<figure class="chart">{group_chart(t, m)}</figure>' for m in t.metrics)
+    return (f'<section class="task-groups" data-task="{escape(t.task)}">'
+            f'<h3>Task <code>{escape(t.task)}</code> '
+            f'<span class="count">{len(t.groups)} groups of {sum(len(g.cells) for g in t.groups)} cells'
+            f'{base}</span></h3>{notes}{group_table(t)}'
+            f'<div class="charts">{charts}</div>'
+            f'<p class="hint chart-legend">{escape(LEGEND.format(mark=MARK))}</p></section>')
+
+
 def _legend(colors: Mapping[str, str]) -> str:
     items = [f'<span><span class="swatch" style="background:{c}"></span>{escape(t)}</span>'
              for t, c in sorted(colors.items())]
@@ -145,8 +217,16 @@ def makespan_line(tl: Timeline) -> str:
             f"successful runs and the hosts' speeds.")
 
 
-def render_page(data: SweepData, tl: Timeline, tables: Sequence[TaskTable], colors: Mapping[str, str],
-                summary: Sequence[str], notes: Sequence[str], png: str, csv: str) -> str:
+GROUPS_HELP = (f"Cells of a task that differ only in their seed are one row (report.group_by); mean \u00b1 "
+               f"sample std over the cells that have the metric; \u0394 = group mean \u2212 baseline group "
+               f"mean with its {LEVEL:.0%} confidence interval (Welch); {MARK} the interval excludes 0 "
+               f"(coloured when that is better or worse); a bold value is the best mean. Cells without "
+               f"metrics are counted as missing, never dropped.")
+
+
+def render_page(data: SweepData, tl: Timeline, tables: Sequence[TaskTable], groups: Sequence[GroupTable],
+                colors: Mapping[str, str], summary: Sequence[str], notes: Sequence[str],
+                files: Mapping[str, str]) -> str:
     notes_html = ("<section id=\"notes\"><h2>Notes</h2><ul class=\"notes\">"
                   + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul></section>") if notes else ""
     ablation_help = ("Per task, each cell's final metrics from its metrics file (the pulled copy when "
@@ -157,9 +237,11 @@ def render_page(data: SweepData, tl: Timeline, tables: Sequence[TaskTable], colo
         generated=time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime()),
         summary="".join(f"<li>{escape(s)}</li>" for s in summary),
         makespan=escape(makespan_line(tl)), timeline=timeline_svg(tl, dict(colors)),
-        legend=_legend(colors), png=escape(png), csv=escape(csv),
+        legend=_legend(colors), png=escape(files["png"]), csv=escape(files["csv"]),
+        md=escape(files["md"]), tex=escape(files["tex"]), groups_csv=escape(files["groups_csv"]),
         roster_count=len(data.roster), state_help=escape(STATE_HELP), roster=roster_table(data, tl),
-        ablation_help=escape(ablation_help),
+        ablation_help=escape(ablation_help), groups_help=escape(GROUPS_HELP),
+        groups="\n".join(group_section(t) for t in groups) or '<p class="empty">The roster is empty.</p>',
         tables="\n".join(ablation_table(t) for t in tables) or '<p class="empty">The roster is empty.</p>',
         notes=notes_html, css=_asset("report.css"), js=_asset("report.js"),
     )
