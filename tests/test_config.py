@@ -33,6 +33,7 @@ def refused(p: LocalProject, *needles: str, exc: type[AblateError] = ConfigError
 
 # --------------------------------------------------------------------------- ablate.yaml
 
+SVC = {"name": "srv", "command": "serve --port {port}", "port": 8000, "ready": {"http": "http://127.0.0.1:{port}/h"}}
 BAD_CONFIGS: list[tuple[str, dict[str, Any], list[str]]] = [
     # unknown keys, with did-you-mean, at every level
     ("top-level typo", {"hostz": {"h1": {}}}, ["ablate.yaml", "unknown key hostz", "did you mean 'hosts'"]),
@@ -117,6 +118,28 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], list[str]]] = [
     ("checkpoint the ckpt dir", {"artifacts": {"checkpoint": "./"}}, ["artifacts.checkpoint"]),
     ("pick unknown", {"artifacts": {"checkpoint": "e*.ckpt", "pick": "latest"}},
      ["artifacts.pick", "all", "newest", "'latest'"]),
+    # services
+    ("services a mapping", {"services": {"name": "x"}}, ["services", "must be a list"]),
+    ("service name upper", {"services": [{**SVC, "name": "vLLM"}]}, ["services[0].name", "lower-case"]),
+    ("service twice", {"services": [SVC, {**SVC, "port": 9000}]}, ["services[1].name", "names two"]),
+    ("service unknown field", {"services": [{**SVC, "command": "serve --gpu {gpus}"}]},
+     ["services[0].command", "unknown field {gpus}", "did you mean"]),
+    ("service port low", {"services": [{**SVC, "port": 80}]}, ["services[0].port", "1024"]),
+    ("service scope", {"services": [{**SVC, "scope": "sweep"}]}, ["services[0].scope", "queue", "cell"]),
+    ("service no ready", {"services": [{k: v for k, v in SVC.items() if k != "ready"}]}, ["services[0].ready"]),
+    ("service both ready", {"services": [{**SVC, "ready": {"http": "http://h:1/", "cmd": "true"}}]},
+     ["services[0].ready.http", "exactly one"]),
+    ("service ready url", {"services": [{**SVC, "ready": {"http": "http://x/$(id)"}}]},
+     ["services[0].ready.http", "plain http"]),
+    ("service gpus", {"services": [{**SVC, "gpus": -1}]}, ["services[0].gpus"]),
+    ("service ports close", {"services": [SVC, {**SVC, "name": "b", "port": 8004}]},
+     ["services", "closer than 16"]),
+    ("service gpus exceed host", {"services": [{**SVC, "gpus": 2}], "hosts": {"h1": {"gpus": [0, 1]}}},
+     ["hosts.h1.gpus", "each queue takes 3"]),
+    ("train port without services", {"train": "python t.py --config {cfg} --port {port}"},
+     ["train", "unknown field {port}"]),
+    ("train port of unknown service", {"services": [SVC], "train": "python t.py --config {cfg} {port_vllm}"},
+     ["train", "unknown field {port_vllm}"]),
     ("glob absolute", {"cells": [{"glob": "/etc/*.yaml", "task": "recon"}]}, ["cells[0].glob", "relative"]),
     ("glob escapes", {"cells": [{"glob": "../x/*.yaml", "task": "recon"}]}, ["cells[0].glob", "inside"]),
     ("glob unsafe", {"cells": [{"glob": "c/$(x)*.yaml", "task": "recon"}]}, ["cells[0].glob", "shell"]),

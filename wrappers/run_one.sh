@@ -68,6 +68,12 @@ cmd=${cmd//"{ckpt_dir}"/"$CKPT_DIR"}
 cmd=${cmd//"{cat}"/"$CAT"}
 cmd=${cmd//"{resume}"/"$RESUME"}
 cmd=${cmd//"{gpu}"/"$GPU"}
+first=1
+for kv in ${ABLATE_PORTS-}; do  # `name=port ...` from run_queue (services:); the first is {port}
+  (( first )) && cmd=${cmd//"{port}"/"${kv#*=}"}
+  first=0
+  cmd=${cmd//"{port_${kv%%=*}}"/"${kv#*=}"}
+done
 
 now
 STARTED=$T

@@ -117,10 +117,210 @@ hb_write() {  # the heartbeat file, tmp + mv: readers never see half of it; its 
       lmt=${BASH_REMATCH[1]} lsz=${BASH_REMATCH[3]}
     fi
   fi
+  svc_json
   now
-  printf '{"t": %s, "host": "%s", "queue": "%s", "slot": %s, "pid": %s, "pgid": %s, "state": "%s", "idx": %s, "cell": %s, "cell_started": %s, "from_queue": %s, "log_mtime": %s, "log_size": %s, "run_queue": "%s", "spec": "%s"}\n' \
+  printf '{"t": %s, "host": "%s", "queue": "%s", "slot": %s, "pid": %s, "pgid": %s, "state": "%s", "idx": %s, "cell": %s, "cell_started": %s, "from_queue": %s, "log_mtime": %s, "log_size": %s, "run_queue": "%s", "spec": "%s", "services": %s}\n' \
     "$T" "$ABLATE_HOST" "$QUEUE" "$slot" "$$" "$PGID" "$STATE" "$CUR_IDX" "$cell" "$started" \
-    "$from" "$lmt" "$lsz" "$RQ_FILE" "$SPEC_FILE" >"$tmp" && mv -f "$tmp" "$HB"
+    "$from" "$lmt" "$lsz" "$RQ_FILE" "$SPEC_FILE" "$REPLY" >"$tmp" && mv -f "$tmp" "$HB"
+}
+
+# ---- services beside the trainer (docs/ARCHITECTURE.md, "Services"): each in its own process
+# group (stopped as a whole: TERM, ABLATE_SVC_GRACE seconds, KILL), its log instance-local under
+# $ABLATE_CKPT_ROOT/.ablate-services/, its state in the heartbeat.
+read -ra SVC_NAMES <<<"${ABLATE_SERVICES-}"
+ABLATE_PORTS=
+declare -A SVC_PID=() SVC_STATE=() SVC_PORT=() SVC_GPU=() SVC_STARTS=() SVC_RC=()
+SVC_DIR=$ABLATE_CKPT_ROOT/.ablate-services
+SVC_WHY=
+svc_layout() {  # this queue's ports (base + K) and each service's GPUs, from ABLATE_SVC_SLOTS
+  local entry rest k=0 i=0 name base
+  local -a per=()
+  for entry in ${ABLATE_SVC_SLOTS-}; do
+    rest=${entry#*:}
+    if [[ ${entry%%:*} == "${SLOT:--}" ]]; then
+      k=${rest%%:*}
+      IFS=/ read -ra per <<<"${rest#*:}"
+      break
+    fi
+  done
+  for name in "${SVC_NAMES[@]}"; do
+    base=ABLATE_SVC_${name}_PORT
+    SVC_PORT[$name]=$(( ${!base} + k ))
+    SVC_GPU[$name]=${per[i]-}
+    SVC_STATE[$name]=off SVC_STARTS[$name]=0
+    ABLATE_PORTS+="${ABLATE_PORTS:+ }$name=${SVC_PORT[$name]}"
+    i=$((i + 1))
+  done
+  export ABLATE_PORTS  # run_one fills the train template's {port} and {port_<name>} from it
+}
+svc_json() {  # REPLY = the services' JSON object for the heartbeat (null without services)
+  local name pid out=
+  REPLY=null
+  (( ${#SVC_NAMES[@]} )) || return 0
+  for name in "${SVC_NAMES[@]}"; do
+    pid=${SVC_PID[$name]:-null}
+    out+="${out:+, }\"$name\": {\"state\": \"${SVC_STATE[$name]}\", \"port\": ${SVC_PORT[$name]}, \"gpus\": \"${SVC_GPU[$name]}\", \"pid\": $pid, \"starts\": ${SVC_STARTS[$name]}}"
+  done
+  REPLY="{$out}"
+}
+svc_render() {  # svc_render NAME TEMPLATE: REPLY with {port} {gpu} {name} filled in
+  REPLY=${2//"{port}"/"${SVC_PORT[$1]}"}
+  REPLY=${REPLY//"{gpu}"/"${SVC_GPU[$1]}"}
+  REPLY=${REPLY//"{name}"/"$1"}
+}
+svc_log() { REPLY=$SVC_DIR/$QUEUE.$1.log; }
+http_ok() {  # http_ok URL: a 2xx answer within 5 s (curl, else bash's /dev/tcp for plain http)
+  if command -v curl >/dev/null 2>&1; then
+    curl -fsS -o /dev/null --max-time 5 -- "$1" 2>/dev/null
+    return
+  fi
+  [[ $1 =~ ^http://([^/:]+)(:([0-9]+))?(/.*)?$ ]] || return 1
+  timeout 5 bash -c 'exec 3<>"/dev/tcp/$1/$2" || exit 1
+    printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$3" "$1" >&3
+    read -r _ code _ <&3
+    [[ $code == 2?? ]]' ablate-http "${BASH_REMATCH[1]}" "${BASH_REMATCH[3]:-80}" "${BASH_REMATCH[4]:-/}" 2>/dev/null
+}
+pid_alive() {  # pid_alive PID: still running (not exited, not a zombie waiting for us)
+  local st
+  [[ -n $1 ]] && { read -r st </proc/$1/stat; } 2>/dev/null || return 1
+  st=${st##*) }
+  [[ ${st:0:1} != Z ]]
+}
+svc_alive() { pid_alive "${SVC_PID[$1]-}"; }
+svc_reap() {  # svc_reap NAME: its exit code in SVC_RC (a JSON number or null) once it is gone
+  local pid=${SVC_PID[$1]-}
+  SVC_RC[$1]=null
+  if [[ -n $pid ]]; then
+    wait "$pid" 2>/dev/null
+    SVC_RC[$1]=$?
+  fi
+}
+svc_start() {  # svc_start NAME: launched (state starting); its readiness is svc_wait's
+  local name=$1 cmd_var=ABLATE_SVC_${1}_CMD gpus=${SVC_GPU[$1]}
+  svc_render "$name" "${!cmd_var}"
+  local cmd=$REPLY
+  svc_log "$name"
+  local log=$REPLY
+  mkdir -p -- "$SVC_DIR" 2>/dev/null
+  now
+  printf '# ablate service %s start %s host=%s queue=%s port=%s gpus=%s\n# ablate cmd: %s\n' \
+    "$name" "$T" "$ABLATE_HOST" "$QUEUE" "${SVC_PORT[$name]}" "${gpus:-none}" "$cmd" >>"$log" 2>/dev/null
+  # setsid: a session and process group of its own (a background job here is never a group
+  # leader, so setsid execs in place and $! is the group's id).
+  setsid bash -c 'cd -- "$1" || exit 125
+    set +u
+    if [[ -n $2 ]]; then eval "$2" || { echo "ablate: env activation failed: $2"; exit 125; }; fi
+    if [[ $3 == 1 ]]; then export CUDA_VISIBLE_DEVICES=$4; fi
+    eval "$5"' ablate-service "$ABLATE_WORKDIR" "${ABLATE_ENV-}" "${SLOT:+1}" "$gpus" "$cmd" \
+    </dev/null >>"$log" 2>&1 &
+  SVC_PID[$name]=$!
+  SVC_STATE[$name]=starting
+  SVC_STARTS[$name]=$(( SVC_STARTS[$name] + 1 ))
+  ev service_start ", \"service\": \"$name\", \"pid\": $!, \"port\": ${SVC_PORT[$name]}, \"gpus\": \"$gpus\""
+}
+svc_wait() {  # svc_wait NAME: 0 once it answers; 1 (SVC_WHY) when it exits or its time-out passes
+  local name=$1 t_var=ABLATE_SVC_${1}_TIMEOUT http_var=ABLATE_SVC_${1}_HTTP r_var=ABLATE_SVC_${1}_READY
+  local until=$(( SECONDS + ${!t_var} )) url rcmd
+  svc_render "$name" "${!http_var-}"; url=$REPLY
+  svc_render "$name" "${!r_var-}"; rcmd=$REPLY
+  svc_log "$name"
+  local log=$REPLY
+  while :; do
+    if [[ -n $url ]]; then
+      http_ok "$url" && break
+    elif (cd -- "$ABLATE_WORKDIR" && timeout 30 bash -c "$rcmd") </dev/null >>"$log" 2>&1; then
+      break
+    fi
+    if ! svc_alive "$name"; then
+      svc_reap "$name"
+      SVC_WHY="exited (rc ${SVC_RC[$name]}) before it was ready"
+      return 1
+    fi
+    (( SECONDS < until )) || { SVC_WHY="not ready after ${!t_var}s"; return 1; }
+    sleep 1 &
+    wait $!
+  done
+  SVC_STATE[$name]=ready
+  ev service_ready ", \"service\": \"$name\", \"port\": ${SVC_PORT[$name]}"
+  say "service $name ready on port ${SVC_PORT[$name]}"
+  return 0
+}
+svc_stop() {  # svc_stop NAME: TERM its group, ABLATE_SVC_GRACE s, then KILL; state stopped
+  local name=$1 pid=${SVC_PID[$1]-} waited=0
+  [[ -n $pid ]] || return 0
+  kill -TERM -- "-$pid" 2>/dev/null
+  while svc_alive "$name" && (( waited++ < ${ABLATE_SVC_GRACE:-10} * 5 )); do sleep 0.2; done
+  kill -KILL -- "-$pid" 2>/dev/null
+  svc_reap "$name"
+  SVC_PID[$name]=
+  [[ ${SVC_STATE[$name]} == down || ${SVC_STATE[$name]} == failed ]] || SVC_STATE[$name]=stopped
+}
+svc_stop_all() {  # every running service of this queue (at exit, stop, or around a cell)
+  local name scope=${1-}
+  for name in "${SVC_NAMES[@]}"; do
+    local s_var=ABLATE_SVC_${name}_SCOPE
+    [[ -z $scope || ${!s_var} == "$scope" ]] || continue
+    svc_stop "$name"
+  done
+}
+svc_fail() {  # svc_fail NAME: the queue stops at line $idx, before its next cell, with the log's tail
+  local name=$1 tail_text= line
+  svc_log "$name"
+  local log=$REPLY out=$ROOT/services/$ABLATE_HOST.$QUEUE.$name.log
+  SVC_STATE[$name]=failed
+  mkdir -p -- "$ROOT/services" 2>/dev/null
+  tail -n 100 -- "$log" >"$out.tmp.$$" 2>/dev/null && mv -f -- "$out.tmp.$$" "$out" 2>/dev/null
+  rm -f -- "$out.tmp.$$" 2>/dev/null
+  while IFS= read -r line; do
+    [[ $line == '# ablate '* ]] || tail_text+="${tail_text:+ | }$line"
+  done < <(tail -n 5 -- "$log" 2>/dev/null)
+  jstr "${tail_text:0:600}"
+  ev service_failed ", \"idx\": $idx, \"service\": \"$name\", \"reason\": \"$SVC_WHY\", \"tail\": $REPLY"
+  say "service $name $SVC_WHY; stopping the queue (log: $log)"
+  svc_stop_all
+  ticker_stop
+  STATE=stopped CUR_STARTED=
+  hb_write
+  ev queue_stop ", \"idx\": $idx, \"reason\": \"service_failed\", \"service\": \"$name\""
+  exit 4
+}
+SVC_FAILED=
+svc_up() {  # svc_up SCOPE: start every service of that scope not running and wait until it is
+  # ready; 1 (SVC_FAILED, SVC_WHY) when one is not
+  local name s_var
+  for name in "${SVC_NAMES[@]}"; do
+    s_var=ABLATE_SVC_${name}_SCOPE
+    [[ ${!s_var} == "$1" ]] || continue
+    svc_alive "$name" && [[ ${SVC_STATE[$name]} == ready ]] && continue
+    if [[ ${SVC_STATE[$name]} == ready ]]; then  # died between cells
+      svc_reap "$name"
+      ev service_down ", \"service\": \"$name\", \"rc\": ${SVC_RC[$name]}, \"cell\": null"
+      say "service $name exited (rc ${SVC_RC[$name]}) between cells; restarting it"
+    fi
+    svc_stop "$name"  # whatever is left of it
+    svc_start "$name"
+    transition
+    if ! svc_wait "$name"; then
+      SVC_FAILED=$name
+      return 1
+    fi
+    transition
+  done
+}
+svc_dead() {  # REPLY = the first service that was ready and is gone; 1 when all are up
+  local name
+  for name in "${SVC_NAMES[@]}"; do
+    if [[ ${SVC_STATE[$name]} == ready ]] && ! svc_alive "$name"; then
+      REPLY=$name
+      return 0
+    fi
+  done
+  return 1
+}
+jstr() {  # a JSON string literal in REPLY
+  local s=${1//\\/\\\\}
+  s=${s//\"/\\\"}
+  REPLY="\"${s//[[:cntrl:]]/ }\""
 }
 
 # A background ticker rewrites the heartbeat every ABLATE_HEARTBEAT_SECS. It is restarted at each
@@ -160,6 +360,7 @@ on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctr
     kill -TERM "$CHILD" 2>/dev/null
   fi
   ticker_stop
+  svc_stop_all
   STATE=stopped CUR_STARTED=
   hb_write
   exit "$1"
@@ -167,7 +368,7 @@ on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctr
 trap 'on_signal 129' HUP
 trap 'on_signal 130' INT
 trap 'on_signal 143' TERM
-trap 'ticker_stop' EXIT
+trap 'ticker_stop; svc_stop_all' EXIT
 
 say() { { printf '[ablate %s/%s] %s\n' "$ABLATE_HOST" "$QUEUE" "$*"; } 2>/dev/null; }
 
@@ -256,26 +457,67 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
   transition
   ev start ", \"idx\": $idx, \"cell\": \"$name\", \"resume\": $resume$extra"
   say "line $idx${from:+ of $from}: $name (resume=$resume)"
+  local down=
+  if ! svc_up cell; then  # a per-cell service that does not come up: the cell never trained
+    ev end ", \"idx\": $idx, \"cell\": \"$name\", \"rc\": 4, \"dur\": 0, \"reason\": \"service_down\", \"service\": \"$SVC_FAILED\"$extra"
+    svc_fail "$SVC_FAILED"
+  fi
   # In the background + wait, so a signal is handled now, not when the cell ends.
   ABLATE_IDX=$idx bash "$ABLATE_RUN_ONE" "$SPEC" "$name" "$3" "$4" "$5" "$6" "$resume" </dev/null &
   CHILD=$!
+  if (( ${#SVC_NAMES[@]} )); then  # a service that dies under the cell fails it as service_down
+    while pid_alive "$CHILD"; do
+      if svc_dead; then
+        down=$REPLY
+        svc_reap "$down"
+        SVC_STATE[$down]=down
+        ev service_down ", \"service\": \"$down\", \"rc\": ${SVC_RC[$down]}, \"idx\": $idx, \"cell\": \"$name\""
+        say "service $down exited (rc ${SVC_RC[$down]}) while $name trained; stopping the cell"
+        kill_cell
+        break
+      fi
+      sleep 1 &
+      wait $!
+    done
+  fi
   wait "$CHILD"
   rc=$?
   CHILD=
+  [[ -n $down ]] && extra+=", \"reason\": \"service_down\", \"service\": \"$down\""
   (( rc == 0 )) || write_tail "$name"  # before `end`: a reader that sees the failure finds the tail
   now
   us=$(( ${T/./} - ${t0/./} ))
   printf -v dur '%d.%06d' $((us / 1000000)) $((us % 1000000))
   ev end ", \"idx\": $idx, \"cell\": \"$name\", \"rc\": $rc, \"dur\": $dur$extra"
   say "line $idx${from:+ of $from}: $name exited $rc after ${dur}s"
+  svc_stop_all cell
   CUR_STARTED=
   transition
+}
+kill_cell() {  # the running cell's processes (run_one, the trainer): TERM, 10 s, then KILL
+  local waited=0 p
+  if [[ $PGID == "$$" ]]; then  # our own group: everyone in it but this shell (services have theirs)
+    trap '' TERM
+    kill -TERM -- "-$PGID" 2>/dev/null
+    trap 'on_signal 143' TERM
+  else
+    kill -TERM "$CHILD" 2>/dev/null
+  fi
+  while pid_alive "$CHILD" && (( waited++ < 50 )); do sleep 0.2; done
+  if [[ $PGID == "$$" ]]; then
+    for p in $(pgrep -g "$PGID" 2>/dev/null); do
+      [[ $p == "$$" || $p == "$BASHPID" ]] || kill -KILL "$p" 2>/dev/null
+    done
+  fi
+  pid_alive "$CHILD" && kill -KILL "$CHILD" 2>/dev/null
+  TICKER=  # the group's TERM ended it: transition starts a new one
 }
 
 stop_after_current() {  # stop_after_current IDX: `ablate stop --after-current` asked us to stop
   ev queue_stop ", \"idx\": $1, \"reason\": \"after_current\""
   say "stop requested: not starting line $1"
   ticker_stop
+  svc_stop_all
   STATE=stopped CUR_STARTED=
   hb_write
   exit 0
@@ -486,6 +728,7 @@ reenter_one() {  # 0 when it ran one
   return 1
 }
 
+svc_layout
 hb_write
 ev queue_start ", \"start_index\": $START, \"slot\": ${SLOT:-null}, \"pid\": $$, \"pgid\": $PGID, \"run_queue\": \"$RQ_FILE\", \"spec\": \"$SPEC_FILE\""
 ticker_start
@@ -498,6 +741,7 @@ export ABLATE_RUN_QUEUE_VERSION=$RQ_FILE ABLATE_SPEC_VERSION=$SPEC_FILE
 idx=$START
 while :; do
   [[ -e $STOP_FILE ]] && stop_after_current "$idx"  # before every line, re-entry and steal
+  svc_up queue || svc_fail "$SVC_FAILED"  # before the first claim; again after one died
   if ! read_line "$idx"; then
     # Our own lines are done. Still `running`: an append now is read at the top of the loop.
     if (( ! REENTRY_SCANNED )); then
@@ -508,6 +752,7 @@ while :; do
     [[ $STEAL != 0 && -e $ESTIMATES ]] && steal_once && continue
     STATE=drained CUR_STARTED=
     ticker_stop
+    svc_stop_all
     hb_write
     # `ablate append` writes the queue file, then reads this heartbeat: an append that raced the
     # drain decision is seen by this second read, or append sees "drained" and restarts us.

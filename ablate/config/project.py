@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from ablate import resources as packaged
-from ablate.config.reader import Reader, UniqueKeyLoader, load_yaml, suggest, tname
+from ablate.config.reader import Reader, UniqueKeyLoader, check_template, load_yaml, suggest, tname
+from ablate.config.services import Service, gpus_per_queue, parse_services, train_fields
 from ablate.config.settings import (
     DEFAULT_MONITOR,
     DEFAULT_REPORT,
@@ -61,10 +62,23 @@ class Host:
     gpus: tuple[int, ...] | None  # None: one queue, no CUDA_VISIBLE_DEVICES pinning
     instance_id: str | None
     transport: str
+    per_queue: int = 1  # GPUs each queue takes: its trainer's slot, then its services' (services:)
 
     @property
     def slots(self) -> tuple[int | None, ...]:
-        return self.gpus if self.gpus else (None,)
+        """The trainers' GPUs: one queue each (every `per_queue`-th of gpus)."""
+        if not self.gpus:
+            return (None,)
+        n = len(self.gpus) // self.per_queue
+        return tuple(self.gpus[k * self.per_queue] for k in range(n))
+
+    def queue_gpus(self, slot: int | None) -> tuple[int, tuple[int, ...]]:
+        """(k, the services' GPUs) of the queue on `slot`: its index on this host and the GPUs after
+        its trainer's in its share."""
+        if slot is None or not self.gpus or slot not in self.slots:
+            return 0, ()
+        k = self.slots.index(slot)
+        return k, self.gpus[k * self.per_queue + 1:(k + 1) * self.per_queue]
 
     @property
     def ckpt_root(self) -> str:
@@ -125,6 +139,7 @@ class Project:
     monitor: Monitor = DEFAULT_MONITOR
     report: ReportSettings = DEFAULT_REPORT
     steal: bool = True
+    services: tuple[Service, ...] = ()
 
     @property
     def queues_dir(self) -> Path:
@@ -210,7 +225,7 @@ def load_profile(name: str, project_dir: Path, where: str) -> Profile:
             raise r.err(key, f"{val!r} has characters a shell would interpret; use plain paths")
     release = r.text("release")
     if release:
-        _check_template(release, {"instance_id", "host", "ssh"}, r, "release")
+        check_template(release, {"instance_id", "host", "ssh"}, r, "release")
     return Profile(
         name=name,
         shared_fs=shared.rstrip("/") or "/",
@@ -257,18 +272,12 @@ def _local_path(p: str, base: Path) -> str:
     return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
 
 
-def _check_template(tmpl: str, fields: set[str], r: Reader, key: str) -> None:
-    for m in re.finditer(r"\{([^{}]*)\}", tmpl):
-        if m.group(1) not in fields:
-            raise r.err(key, f"unknown field {{{m.group(1)}}}{suggest(m.group(1), fields)}; "
-                             f"fields: {', '.join('{' + f + '}' for f in sorted(fields))}")
-
-
 # --------------------------------------------------------------------------- project
 
 TOP_KEYS = {
     "profile", "sweep", "workdir", "train", "artifacts", "tasks", "cells", "budget", "resources",
     "candidates", "ssh_config", "hosts", "heartbeat_secs", "costs", "monitor", "report", "steal",
+    "services",
 }
 HOST_KEYS = {"profile", "ssh", "speed", "gpus", "slots", "instance_id", "transport"}
 
@@ -298,7 +307,8 @@ def load_project(directory: Path | str = ".") -> Project:
     if "\n" in train:
         raise r.err("train", "spans several lines; write one command "
                              "(YAML `>-` folds a long one onto one line)")
-    _check_template(train, TRAIN_FIELDS, r, "train")
+    services = parse_services(r)
+    check_template(train, TRAIN_FIELDS | train_fields(services), r, "train")
     if "{cfg}" not in train:
         raise r.err("train", "must use {cfg} so each cell trains its own config")
 
@@ -335,7 +345,7 @@ def load_project(directory: Path | str = ".") -> Project:
     for c in candidates:
         load_profile(c, project_dir, f"{file}: candidates")
 
-    hosts = _hosts(r, default_profile, project_dir)
+    hosts = _hosts(r, default_profile, project_dir, gpus_per_queue(services))
     workdir = r.text("workdir")
     if workdir is None:
         remote = [h.name for h in hosts.values() if h.transport != "local"]
@@ -372,6 +382,7 @@ def load_project(directory: Path | str = ".") -> Project:
         monitor=parse_monitor(r),
         report=parse_report(r, artifacts.metrics_keys),
         steal=parse_steal(r),
+        services=services,
     )
 
 
@@ -408,7 +419,7 @@ def _cells(r: Reader, tasks: Mapping[str, Task]) -> tuple[CellSource, ...]:
     return tuple(out)
 
 
-def _hosts(r: Reader, default: Profile, project_dir: Path) -> dict[str, Host]:
+def _hosts(r: Reader, default: Profile, project_dir: Path, per_queue: int = 1) -> dict[str, Host]:
     raw = r.data.get("hosts")
     if not isinstance(raw, dict) or not raw:
         raise r.err("hosts", "must map at least one host name to its settings, "
@@ -432,8 +443,11 @@ def _hosts(r: Reader, default: Profile, project_dir: Path) -> dict[str, Host]:
         bad_iid = isinstance(iid, bool) or not isinstance(iid, (str, int))
         if iid is not None and (bad_iid or not re.match(r"^[A-Za-z0-9_.-]+$", str(iid))):
             raise h.err("instance_id", f"{iid!r} must be letters, digits, . _ -")
+        if gpus and len(gpus) < per_queue:
+            raise h.err("gpus", f"{len(gpus)} GPU(s), but each queue takes {per_queue}: its trainer's "
+                                "and its services' (services[].gpus); list more or give services fewer")
         out[name] = Host(name, profile, ssh, h.num("speed", 1.0), gpus,
-                         None if iid is None else str(iid), transport)
+                         None if iid is None else str(iid), transport, per_queue)
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,11 @@ def load_yaml(path: Path) -> Any:
         where = f" line {mark.line + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}:{where}: invalid YAML: {problem}") from e
+
+
+def check_template(tmpl: str, fields: set[str], r: Reader, key: str) -> None:
+    """Every `{field}` of a command template is one of `fields` (a typo is named, with the closest)."""
+    for m in re.finditer(r"\{([^{}]*)\}", tmpl):
+        if m.group(1) not in fields:
+            raise r.err(key, f"unknown field {{{m.group(1)}}}{suggest(m.group(1), fields)}; "
+                             f"fields: {', '.join('{' + f + '}' for f in sorted(fields))}")

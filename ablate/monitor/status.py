@@ -40,6 +40,8 @@ class QueueRow:
     cells: list[str] = field(default_factory=list)
     eta: float | None = None  # seconds until it drains (running queues, learned model); 0 drained
     progress: dict[str, Any] | None = None  # live: epoch/metric from the current cell's log tail
+    # its services (ablate.yaml services:), from its heartbeat: name -> {state, port, gpus, pid, starts}
+    services: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,6 +89,7 @@ class StatusReport:
                 f"{(r.current or '-'):<22} {duration(r.elapsed):>8} {duration(r.heartbeat_age):>7} "
                 f"{r.done:>5} {r.failed:>5} {r.synced:>6} {duration(r.eta):>8}"
             )
+        out += [f"  services of {r.queue}: {services_text(r.services)}" for r in self.rows if r.services]
         verified = "not reconciled" if self.verified is None else f"{self.verified} verified by load"
         out.append(f"sweep {self.sweep}: {self.synced}/{self.roster} cells synced to the shared FS, "
                    f"{verified}")
@@ -100,6 +103,16 @@ class StatusReport:
         out += [f"view of {h}: {v['why']}" for h, v in self.views.items() if v.get("unsettled")]
         return out + state_lines(self.cells, self.idle) + live_lines(self) + warning_lines(self.warnings)
 
+
+
+def services_text(services: dict[str, dict[str, Any]]) -> str:
+    """`vllm ready :8000 gpu 1, reward starting :8016 (started 2x)`."""
+    out = []
+    for name, s in services.items():
+        gpus = f" gpu {s['gpus']}" if s.get("gpus") else ""
+        again = f" (started {s['starts']}x)" if isinstance(s.get("starts"), int) and s["starts"] > 1 else ""
+        out.append(f"{name} {s.get('state', '?')} :{s.get('port', '?')}{gpus}{again}")
+    return ", ".join(out)
 
 
 def status(project: Project, live_info: bool = False) -> StatusReport:
@@ -143,7 +156,7 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
             index=min(len(names), sum(1 for n in names if n in outcome)), total=len(names),
             current=current, elapsed=elapsed, heartbeat_age=view.heartbeat_age, done=done, failed=failed,
             synced=sum(1 for n in names if n in snap.results), live=view.live if reachable else None,
-            cells=names, eta=eta,
+            cells=names, eta=eta, services=dict(hb.services) if hb is not None else {},
         ))
     report = StatusReport(
         sweep=project.sweep, roster=len(roster), synced=len(roster & set(snap.results)),

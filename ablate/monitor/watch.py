@@ -34,7 +34,8 @@ STATE_STYLE = {
     "idle_costing_money": "bold magenta", "unreachable": "bold red", "busy": "green",
     "released": "bold green", "release_approved": "bold cyan",
 }
-ATTENTION = ("hung", "lost", "oom", "crashed", "sync_failed", "corrupt", "stale", "interrupted")
+ATTENTION = ("hung", "lost", "oom", "crashed", "service_down", "sync_failed", "corrupt", "stale",
+             "interrupted")
 
 
 def row_state(report: Any, row: Any) -> str:
@@ -94,6 +95,15 @@ def render(report: Any, *, age: float = 0.0, error: str | None = None, interval:
             _styled(str(r.failed), "lost") if r.failed else "0")
 
     parts: list[Any] = [_title(report, age, interval), queues]
+    for r in report.rows:
+        for name, s in (getattr(r, "services", None) or {}).items():
+            st = str(s.get("state", "?"))
+            look = {"ready": "running", "starting": "queued", "down": "lost", "failed": "lost"}.get(st, st)
+            gpus = f" gpu {escape(str(s['gpus']))}" if s.get("gpus") else ""
+            n = s.get("starts")
+            again = f" (started {n}x)" if isinstance(n, int) and n > 1 else ""
+            parts.append(f"  service {escape(name)} of {escape(r.queue)}: {_styled(st, look)} "
+                         f":{s.get('port', '?')}{gpus}{again}")
     hosts = _hosts_table(report)
     if hosts is not None:
         parts += [Text(""), hosts]

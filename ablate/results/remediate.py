@@ -2,7 +2,8 @@
 be done, with its identical queue line, on the live hosts only (DESIGN rule 8).
 
 Under the controller lock: classify every cell (`ablate.sweep.classify.collect`); the targets are the
-`never_ran`, `lost`, `interrupted`, `oom`, `crashed`, `sync_failed`, `corrupt` and `stale` cells.
+`never_ran`, `lost`, `interrupted`, `oom`, `crashed`, `service_down`, `sync_failed`, `corrupt` and
+`stale` cells.
 `queued`, `running`, `synced` and `verified` cells are left alone; `hung` ones are reported with
 `ablate stop QUEUE --host H` as the step before. A target already in a `remediate-*` queue that was
 never launched and whose host answers (the previous `remediate`'s) gets no new line: that queue

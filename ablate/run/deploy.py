@@ -60,9 +60,39 @@ def render_spec(project: Project, host: Host, run_one_path: str) -> bytes:
         "ABLATE_RUN_ONE": run_one_path,
         "ABLATE_HEARTBEAT_SECS": str(project.heartbeat_secs),
         "ABLATE_STEAL": "1" if project.steal else "0",
+        **service_spec(project, host),
     }
     head = f"# ablate run spec: sweep {project.sweep}, host {host.name}. Content-addressed; never edited.\n"
     return (head + "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())).encode()
+
+
+SERVICE_GRACE = 10  # seconds between a service's TERM and its KILL
+
+
+def service_spec(project: Project, host: Host) -> dict[str, str]:
+    """The run spec's lines for `services:` (docs/ARCHITECTURE.md, "Services"); none without."""
+    if not project.services:
+        return {}
+    out = {"ABLATE_SERVICES": " ".join(s.name for s in project.services),
+           "ABLATE_SVC_GRACE": str(SERVICE_GRACE)}
+    for s in project.services:
+        out.update({f"ABLATE_SVC_{s.name}_CMD": s.command, f"ABLATE_SVC_{s.name}_PORT": str(s.port),
+                    f"ABLATE_SVC_{s.name}_HTTP": s.ready_http or "",
+                    f"ABLATE_SVC_{s.name}_READY": s.ready_cmd or "",
+                    f"ABLATE_SVC_{s.name}_TIMEOUT": str(max(1, round(s.timeout))),
+                    f"ABLATE_SVC_{s.name}_SCOPE": s.scope})
+    # Per trainer slot: `SLOT:K:GPUS/GPUS/...` (K: the queue's index on this host, so its ports are
+    # port + K; then each service's GPUs, comma-separated, in the order of services:).
+    slots = []
+    for slot in host.slots:
+        k, gpus = host.queue_gpus(slot)
+        per, i = [], 0
+        for s in project.services:
+            per.append(",".join(str(g) for g in gpus[i:i + s.gpus]))
+            i += s.gpus
+        slots.append(f"{'-' if slot is None else slot}:{k}:{'/'.join(per)}")
+    out["ABLATE_SVC_SLOTS"] = " ".join(slots)
+    return out
 
 
 @dataclass(frozen=True)

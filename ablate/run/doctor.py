@@ -29,6 +29,7 @@ from ablate.remote.layout import SweepLayout
 from ablate.run.deploy import packaged_wrappers
 from ablate.run.fslag import LagResult, await_content, cap_seconds, survey
 from ablate.run.hostcheck import Section, ask_text, measure, parse_df
+from ablate.run.svccheck import service_checks, service_sections
 from ablate.sweep.cells import QueueFile, read_all_queues
 from ablate.sweep.ledger import LedgerEntry, last_host, parse_ledger
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
@@ -330,7 +331,7 @@ def _sections(project: Project, host: Host, plan: _Plan) -> list[tuple[str, Sequ
     out += [("gpu", ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"]),
             ("workdir", ["test", "-d", project.workdir]),
             _git_section(project)]
-    return out
+    return out + service_sections(project, host)
 
 
 def _deployed_files(deployed: dict[str, Any] | None, host: str) -> list[str]:
@@ -435,6 +436,7 @@ def _check_host(project: Project, host: Host, plan: _Plan) -> HostReport:
                         f"{project.workdir} does not exist on {host.name} (the train command runs there)"))
     checks.append(_commit(project, host, plan.commit, sec("git")) if wd_ok
                   else Check("commit", True, "not compared (no workdir)"))
+    checks += [Check(*c) for c in service_checks(project, host, got)]
     if why:
         checks.append(Check("script", False, why))
     return HostReport(host.name, tuple(checks))

@@ -66,6 +66,21 @@ def _recorded_group(ht: HostTransport, hb: Heartbeat) -> int | None:
     return pgid
 
 
+def _service_groups(ht: HostTransport, hb: Heartbeat | None) -> list[int]:
+    """The process groups of the queue's services (each leads its own: pid = pgid) that are still
+    the services run_queue started (`ablate-service` in their command line)."""
+    out = []
+    for _, svc in hb.services if hb is not None else ():
+        pid = svc.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+            continue
+        r = ht.run(["ps", "-ww", "-o", "pgid=", "-o", "args=", "-p", str(pid)])
+        parts = r.stdout.split(None, 1)
+        if r.rc == 0 and len(parts) == 2 and parts[0] == str(pid) and "ablate-service" in parts[1]:
+            out.append(pid)
+    return out
+
+
 def stop(project: Project, queue: str, host: str, after_current: bool = False) -> StopResult:
     """Kill the queue's process group now, or (`after_current`) ask run_queue to end once its
     current cell is done: `control/<host>.<queue>.stop`, which it checks before each next line."""
@@ -101,6 +116,7 @@ def _stop(project: Project, queue: str, host: str) -> StopResult:
         return StopResult(queue, host, session, False, None, None)
     hb = Heartbeat.from_bytes(f"{host}.{queue}", fs.read_bytes(layout.heartbeat(host, queue)))
     pgid = _recorded_group(ht, hb) if hb is not None else None
+    services = _service_groups(ht, hb)
     signal: str | None = None
     if pgid is not None:
         # Never `pkill -f`: the pattern could match this very SSH session. The group is exact.
@@ -112,6 +128,10 @@ def _stop(project: Project, queue: str, host: str) -> StopResult:
                 time.sleep(0.05)
             if not _group_alive(ht, pgid):
                 break
+    # run_queue stops its services itself (TERM, grace, KILL); one it could not finish is killed here.
+    for g in services:
+        if _group_alive(ht, g):
+            ht.run(["kill", "-KILL", "--", f"-{g}"])
     ht.tmux_kill(session)
     # run_queue, the events file's writer, is gone now: this line cannot interleave with it.
     fs.append_line(layout.events_file(host, queue), json.dumps(

@@ -15,7 +15,8 @@ States, first match wins:
     verified    the last reconcile verified this very manifest;
     synced      otherwise (present, not yet verified by load).
   no durable copy, the cell claimed (`claims/<name>/owner` = host queue):
-    its last `end` in the owner's events: rc 0 -> sync_failed (no durable copy); rc 3 with a
+    its last `end` in the owner's events: reason service_down -> service_down (a service beside it
+    died: not the trainer's failure); rc 0 -> sync_failed (no durable copy); rc 3 with a
     `sync_failed` event -> sync_failed; 129/130/143 -> interrupted (lost when its host is);
     137 or an OOM line in `tails/<name>.log` -> oom; other -> crashed (with the tail);
     no `end`: the owner queue live (tmux session; or, host unreachable, a fresh running heartbeat)
@@ -44,9 +45,10 @@ from ablate.util.fmt import Log
 from ablate.util.fmt import age as _age
 
 STATES = ("verified", "synced", "queued", "running", "hung", "lost", "interrupted", "oom", "crashed",
-          "sync_failed", "corrupt", "stale", "never_ran")
+          "service_down", "sync_failed", "corrupt", "stale", "never_ran")
 # What `ablate remediate` re-runs: everything that is not done, doing, or about to be done.
-TARGETS = frozenset({"never_ran", "lost", "interrupted", "oom", "crashed", "sync_failed", "corrupt", "stale"})
+TARGETS = frozenset({"never_ran", "lost", "interrupted", "oom", "crashed", "service_down", "sync_failed",
+                     "corrupt", "stale"})
 # Decided from an absence (no claim, end, result or fresh heartbeat): facts only on a settled view.
 FROM_ABSENCE = frozenset({"never_ran", "lost", "interrupted", "sync_failed"})
 SIGNALLED = {129: "HUP", 130: "INT", 143: "TERM"}
@@ -147,7 +149,8 @@ def count_line(counts: Mapping[str, int]) -> str:
 
 # Text output lists what needs a hand first: a long sweep's queued cells must not hide a crash.
 _URGENCY = {s: i for i, s in enumerate((
-    "hung", "lost", "oom", "crashed", "sync_failed", "corrupt", "stale", "interrupted", "never_ran",
+    "hung", "lost", "oom", "crashed", "service_down", "sync_failed", "corrupt", "stale", "interrupted",
+    "never_ran",
     "running", "queued", "synced", "verified"))}
 
 
@@ -324,7 +327,11 @@ def _positions(state: SweepState) -> tuple[
             note = f"its queue {q.name} is on {host}, which is lost (unreachable, heartbeat " \
                    f"{'missing' if age is None else _age(age) + ' old'})"
         elif view.state == "stopped" and hb is not None and hb.state == "stopped":
-            note = f"its queue {q.name} on {host} was stopped before reaching it"
+            last = next((e for e in reversed(state.snap.events.get(f"{host}.{q.name}", []))
+                         if e.ev in ("service_failed", "queue_start")), None)
+            failed = last if last is not None and last.ev == "service_failed" else None
+            note = f"its queue {q.name} on {host} was stopped before reaching it" if failed is None else \
+                f"its queue {q.name} on {host} stopped: service {failed.service} {failed.reason}"
         elif view.state == "drained":
             note = f"its queue {q.name} on {host} drained without running it"
         else:
@@ -427,6 +434,9 @@ def _ended(state: SweepState, name: str, host: str, queue: str, last_end: tuple[
     tail = tail_info.lines if tail_info is not None else ()
     oom_line = tail_info.oom if tail_info is not None else None
     sync_fail = next((x for _, i, x in reversed(evs) if x.ev == "sync_failed" and i < last_end[1]), None)
+    if e.reason == "service_down":  # a service beside it died (or never came up): not the trainer's
+        return CellState(name, "service_down", f"its service {e.service or '?'} died while it ran (exit "
+                         f"{rc}); `ablate remediate` re-runs it", host, queue, rc, tail)
     if rc == 0:
         return CellState(name, "sync_failed", "trained with exit 0, but there is no durable copy in "
                          "final_ckpts/", host, queue, rc)

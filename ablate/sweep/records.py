@@ -26,6 +26,7 @@ class Event:
     reason: str | None = None
     by: str | None = None
     slot: int | None = None
+    service: str | None = None  # service_start/ready/down/failed; an `end` failed by service_down
 
     @classmethod
     def parse(cls, obj: Any) -> Event | None:
@@ -34,7 +35,8 @@ class Event:
         return cls(obj["ev"], as_num(obj.get("t")), as_str(obj.get("host")), as_str(obj.get("queue")),
                    as_str(obj.get("cell")), as_int(obj.get("idx")), as_int(obj.get("rc")),
                    as_num(obj.get("dur")), bool(obj.get("resume")), as_str(obj.get("from_queue")),
-                   as_str(obj.get("reason")), as_str(obj.get("by")), as_int(obj.get("slot")))
+                   as_str(obj.get("reason")), as_str(obj.get("by")), as_int(obj.get("slot")),
+                   as_str(obj.get("service")))
 
 
 @dataclass(frozen=True)
@@ -58,16 +60,21 @@ class Heartbeat:
     log_size: int | None = None
     run_queue: str | None = None
     spec: str | None = None
+    # services: name -> {"state": starting|ready|down|stopped|failed|off, "port", "gpus", "pid", "starts"}
+    services: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     @classmethod
     def parse(cls, key: str, mtime: float, data: Any) -> Heartbeat:
         d = data if isinstance(data, dict) else {}
+        svc = d.get("services")
+        services = tuple((str(k), v) for k, v in svc.items() if isinstance(v, dict)) \
+            if isinstance(svc, dict) else ()
         return cls(key, mtime, as_str(d.get("host")), as_str(d.get("queue")),
                    str(as_str(d.get("state")) or ""),
                    as_num(d.get("t")), as_int(d.get("slot")), as_int(d.get("pid")), as_int(d.get("pgid")),
                    as_int(d.get("idx")), as_str(d.get("cell")), as_num(d.get("cell_started")),
                    as_str(d.get("from_queue")), as_num(d.get("log_mtime")), as_int(d.get("log_size")),
-                   as_str(d.get("run_queue")), as_str(d.get("spec")))
+                   as_str(d.get("run_queue")), as_str(d.get("spec")), services)
 
     @classmethod
     def from_bytes(cls, key: str, raw: bytes | None) -> Heartbeat | None:
