@@ -17,8 +17,11 @@ from typing import Any
 
 import pytest
 import yaml
+from rich.console import Console
 
 from ablate.config.project import load_project
+from ablate.monitor.status import status
+from ablate.monitor.watch import render
 from ablate.run.deploy import render_spec
 from ablate.run.launch import launch
 from ablate.transport import close_all
@@ -190,6 +193,11 @@ def test_stop_stops_the_services_too(local_project: LocalProject, cli: Cli) -> N
     launch(load_project(lp.root), "q1", "h1")
     wait_for(lambda: (lp.root / ".ablate/local/h1/ckpt/slow/service.json").exists(), timeout=30)
     pid = int((lp.root / "svc.pid").read_text())
+    # the dashboard (`status --watch`) and `status` show the service, its state and port
+    console = Console(record=True, width=160, color_system=None)
+    console.print(render(status(load_project(lp.root))))
+    assert f"service srv of q1: ready :{port}" in console.export_text()
+    assert f"services of q1: srv ready :{port}" in cli(lp, "status").out
     assert cli(lp, "stop", "q1", "--host", "h1").code == 0
     assert not alive(pid) and port_free(port)
     assert cli.json(lp, "status")["cells"]["slow"]["state"] == "interrupted"
