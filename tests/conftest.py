@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import slurmbed
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
 from tests.helpers.testbed_projects import LIVE_BEDS, session_bed
@@ -76,3 +77,17 @@ def _testbed_heal() -> Iterator[None]:
     yield
     for tb in LIVE_BEDS:
         tb.heal()
+
+
+# --------------------------------------------------------------------------- Slurm test bed
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[slurmbed.SlurmBed]:
+    """A real Slurm cluster: slurmctld and three slurmd nodes `sn1..sn3`, each in its own network,
+    UTS and mount namespace, sharing one directory (tests/slurmbed.py); skips when not root or
+    Slurm or munge is missing. A test that kills a node or leaves jobs behind calls `heal()`."""
+    reason = slurmbed.missing_requirement()
+    if reason:
+        pytest.skip(reason)
+    with slurmbed.SlurmBed(3) as bed:
+        yield bed

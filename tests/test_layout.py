@@ -15,9 +15,9 @@ TESTS = Path(__file__).resolve().parent
 # Modules nobody may import: other test modules and conftest (pytest loads it; fixtures reach
 # tests by name). Bare names too, as they would resolve with tests/ on sys.path.
 FORBIDDEN = re.compile(r"(tests\.)?(conftest|test_\w+)")
-# Beside the tests and conftest, only the helpers package, and the test bed: scripts/bench_*.py
-# import it as `tests.testbed`.
-ALLOWED_AT_TOP = {"__init__.py", "conftest.py", "testbed.py", "testbed_storage.py"}
+# Beside the tests and conftest, only the helpers package, and the test beds: scripts/bench_*.py
+# import the SSH one as `tests.testbed`; the Slurm one (`tests.slurmbed`) sits beside it.
+ALLOWED_AT_TOP = {"__init__.py", "conftest.py", "testbed.py", "testbed_storage.py", "slurmbed.py"}
 
 
 def python_files() -> list[Path]:
