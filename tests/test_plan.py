@@ -48,7 +48,7 @@ def test_to_json_is_the_contract_shape(local_project: LocalProject) -> None:
     assert [q["queue"] for q in out["queues"]] == ["h1", "h2-g0", "h2-g1"]
     speeds = {"h1": 1.0, "h2": 0.5}
     for q in out["queues"]:
-        assert set(q) == {"queue", "host", "slot", "cells", "cost", "finish", "eta_seconds"}
+        assert set(q) == {"queue", "host", "slot", "cells", "cost", "finish", "eta_seconds", "priorities"}
         assert isinstance(q["cells"], list) and all(isinstance(c, str) for c in q["cells"])
         assert q["finish"] == pytest.approx(q["cost"] / speeds[q["host"]])
     assert [q["slot"] for q in out["queues"]] == [None, 0, 1]

@@ -381,8 +381,9 @@ read_line_of() {  # read_line_of FILE IDX: re-reads the file (appends are seen);
 }
 read_line() { read_line_of "$QFILE" "$1"; }
 
-P_CFG= P_TASK= P_EPOCHS= P_NAME= P_CAT=
+P_CFG= P_TASK= P_EPOCHS= P_NAME= P_CAT= P_PRIO=0
 parse_line() {  # parse_line LINE: 0 = a valid cell (sets P_*), 1 = invalid, 2 = blank or comment
+  # A line: <cfg> <task> [epochs] [priority=N]
   local -a parts=()
   set -f
   # shellcheck disable=SC2206  # word splitting of a queue line is the point; globbing is off
@@ -390,6 +391,13 @@ parse_line() {  # parse_line LINE: 0 = a valid cell (sets P_*), 1 = invalid, 2 =
   set +f
   if (( ${#parts[@]} == 0 )) || [[ ${parts[0]} == \#* ]]; then
     return 2
+  fi
+  local prio=0
+  if (( ${#parts[@]} > 2 )) && [[ ${parts[-1]} == priority=* ]]; then
+    [[ ${parts[-1]} =~ ^priority=(-?[0-9]{1,6})$ ]] || return 1
+    prio=$((10#${BASH_REMATCH[1]#-}))
+    [[ ${BASH_REMATCH[1]} == -* ]] && prio=$((-prio))
+    unset 'parts[-1]'
   fi
   local cfg=${parts[0]} task=${parts[1]-} epochs=${parts[2]-} base name cat=
   base=${cfg##*/}
@@ -405,7 +413,7 @@ parse_line() {  # parse_line LINE: 0 = a valid cell (sets P_*), 1 = invalid, 2 =
     cat=${cat##*/}
   fi
   [[ -n $cat ]] || cat=default
-  P_CFG=$cfg P_TASK=$task P_EPOCHS=$epochs P_NAME=$name P_CAT=$cat
+  P_CFG=$cfg P_TASK=$task P_EPOCHS=$epochs P_NAME=$name P_CAT=$cat P_PRIO=$prio
 }
 
 # On a network FS a client's cache may still show a name the server no longer has (a claim that
@@ -624,7 +632,7 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
         [[ -e $CLAIMS/$P_NAME || -e $FINAL/$P_NAME/MANIFEST.json ]] && continue
         est_of "$P_NAME"
         rem=$(( rem + REPLY * 1000 / spd ))
-        [[ -n ${STEAL_SKIP["$q:$j"]-} ]] || cands+=" $j:$P_NAME:$REPLY"
+        [[ -n ${STEAL_SKIP["$q:$j"]-} ]] || cands+=" $j:$P_NAME:$P_PRIO:$REPLY"
       done
     fi
     q_name+=("$q") q_host+=("$h") q_rem+=("$rem") q_cands+=("$cands")
@@ -644,6 +652,9 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
     done
     order[j + 1]=$e
   done
+  # Priorities (`priority=N` on a line) come first: the highest-priority cell that would finish
+  # here sooner, from any queue; among equals, that rule's pick (the first queue, its last such line).
+  local best= best_prio= p
   for k in "${order[@]}"; do
     (( q_rem[k] > 0 )) || break
     read -r -a list <<<"${q_cands[k]}"
@@ -652,14 +663,21 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
       e=${entry##*:}
       here=$(( e * 1000 / my_speed ))
       if (( here < q_rem[k] )); then
-        S_QUEUE=${q_name[k]} S_HOST=${q_host[k]} S_IDX=${entry%%:*} S_HERE=$here
-        S_NAME=${entry#*:}
-        S_NAME=${S_NAME%:*}
-        return 0
+        p=${entry%:*}
+        p=${p##*:}
+        if [[ -z $best ]] || (( p > best_prio )); then
+          best=$k:$here:$entry best_prio=$p
+        fi
       fi
     done
   done
-  return 1
+  [[ -n $best ]] || return 1
+  k=${best%%:*} entry=${best#*:}
+  S_HERE=${entry%%:*} entry=${entry#*:}
+  S_QUEUE=${q_name[k]} S_HOST=${q_host[k]} S_IDX=${entry%%:*}
+  S_NAME=${entry#*:}
+  S_NAME=${S_NAME%%:*}
+  return 0
 }
 
 steal_once() {  # 0 = ran a stolen cell or lost a race (look again); 1 = nothing worth stealing

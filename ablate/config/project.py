@@ -109,6 +109,7 @@ class CellSource:
     glob: str
     task: str
     epochs: int | None
+    priority: int = 0  # higher runs first in its queue and is stolen first
 
 
 @dataclass(frozen=True)
@@ -405,7 +406,7 @@ def _cells(r: Reader, tasks: Mapping[str, Task]) -> tuple[CellSource, ...]:
         raise r.err("cells", f"must be a list of {{glob, task, epochs}}, got {tname(raw)}")
     out = []
     for i, item in enumerate(raw):
-        c = Reader(item, r.file, f"cells[{i}]", {"glob", "task", "epochs"})
+        c = Reader(item, r.file, f"cells[{i}]", {"glob", "task", "epochs", "priority"})
         task = c.text("task", required=True) or ""
         if task not in tasks:
             raise c.err("task", f"{task!r} is not in tasks{suggest(task, tasks)}")
@@ -415,7 +416,10 @@ def _cells(r: Reader, tasks: Mapping[str, Task]) -> tuple[CellSource, ...]:
         if not _SAFE_GLOB.match(glob):
             raise c.err("glob", f"{glob!r} has characters a shell would interpret; use letters, digits, "
                                 ". _ / + @ , = - and the wildcards * ? [ ]")
-        out.append(CellSource(glob, task, c.whole("epochs")))
+        prio = c.data.get("priority", 0)
+        if isinstance(prio, bool) or not isinstance(prio, int) or abs(prio) > 999999:
+            raise c.err("priority", f"must be a whole number (higher runs first; default 0), got {prio!r}")
+        out.append(CellSource(glob, task, c.whole("epochs"), prio))
     return tuple(out)
 
 

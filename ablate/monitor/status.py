@@ -42,6 +42,7 @@ class QueueRow:
     progress: dict[str, Any] | None = None  # live: epoch/metric from the current cell's log tail
     # its services (ablate.yaml services:), from its heartbeat: name -> {state, port, gpus, pid, starts}
     services: dict[str, dict[str, Any]] = field(default_factory=dict)
+    priorities: dict[str, int] = field(default_factory=dict)  # its cells' non-zero priorities
 
 
 @dataclass
@@ -90,6 +91,8 @@ class StatusReport:
                 f"{r.done:>5} {r.failed:>5} {r.synced:>6} {duration(r.eta):>8}"
             )
         out += [f"  services of {r.queue}: {services_text(r.services)}" for r in self.rows if r.services]
+        out += [f"  {r.queue} by priority: {priority_text(r.priorities, r.cells)}" for r in self.rows
+                if r.priorities]
         verified = "not reconciled" if self.verified is None else f"{self.verified} verified by load"
         out.append(f"sweep {self.sweep}: {self.synced}/{self.roster} cells synced to the shared FS, "
                    f"{verified}")
@@ -103,6 +106,15 @@ class StatusReport:
         out += [f"view of {h}: {v['why']}" for h, v in self.views.items() if v.get("unsettled")]
         return out + state_lines(self.cells, self.idle) + live_lines(self) + warning_lines(self.warnings)
 
+
+
+def priority_text(priorities: dict[str, int], cells: list[str]) -> str:
+    """`2: c1 c4, 0: 5 cells` (highest first; a level's names when it has at most 3)."""
+    levels: dict[int, list[str]] = {}
+    for c in cells:
+        levels.setdefault(priorities.get(c, 0), []).append(c)
+    return ", ".join(f"{p}: {' '.join(ns)}" if len(ns) <= 3 else f"{p}: {len(ns)} cells"
+                     for p, ns in sorted(levels.items(), reverse=True))
 
 
 def services_text(services: dict[str, dict[str, Any]]) -> str:
@@ -157,6 +169,7 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
             current=current, elapsed=elapsed, heartbeat_age=view.heartbeat_age, done=done, failed=failed,
             synced=sum(1 for n in names if n in snap.results), live=view.live if reachable else None,
             cells=names, eta=eta, services=dict(hb.services) if hb is not None else {},
+            priorities={ln.cell.name: ln.cell.priority for ln in q.cells if ln.cell and ln.cell.priority},
         ))
     report = StatusReport(
         sweep=project.sweep, roster=len(roster), synced=len(roster & set(snap.results)),

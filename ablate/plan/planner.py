@@ -91,12 +91,13 @@ class PlannedQueue:
 
     def text(self) -> str:
         slot = "" if self.machine.slot is None else f" slot={self.machine.slot}"
-        rows = [f"# ablate: host={self.machine.host}{slot}", *(c.line for c in self.cells)]
+        rows = [f"# ablate: host={self.machine.host}{slot}", *(c.queue_line for c in self.cells)]
         return "".join(row + "\n" for row in rows)
 
     def to_json(self) -> dict[str, Any]:
         return {"queue": self.queue, "host": self.machine.host, "slot": self.machine.slot,
                 "cells": [c.name for c in self.cells], "cost": _r(self.cost), "finish": _r(self.finish),
+                "priorities": {c.name: c.priority for c in self.cells if c.priority},
                 "eta_seconds": None if self.eta_seconds is None else _r(self.eta_seconds)}
 
 
@@ -148,6 +149,9 @@ class PlanResult:
         n = sum(len(q.cells) for q in self.queues)
         out.append(f"{n} cells on {len(self.queues)} queues: makespan {self.makespan:.2f}, "
                    f"lower bound {self.lower_bound:.2f} (ratio {ratio:.3f})")
+        for q in self.queues:
+            if any(c.priority for c in q.cells):
+                out.append(f"{q.queue}: by priority: {priority_text(q.cells)}")
         if self.model is not None:
             out.append(eta_line(self.model, self.eta_seconds, "plan"))
         if self.written:  # each file was already reported through `log` as it was written
@@ -163,6 +167,14 @@ class PlanResult:
 
 _PAST = {"write": "written", "unchanged": "unchanged", "remove": "removed", "set aside": "set aside",
          "keep": "kept (not written by plan)"}
+
+
+def priority_text(cells: Sequence[Cell]) -> str:
+    """`2: 3 cells, 0: 5 cells` (highest first)."""
+    counts: dict[int, int] = {}
+    for c in cells:
+        counts[c.priority] = counts.get(c.priority, 0) + 1
+    return ", ".join(f"{p}: {n} cell{'s' if n != 1 else ''}" for p, n in sorted(counts.items(), reverse=True))
 
 
 def _r(x: float) -> float:
@@ -225,7 +237,8 @@ def glob_cells(project: Project) -> list[Cell]:
             if not cellmod.SAFE_CFG.match(rel):
                 raise ConfigError(f"{where}: the path has characters a shell would interpret; rename it "
                                   "to letters, digits and . _ / + @ , = -")
-            cell = cellmod.parse_line(f"{rel} {src.task} {epochs}", project.tasks, where)
+            prio = f" priority={src.priority}" if src.priority else ""
+            cell = cellmod.parse_line(f"{rel} {src.task} {epochs}{prio}", project.tasks, where)
             assert cell is not None
             prev = found.get(cell.name)
             if prev is None:
@@ -280,10 +293,11 @@ def plan(project: Project, hosts: Sequence[str] | None = None, write: bool = Tru
     per: list[list[int]] = [[] for _ in mach]
     for i, j in enumerate(where):
         per[j].append(i)
-    # Longest first inside a queue: its tail holds the small cells, what a drained runner steals.
+    # Inside a queue: higher priority first (the balance across queues stays by cost); then longest
+    # first: its tail holds the small cells, what a drained runner steals.
     queues = tuple(
-        PlannedQueue(m, tuple(todo[i] for i in sorted(idx, key=lambda i: (-weights[i], todo[i].cfg,
-                                                                          todo[i].task, todo[i].epochs))),
+        PlannedQueue(m, tuple(todo[i] for i in sorted(idx, key=lambda i: (
+            -todo[i].priority, -weights[i], todo[i].cfg, todo[i].task, todo[i].epochs))),
                      sum(costs[i] for i in idx), sum(weights[i] for i in idx),
                      sum(weights[i] for i in idx) / m.speed if model.learned else None)
         for m, idx in zip(mach, per, strict=True))

@@ -1,9 +1,11 @@
 """Cells, queue files and the roster.
 
-A queue line is `<cfg_path> <task> [epochs]`; blank and `#` lines are skipped but keep their index
-(indices count from 0). A cell's identity is `(cfg, task, epochs)`; its name is the cfg basename
-without extension and must be a safe path component. The roster is every cell line of every queue
-file in `queues/`; two *different* lines mapping to one name are a collision, refused before launch.
+A queue line is `<cfg_path> <task> [epochs] [priority=N]` (a higher priority runs earlier in its
+queue and is stolen first; not part of the cell's identity); blank and `#` lines are skipped but
+keep their index (indices count from 0). A cell's identity is `(cfg, task, epochs)`; its name is the
+cfg basename without extension and must be a safe path component. The roster is every cell line of
+every queue file in `queues/`; two *different* lines mapping to one name are a collision, refused
+before launch.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import hashlib
 import posixpath
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ablate.config.project import SAFE_NAME, Project, Task
@@ -29,6 +31,7 @@ class Cell:
     cfg: str
     task: str
     epochs: int
+    priority: int = field(default=0, compare=False)  # not part of the identity: the order it runs in
 
     @property
     def name(self) -> str:
@@ -42,6 +45,11 @@ class Cell:
     @property
     def line(self) -> str:
         return f"{self.cfg} {self.task} {self.epochs}"
+
+    @property
+    def queue_line(self) -> str:
+        """The line `plan` writes: with its priority when it has one."""
+        return self.line + (f" priority={self.priority}" if self.priority else "")
 
 
 @dataclass(frozen=True)
@@ -90,12 +98,19 @@ def parse_line(text: str, tasks: Mapping[str, Task], where: str) -> Cell | None:
     if not stripped or stripped.startswith("#"):
         return None
     parts = stripped.split()
+    priority = 0
+    if len(parts) > 2 and parts[-1].startswith("priority="):
+        m = re.fullmatch(r"priority=(-?[0-9]{1,6})", parts[-1])
+        if m is None:
+            raise QueueError(f"{where}: {parts[-1]!r}: a priority is a whole number, e.g. priority=2")
+        priority = int(m.group(1))
+        parts.pop()
     spaced = next((k for k in range(2, len(parts)) if parts[1] not in tasks and parts[k] in tasks), None)
     if spaced is not None:
         raise QueueError(f"{where}: cfg path {' '.join(parts[:spaced])!r} has a space (characters a "
                          "shell would interpret); rename the file to letters, digits and . _ / + @ , = -")
     if len(parts) not in (2, 3):
-        raise QueueError(f"{where}: expected `<cfg_path> <task> [epochs]`, got {stripped!r}")
+        raise QueueError(f"{where}: expected `<cfg_path> <task> [epochs] [priority=N]`, got {stripped!r}")
     cfg, task = parts[0], parts[1]
     if not SAFE_CFG.match(cfg):
         raise QueueError(f"{where}: cfg path {cfg!r} has characters a shell would interpret; "
@@ -117,7 +132,7 @@ def parse_line(text: str, tasks: Mapping[str, Task], where: str) -> Cell | None:
         epochs = int(parts[2])
     else:
         epochs = tasks[task].epochs
-    return Cell(cfg, task, epochs)
+    return Cell(cfg, task, epochs, priority)
 
 
 def parse_queue_text(queue: str, text: str, tasks: Mapping[str, Task], path: Path) -> QueueFile:
