@@ -80,10 +80,11 @@ def alive(pid: int) -> bool:
         return False
 
 
-def setup(lp: LocalProject, *, server: str = "", scope: str = "queue", timeout: int = 30) -> int:
+def setup(lp: LocalProject, *, server: str = "", scope: str = "queue", timeout: int = 30,
+          field: str = "port") -> int:
     port = free_port()
     pidfile = lp.root / "svc.pid"
-    train = (f"{sys.executable} {svc_train.__file__} --url http://127.0.0.1:{{port}}/ --out {{ckpt_dir}} "
+    train = (f"{sys.executable} {svc_train.__file__} --url http://127.0.0.1:{{{field}}}/ --out {{ckpt_dir}} "
              f"-- {sys.executable} -m ablate.demo.train --config {{cfg}} --epochs {{epochs}} "
              "--out {ckpt_dir} --resume {resume}")
     lp.write_config(train=train, steal=False, services=[{
@@ -176,7 +177,7 @@ def test_a_service_dying_mid_cell_fails_that_cell_as_service_down_then_remediate
 
 def test_a_cell_scoped_service_runs_around_each_cell(local_project: LocalProject) -> None:
     lp = local_project
-    port = setup(lp, scope="cell")
+    port = setup(lp, scope="cell", field="port_srv")  # the train template names the service
     lp.queue("q1", [lp.cfg("cfgs/a/one.yaml") + " recon 1", lp.cfg("cfgs/a/two.yaml") + " recon 1"])
     launch(load_project(lp.root), "q1", "h1")
     evs = drained(lp, "h1", "q1")
