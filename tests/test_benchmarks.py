@@ -38,19 +38,30 @@ def rows(out: str) -> list[list[str]]:
     return [[c.strip().strip("*") for c in line.strip("|").split("|")] for line in table[1:]]
 
 
-def test_bench_balance_simulates_every_policy() -> None:
+BALANCE_ROWS = ["round-robin", "waves", "pull queue", "static plan", "plan+steal",
+                "variant: plan+steal, first fit", "variant: plan+steal, cfg order",
+                "reference: pull, fastest first", "learned: plan+steal, last fit",
+                "learned: plan+steal, first fit", "learned: plan+steal, min-max",
+                "reference: plan+steal, min-max, true medians"]
+
+
+def test_bench_balance_simulates_every_policy_in_both_worlds() -> None:
     out = run("bench_balance.py", "--sweeps", "12", "--sigmas", "0,0.3")
-    body = rows(out)
-    assert [r[0] for r in body] == ["round-robin", "waves", "pull queue", "static plan", "plan+steal",
-                                    "variant: plan+steal, first fit", "variant: plan+steal, cfg order",
-                                    "reference: pull, fastest first"]
-    assert all(len(r) == 5 for r in body)  # mean and p90 for each of the two sigmas
-    assert all(float(x) >= 1.0 for r in body for x in r[1:])  # no schedule beats the lower bound
-    static, steal = body[3], body[4]
+    exact_out, mis_out = out.split("misspecified world:")
+    exact, mis = rows(exact_out), rows(mis_out)
+    for body in (exact, mis):
+        assert [r[0] for r in body] == BALANCE_ROWS
+        assert all(len(r) == 5 for r in body)  # mean and p90 for each of the two sigmas
+        # no schedule beats the lower bound (in the misspecified world: the exact fractional optimum)
+        assert all(float(x) >= 1.0 for r in body for x in r[1:])
+    static, steal = exact[3], exact[4]
     # With exact estimates a steal only happens when the thief finishes before the victim would:
     # it never lengthens the makespan.
     assert float(steal[1]) <= float(static[1]) and float(steal[2]) <= float(static[2])
-    assert "static plan mean at sigma=0:" in out and "plan+steal at sigma=0.3:" in out
+    assert "static plan mean at sigma=0:" in exact_out and "plan+steal at sigma=0.3:" in exact_out
+    assert "learned: plan+steal, min-max at sigma=0.3:" in mis_out and "best learned rule" in mis_out
+    # The worker processes only split the sweeps: one process prints the same figures.
+    assert run("bench_balance.py", "--sweeps", "12", "--sigmas", "0,0.3", "--jobs", "1") == out
 
 
 def test_bench_overhead_runs_cells_through_the_real_wrappers() -> None:
