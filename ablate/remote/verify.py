@@ -68,11 +68,14 @@ PREFETCH = 32 << 20  # bytes asked of the disk ahead of the hash (posix_fadvise 
 def sha256_file(path: str | os.PathLike[str], bufsize: int = 1 << 20) -> str:
     """sha256 of a file; the kernel reads the next PREFETCH bytes while this thread hashes."""
     h = hashlib.sha256()
-    buf = bytearray(bufsize)
-    view = memoryview(buf)
     advise = getattr(os, "posix_fadvise", None)
     with open(path, "rb", buffering=0) as f:
         fd, pos, ahead = f.fileno(), 0, 0
+        if os.fstat(fd).st_size < bufsize:  # a small file: one read, no buffer to allocate
+            while chunk := f.read(bufsize):
+                h.update(chunk)
+            return h.hexdigest()
+        view = memoryview(bytearray(bufsize))
         while True:
             if advise is not None and pos + bufsize > ahead:
                 advise(fd, ahead, PREFETCH, os.POSIX_FADV_WILLNEED)

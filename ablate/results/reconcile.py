@@ -181,8 +181,9 @@ def classify(project: Project, roster: Roster, tree: dict[str, Any], hosts: list
     cells_info: dict[str, Any] = tree["cells"]
     dirs: list[str] = tree["dirs"]
     report = ReconcileReport(roster=len(roster.cells), verified=0, complete=False)
+    index = _Candidates(dirs, tree["entries"], roster, hosts)
     for name, cell in roster.cells.items():
-        candidates = _candidates(name, dirs, tree["entries"], roster, hosts)
+        candidates = index.of(name)
         info = cells_info.get(name)
         if info is None:
             report.missing.append(name)
@@ -213,15 +214,27 @@ def classify(project: Project, roster: Roster, tree: dict[str, Any], hosts: list
     return report
 
 
-def _candidates(name: str, dirs: list[str], entries: list[str], roster: Roster,
-                hosts: list[str]) -> list[str]:
-    """Every dir that could be `name`'s result: itself, case variants that are no other roster
-    cell, and leftover staging dirs `.staging.<name>.<host>.<pid>`."""
-    out = [name] if name in dirs else []
-    folded = name.casefold()
-    out += [d for d in dirs if d != name and d.casefold() == folded and d not in roster.cells]
-    out += [e for e in entries if _staging_name(e, hosts) == name]
-    return out
+class _Candidates:
+    """Every dir that could be a cell's result: itself, case variants that are no other roster
+    cell, and leftover staging dirs `.staging.<name>.<host>.<pid>`; indexed once (a listing of
+    n dirs, n roster cells: linear, not n x n)."""
+
+    def __init__(self, dirs: list[str], entries: list[str], roster: Roster, hosts: list[str]) -> None:
+        self.dirs = set(dirs)
+        self.folded: dict[str, list[str]] = {}
+        for d in dirs:
+            if d not in roster.cells:
+                self.folded.setdefault(d.casefold(), []).append(d)
+        self.staging: dict[str, list[str]] = {}
+        for e in entries:
+            owner = _staging_name(e, hosts)
+            if owner is not None:
+                self.staging.setdefault(owner, []).append(e)
+
+    def of(self, name: str) -> list[str]:
+        out = [name] if name in self.dirs else []
+        out += [d for d in self.folded.get(name.casefold(), []) if d != name]
+        return out + self.staging.get(name, [])
 
 
 def _staging_name(entry: str, hosts: list[str]) -> str | None:
