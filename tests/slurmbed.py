@@ -37,9 +37,16 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from tests.testbed import _kill_pids, _proc_start, _remove_dir, _sh, teardown_names
+from tests.testbed import (
+    _kill_pids,
+    _proc_start,
+    _remove_dir,
+    _sh,
+    free_subnet,
+    reap_leftovers,
+    teardown_names,
+)
 
 BASE = Path("/var/lib/ablate-slurmbed")
 SUBNET = "10.232"  # tests/testbed.py (and its sshfs storage) take 10.231.X.0/24
@@ -156,9 +163,9 @@ class SlurmBed:
         BASE.mkdir(parents=True, exist_ok=True)
         with open(BASE / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # subnet choice + bridge creation are one step
-            reap_leftovers()
+            reap_leftovers(BASE)
             self.dir.mkdir()
-            self.subnet = _free_subnet()
+            self.subnet = free_subnet(SUBNET)
             self._save_state()
             _sh("ip", "link", "add", self.bridge, "type", "bridge", "forward_delay", "0")
             _sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
@@ -417,37 +424,3 @@ def _ns_pids(ns: str) -> list[int]:
 
 def _pairs(line: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", line))
-
-
-def _free_subnet() -> str:
-    used = set(re.findall(rf"{re.escape(SUBNET)}\.(\d+)\.", _sh("ip", "-o", "-4", "addr", "show").stdout
-                          + _sh("ip", "-4", "route", "show", "table", "all").stdout))
-    free = [x for x in range(1, 255) if str(x) not in used]
-    if not free:
-        raise RuntimeError(f"slurmbed: no free {SUBNET}.X.0/24 subnet")
-    return f"{SUBNET}.{secrets.choice(free)}"
-
-
-def _runs(pid: int, start: str | None) -> bool:
-    """Whether `pid` is still the process that started at `start` and not a zombie (a killed
-    owner stays one until this machine's init reaps it)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
-    return fields[0] != "Z" and fields[19] == start
-
-
-def reap_leftovers() -> None:
-    """Tear down beds whose pytest process is gone (killed before its teardown ran)."""
-    for state_file in BASE.glob("*/state.json"):
-        try:
-            state: dict[str, Any] = json.loads(state_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if _runs(int(state["pid"]), state.get("start")):
-            continue  # its owner still runs
-        errors: list[str] = []
-        teardown_names(state["bridge"], list(state["netns"]), errors)
-        if not errors:
-            _remove_dir(state_file.parent, errors)

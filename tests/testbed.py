@@ -173,7 +173,7 @@ class Testbed:
             fcntl.flock(lock, fcntl.LOCK_EX)  # subnet choice + bridge creation are one step
             reap_leftovers()
             self.dir.mkdir()
-            self.subnet = _free_subnet()
+            self.subnet = free_subnet()
             if self.shared == "sshfs":  # imported here: testbed.py also runs as a script (delay-proxy)
                 from tests.testbed_storage import Storage
 
@@ -505,13 +505,14 @@ def _kill_pids(ns: str) -> None:
     _wait(lambda: not pids(), 10, f"every process of {ns} gone")
 
 
-def _free_subnet() -> str:
-    used = set(re.findall(r"10\.231\.(\d+)\.", _sh("ip", "-o", "-4", "addr", "show").stdout
+def free_subnet(prefix: str = "10.231") -> str:
+    """A `<prefix>.X` no address or route on this machine uses (X random: beds side by side)."""
+    used = set(re.findall(rf"{re.escape(prefix)}\.(\d+)\.", _sh("ip", "-o", "-4", "addr", "show").stdout
                           + _sh("ip", "-4", "route", "show", "table", "all").stdout))
     free = [x for x in range(1, 255) if str(x) not in used]
     if not free:
-        raise RuntimeError("testbed: no free 10.231.X.0/24 subnet")
-    return f"10.231.{secrets.choice(free)}"
+        raise RuntimeError(f"testbed: no free {prefix}.X.0/24 subnet")
+    return f"{prefix}.{secrets.choice(free)}"
 
 
 def teardown_names(bridge: str, namespaces: list[str], errors: list[str]) -> None:
@@ -538,14 +539,24 @@ def _remove_dir(path: Path, errors: list[str]) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def reap_leftovers() -> None:
-    """Tear down runs whose pytest process is gone (killed before its `finally` ran)."""
-    for state_file in BASE.glob("*/state.json"):
+def _owner_runs(pid: int, start: str | None) -> bool:
+    """Whether `pid` is still the process that started at `start` and not a zombie (a killed
+    owner stays one until this machine's init reaps it)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != "Z" and fields[19] == start
+
+
+def reap_leftovers(base: Path = BASE) -> None:
+    """Tear down runs under `base` whose pytest process is gone (killed before its teardown ran)."""
+    for state_file in base.glob("*/state.json"):
         try:
             state: dict[str, Any] = json.loads(state_file.read_text())
         except (OSError, ValueError):
             continue
-        if _proc_start(int(state["pid"])) == state.get("start"):
+        if _owner_runs(int(state["pid"]), state.get("start")):
             continue  # its owner still runs
         errors: list[str] = []
         teardown_names(state["bridge"], list(state["netns"]), errors)

@@ -15,7 +15,7 @@ import csv
 import io
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ablate.report.groups import Group, GroupTable
 from ablate.report.stats import LEVEL, Diff, Summary
@@ -105,6 +105,21 @@ def _md_diff(t: GroupTable, g: Group, m: str) -> str:
     return f"{fmt_delta(t, g, m, d)} {fmt_ci(d)}" + (f" {MARK}" if d.excludes_zero else "")
 
 
+def _row(t: GroupTable, g: Group, name: Callable[[str], str], mean: Callable[[Summary], str],
+         best: Callable[[str], str], diff: Callable[[GroupTable, Group, str], str]) -> list[str]:
+    """One group's cells in a format: its name, n, then per metric the mean (the best in `best`'s
+    emphasis) and, with a baseline, the difference to it."""
+    row = [name(g.name) + (" (baseline)" if g.baseline else ""), n_cell(g)]
+    for m in t.metrics:
+        shown = mean(g.stats[m])
+        if shown and g.name in t.best.get(m, set()):
+            shown = best(shown)
+        row.append(shown + metric_n(g, m))
+        if t.baseline is not None:
+            row.append(diff(t, g, m))
+    return row
+
+
 def to_markdown(tables: Sequence[GroupTable], sweep: str) -> str:
     out = [f"# Ablation over seeds: sweep {_md(sweep)}", ""]
     for t in tables:
@@ -116,14 +131,7 @@ def to_markdown(tables: Sequence[GroupTable], sweep: str) -> str:
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "|".join([":--", "--:"] + ["--:"] * (len(head) - 2)) + "|")
         for g in t.groups:
-            row = [_md(g.name) + (" (baseline)" if g.baseline else ""), n_cell(g)]
-            for m in t.metrics:
-                shown = fmt_mean(g.stats[m])
-                if shown and g.name in t.best.get(m, set()):
-                    shown = f"**{shown}**"
-                row.append(shown + metric_n(g, m))
-                if with_delta:
-                    row.append(_md_diff(t, g, m))
+            row = _row(t, g, _md, fmt_mean, lambda s: f"**{s}**", _md_diff)
             out.append("| " + " | ".join(row) + " |")
         legend, *more = footnotes(t)
         out += ["", _md(legend), ""] + [f"- {_md(n)}" for n in more] + ([""] if more else [])
@@ -186,14 +194,7 @@ def to_latex(tables: Sequence[GroupTable], sweep: str) -> str:
                 f"\\begin{{tabular}}{{l{'r' * (ncols - 1)}}}", "\\toprule",
                 " & ".join(head) + " \\\\", "\\midrule"]
         for g in t.groups:
-            row = [tex_escape(g.name) + (" (baseline)" if g.baseline else ""), n_cell(g)]
-            for m in t.metrics:
-                shown = _tex_mean(g.stats[m])
-                if shown and g.name in t.best.get(m, set()):
-                    shown = f"\\textbf{{{shown}}}"
-                row.append(shown + metric_n(g, m))
-                if with_delta:
-                    row.append(_tex_diff(t, g, m))
+            row = _row(t, g, tex_escape, _tex_mean, lambda s: f"\\textbf{{{s}}}", _tex_diff)
             out.append(" & ".join(row) + " \\\\")
         out.append("\\bottomrule")
         for note in footnotes(t):
