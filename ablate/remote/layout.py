@@ -9,16 +9,33 @@ docs/ARCHITECTURE.md; the bash wrappers build the same paths (they cannot import
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
 
 MANIFEST = "MANIFEST.json"
 STAGING_PREFIX = ".staging."  # final_ckpts/.staging.<name>.<host>.<pid>/: a copy in flight
 ASIDE_PREFIX = ".aside."  # final_ckpts/.aside.<name>.<t>[.staging-<k>]/: set aside by remediate
 
 
-@dataclass(frozen=True)
 class SweepLayout:
+    """The paths of one sweep root. Immutable, compared and hashed by its root (a plain class, not a
+    dataclass: `dataclasses` costs the probe ~15 ms of imports at every start on every host)."""
+
+    __slots__ = ("root",)
     root: str
+
+    def __init__(self, root: str) -> None:
+        object.__setattr__(self, "root", root)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"SweepLayout is immutable (setting {name!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SweepLayout) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    def __repr__(self) -> str:
+        return f"SweepLayout(root={self.root!r})"
 
     def _j(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)

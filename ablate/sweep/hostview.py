@@ -23,7 +23,7 @@ from ablate.config.project import Project
 from ablate.remote.layout import SweepLayout
 from ablate.transport import fan_out, host_transport
 from ablate.transport.shellhost import NO_TMUX_SERVER
-from ablate.transport.sshfs import lib_digest
+from ablate.transport.sshfs import PROBE_RUN, PYC, lib_digest
 
 MARK = "\x1eablate"  # a record separator no log line (and no JSON document) carries
 # tmux: "$@" is the host's tmux command line; its sessions come first, the rc after them.
@@ -36,7 +36,8 @@ VIEW = r"""printf '\036ablate view\n'
 if [ -z "$vd" ]; then printf '\n\036ablate viewrc 96\n'
 elif [ -r "$vd/ablate/remote/probe.py" ]; then
   ( if [ -n "$ve" ]; then eval "$ve" >/dev/null 2>&1 || exit 98; fi
-    cd "$vd" && PYTHONPATH="$vd" PYTHONDONTWRITEBYTECODE=1 exec "$vp" -S -m ablate.remote.probe mine "$va"
+    d=$vd py=$vp f=-S; set -- mine "$va"
+    """ + PYC + r"""    cd "$vd" && """ + PROBE_RUN + r"""
   ) 2>/dev/null
   printf '\n\036ablate viewrc %s\n' "$?"
 else printf '\n\036ablate viewrc 97\n'; fi
