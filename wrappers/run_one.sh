@@ -234,6 +234,14 @@ sync_all() {  # copy, check, publish; exits 0 (synced) or through fail
   # -T: never move *into* an existing dir; -n: never replace one (renameat2 NOREPLACE where the FS has
   # it).
   [[ -e $FINAL ]] && fail "final_ckpts/$NAME appeared while syncing; a durable result is never overwritten"
+  # A Slurm attempt publishes only while the claim is its own: a newer attempt of the queue (the job
+  # requeued while this one was cut off) took the cell over, and only it may publish.
+  if [[ -n ${ABLATE_ATTEMPT-} ]]; then
+    local o_attempt=
+    { read -r _ _ _ _ o_attempt _ <"$ABLATE_ROOT/claims/$NAME/owner"; } 2>/dev/null
+    [[ $o_attempt == "$ABLATE_ATTEMPT" ]] \
+      || fail "fenced: attempt ${o_attempt:-?} owns the claim of $NAME now, not this run's ($ABLATE_ATTEMPT); it does not publish"
+  fi
   mv -T -n -- "$STAGING" "$FINAL" 2>/dev/null
   # Published means this run's MANIFEST.json opens under the final name (asked of the server: a
   # cached stat of the staging dir could say it moved when the outage cut the rename).

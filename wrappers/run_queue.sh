@@ -365,6 +365,28 @@ on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctr
   hb_write
   exit "$1"
 }
+on_time_limit() {  # Slurm's --signal=B:USR2@grace: the job's time limit is near
+  trap '' USR2 HUP INT TERM
+  local cell=null
+  [[ -n $CUR_STARTED && -n $CUR_CELL ]] && cell="\"$CUR_CELL\""
+  # The cell is cut with TERM (the trainer saves what it resumes from) and keeps its claim: the
+  # next attempt of this queue re-enters it with {resume}=1.
+  [[ -n $CHILD ]] && kill_cell
+  ticker_stop
+  svc_stop_all
+  STATE=stopped CUR_STARTED=
+  hb_write
+  ev queue_stop ", \"idx\": $CUR_IDX, \"cell\": $cell, \"reason\": \"time_limit\", \"requeue\": ${ABLATE_SLURM_RESUBMIT:-0}"
+  say "time limit near: stopped${CUR_CELL:+ (cut $CUR_CELL, resumable)}"
+  if [[ ${ABLATE_SLURM_RESUBMIT:-0} == 1 && -n $ATTEMPT ]]; then
+    # The same job again, later: its queue goes on from its launch line (published cells are
+    # skipped, its claimed ones re-entered). Slurm ends this attempt now.
+    say "asking Slurm to requeue job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID" 2>&1 || ev requeue_failed ", \"job\": \"$SLURM_JOB_ID\""
+  fi
+  exit 0
+}
+trap on_time_limit USR2
 trap 'on_signal 129' HUP
 trap 'on_signal 130' INT
 trap 'on_signal 143' TERM
@@ -434,11 +456,23 @@ claim() {  # claim NAME IDX: 0 when this call created claims/NAME (and wrote its
     (( waited++ < CLAIM_WAIT )) || return 1
     sleep 1
   done
-  now
-  printf '%s %s %s %s\n' "$ABLATE_HOST" "$QUEUE" "$2" "$T" >"$CLAIMS/$1/.owner.$$" \
-    && mv -f "$CLAIMS/$1/.owner.$$" "$CLAIMS/$1/owner"
-  return 0
+  own "$1" "$2"
 }
+own() {  # own NAME IDX: claims/NAME/owner = this host, queue, line, time, attempt and node (tmp + mv)
+  now
+  printf '%s %s %s %s %s %s\n' "$ABLATE_HOST" "$QUEUE" "$2" "$T" "${ATTEMPT:--}" "${HOSTNAME:--}" \
+    >"$CLAIMS/$1/.owner.$$" && mv -f "$CLAIMS/$1/.owner.$$" "$CLAIMS/$1/owner"
+}
+# A batch job Slurm restarted (requeue, preemption, node failure) is a new attempt of the same
+# queue: it re-enters the cells its queue claimed, taking them over (`own`), so that only the
+# current attempt may publish (run_one checks the owner's attempt before its rename): a stale
+# attempt still running on a node cut off from the controller cannot publish over it.
+ATTEMPT=
+if [[ ${SLURM_JOB_ID-} =~ ^[0-9_]+$ ]]; then
+  ATTEMPT=$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}
+  [[ $ATTEMPT =~ ^[0-9_]+\.[0-9]+$ ]] || ATTEMPT=$SLURM_JOB_ID.0
+fi
+export ABLATE_ATTEMPT=$ATTEMPT
 claimed_by_us() {  # claimed_by_us NAME: the claim's owner is this host + queue
   local o_host= o_queue=
   { read -r o_host o_queue _ <"$CLAIMS/$1/owner"; } 2>/dev/null
@@ -740,6 +774,7 @@ reenter_one() {  # 0 when it ran one
     claimed_by_us "$c" || continue  # released by remediate, or never ours
     read_line_of "$ROOT/queues/$from.txt" "$i" && parse_line "$LINE" && [[ $P_NAME == "$c" ]] || continue
     say "re-entering $c (line $i of $from), stolen by this queue and cut before its end"
+    [[ -n $ATTEMPT ]] && own "$c" "$i"
     run_cell "$i" "$c" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 1 "$from"
     return 0
   done
@@ -748,13 +783,19 @@ reenter_one() {  # 0 when it ran one
 
 svc_layout
 hb_write
-ev queue_start ", \"start_index\": $START, \"slot\": ${SLOT:-null}, \"pid\": $$, \"pgid\": $PGID, \"run_queue\": \"$RQ_FILE\", \"spec\": \"$SPEC_FILE\""
+ev queue_start ", \"start_index\": $START, \"slot\": ${SLOT:-null}, \"pid\": $$, \"pgid\": $PGID, \"run_queue\": \"$RQ_FILE\", \"spec\": \"$SPEC_FILE\"${ATTEMPT:+, \"attempt\": \"$ATTEMPT\", \"node\": \"${HOSTNAME-}\"}"
 ticker_start
 say "started at line $START (spec $SPEC_FILE)"
 
 export ABLATE_QUEUE=$QUEUE ABLATE_EVENTS=$EVENTS ABLATE_GPU=$SLOT
 export ABLATE_RUN_QUEUE_VERSION=$RQ_FILE ABLATE_SPEC_VERSION=$SPEC_FILE
-[[ -n $SLOT ]] && export CUDA_VISIBLE_DEVICES=$SLOT
+# A slot is a GPU, except on Slurm, where the job's gres sets CUDA_VISIBLE_DEVICES and a slot only
+# numbers the host's queues.
+if [[ -n $SLOT && ${ABLATE_PIN_GPU:-1} != 0 ]]; then
+  export CUDA_VISIBLE_DEVICES=$SLOT
+elif [[ ${ABLATE_PIN_GPU:-1} == 0 ]]; then
+  ABLATE_GPU=${CUDA_VISIBLE_DEVICES-}
+fi
 
 idx=$START
 while :; do
@@ -805,6 +846,7 @@ while :; do
     resume=0
   elif claimed_by_us "$name"; then
     resume=1  # ours, interrupted (or failed): re-enter with the checkpoint dir intact
+    [[ -n $ATTEMPT ]] && own "$name" "$idx"  # this attempt's now
   else
     ev skip ", \"idx\": $idx, \"cell\": \"$name\", \"reason\": \"claimed\""
     idx=$((idx + 1))

@@ -29,6 +29,7 @@ from ablate.config.settings import (
     parse_report,
     parse_steal,
 )
+from ablate.config.slurm import SlurmSettings, parse_slurm
 from ablate.errors import ConfigError
 from ablate.remote.artifacts import PICKS
 from ablate.remote.layout import SweepLayout
@@ -36,7 +37,7 @@ from ablate.remote.layout import SweepLayout
 CONFIG_NAME = "ablate.yaml"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 TRAIN_FIELDS = {"cfg", "task", "epochs", "name", "ckpt_dir", "cat", "resume", "gpu"}
-TRANSPORTS = ("local", "ssh")
+TRANSPORTS = ("local", "ssh", "slurm")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
@@ -51,6 +52,7 @@ class Profile:
     transport: str
     python: str
     source: str  # the file it came from
+    slurm: SlurmSettings | None = None  # transport: slurm
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,11 @@ class Host:
     @property
     def ckpt_root(self) -> str:
         return self.profile.ckpt_root.replace("{host}", self.name)
+
+    @property
+    def pins_gpus(self) -> bool:
+        """Whether a queue's slot is its GPU (CUDA_VISIBLE_DEVICES); on Slurm the job's gres is."""
+        return self.transport != "slurm"
 
     @property
     def sweep_parent(self) -> str:
@@ -185,7 +192,7 @@ def parse_size(value: Any, where: str) -> int:
 
 # --------------------------------------------------------------------------- profiles
 
-PROFILE_KEYS = {"shared_fs", "ckpt_root", "env", "release", "transport", "python"}
+PROFILE_KEYS = {"shared_fs", "ckpt_root", "env", "release", "transport", "python", "slurm"}
 
 
 def shipped_profiles() -> dict[str, str]:
@@ -236,6 +243,7 @@ def load_profile(name: str, project_dir: Path, where: str) -> Profile:
         transport=transport,
         python=r.text("python", "python3") or "python3",
         source=source,
+        slurm=parse_slurm(r, transport),
     )
 
 
@@ -280,7 +288,7 @@ TOP_KEYS = {
     "candidates", "ssh_config", "hosts", "heartbeat_secs", "costs", "monitor", "report", "steal",
     "services",
 }
-HOST_KEYS = {"profile", "ssh", "speed", "gpus", "slots", "instance_id", "transport"}
+HOST_KEYS = {"profile", "ssh", "speed", "gpus", "slots", "instance_id", "transport", "queues"}
 
 
 def find_config(start: Path) -> Path:
@@ -442,7 +450,13 @@ def _hosts(r: Reader, default: Profile, project_dir: Path, per_queue: int = 1) -
         ssh = h.text("ssh", name) or name
         if not SAFE_NAME.match(ssh) and not re.match(r"^[A-Za-z0-9_.-]+@[A-Za-z0-9_.-]+$", ssh):
             raise h.err("ssh", f"{ssh!r} must be an ssh alias or user@host")
-        gpus = _gpus(h)
+        if (transport == "slurm") != (profile.transport == "slurm"):
+            raise h.err("transport", "a Slurm host takes its transport from its profile "
+                                     "(`transport: slurm` with a slurm: mapping); set `profile:` instead")
+        gpus = _slurm_queues(h, per_queue) if transport == "slurm" else _gpus(h)
+        if transport != "slurm" and h.has("queues"):
+            raise h.err("queues", "only a host of a `transport: slurm` profile takes queues: N "
+                                  "(N batch jobs); give this host gpus: [...] or slots: N")
         iid = h.data.get("instance_id")
         bad_iid = isinstance(iid, bool) or not isinstance(iid, (str, int))
         if iid is not None and (bad_iid or not re.match(r"^[A-Za-z0-9_.-]+$", str(iid))):
@@ -453,6 +467,19 @@ def _hosts(r: Reader, default: Profile, project_dir: Path, per_queue: int = 1) -
         out[name] = Host(name, profile, ssh, h.num("speed", 1.0), gpus,
                          None if iid is None else str(iid), transport, per_queue)
     return out
+
+
+def _slurm_queues(h: Reader, per_queue: int) -> tuple[int, ...]:
+    """A Slurm host is N queues (N batch jobs, `queues: N`): its slots 0..N-1 name the queues;
+    Slurm, not ablate, picks each job's node and GPUs."""
+    for key in ("gpus", "slots"):
+        if h.has(key):
+            raise h.err(key, "a Slurm host has no GPU list: give queues: N (N batch jobs) and the "
+                             "GPUs per job as the profile's slurm.gpus")
+    if per_queue > 1:
+        raise h.err("queues", "services: beside the trainer are not supported on a Slurm host yet; "
+                              "start them in the train command, or run the services on ssh hosts")
+    return tuple(range(h.whole("queues", 1) or 1))
 
 
 def _gpus(h: Reader) -> tuple[int, ...] | None:

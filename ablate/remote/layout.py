@@ -55,6 +55,11 @@ class SweepLayout:
         return self._j("queues")
 
     @property
+    def slurm(self) -> str:
+        """Each Slurm queue job's output, `<job name>.out` (appended across its requeues)."""
+        return self._j("slurm")
+
+    @property
     def claims(self) -> str:
         return self._j("claims")
 

@@ -61,9 +61,19 @@ def render_spec(project: Project, host: Host, run_one_path: str) -> bytes:
         "ABLATE_HEARTBEAT_SECS": str(project.heartbeat_secs),
         "ABLATE_STEAL": "1" if project.steal else "0",
         **service_spec(project, host),
+        **slurm_spec(host),
     }
     head = f"# ablate run spec: sweep {project.sweep}, host {host.name}. Content-addressed; never edited.\n"
     return (head + "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())).encode()
+
+
+def slurm_spec(host: Host) -> dict[str, str]:
+    """A Slurm host's queues: no GPU pinning (the job's gres is), and what the time limit's
+    signal does (run_queue's `on_time_limit`)."""
+    slurm = host.profile.slurm
+    if host.transport != "slurm" or slurm is None:
+        return {}
+    return {"ABLATE_PIN_GPU": "0", "ABLATE_SLURM_RESUBMIT": "1" if slurm.resubmit and slurm.requeue else "0"}
 
 
 SERVICE_GRACE = 10  # seconds between a service's TERM and its KILL

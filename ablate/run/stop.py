@@ -115,8 +115,10 @@ def _stop(project: Project, queue: str, host: str) -> StopResult:
     if not live:
         return StopResult(queue, host, session, False, None, None)
     hb = Heartbeat.from_bytes(f"{host}.{queue}", fs.read_bytes(layout.heartbeat(host, queue)))
-    pgid = _recorded_group(ht, hb) if hb is not None else None
-    services = _service_groups(ht, hb)
+    # On Slurm the job's processes are on a compute node: scancel (tmux_kill) ends them all.
+    ours = h.transport != "slurm"
+    pgid = _recorded_group(ht, hb) if hb is not None and ours else None
+    services = _service_groups(ht, hb) if ours else []
     signal: str | None = None
     if pgid is not None:
         # Never `pkill -f`: the pattern could match this very SSH session. The group is exact.

@@ -11,6 +11,7 @@ through the next such host when that one cannot be reached.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import shutil
 import threading
@@ -87,11 +88,30 @@ atexit.register(close_all)
 
 
 def host_transport(project: Project, host: Host, *, accept_new: bool | None = None) -> HostTransport:
+    accept = _ACCEPT_NEW if accept_new is None else accept_new
+    if host.transport == "slurm":
+        from ablate.remote.layout import SweepLayout
+        from ablate.transport.slurm import SlurmHost
+
+        slurm = host.profile.slurm
+        assert slurm is not None  # the config's rule: transport slurm has a slurm: mapping
+        return SlurmHost(host.name, _slurm_runner(project, host, accept), slurm,
+                         SweepLayout(project.sweep_root(host)).slurm)
     if host.transport == "local":
         from ablate.transport.local import LocalHost  # libtmux: only when a host is local
 
         return LocalHost(host.name)
-    return _ssh_host(project, host, _ACCEPT_NEW if accept_new is None else accept_new)
+    return _ssh_host(project, host, accept)
+
+
+def _slurm_runner(project: Project, host: Host, accept: bool) -> HostTransport:
+    """Where a Slurm host's commands run: its login node over ssh, or (no `login`) this machine."""
+    slurm = host.profile.slurm
+    if slurm is None or slurm.login is None:
+        from ablate.transport.local import LocalHost
+
+        return LocalHost(host.name)
+    return _ssh_host(project, dataclasses.replace(host, ssh=slurm.login, transport="ssh"), accept)
 
 
 def shared_fs(project: Project, *, accept_new: bool | None = None, via: str | None = None) -> SharedFS:
@@ -99,11 +119,17 @@ def shared_fs(project: Project, *, accept_new: bool | None = None, via: str | No
     hosts of the default profile, in ablate.yaml order, or only through host `via` when given:
     `reconcile --fs --host H`)."""
     profile = project.profile
-    if profile.transport == "local":
-        from ablate.transport.local import LocalFS
+    accept = _ACCEPT_NEW if accept_new is None else accept_new
+    if profile.transport == "local" or (profile.slurm is not None and profile.slurm.login is None):
+        from ablate.transport.local import LocalFS  # a Slurm cluster's FS, mounted here
 
         return LocalFS(project.sweep_root())
-    accept = _ACCEPT_NEW if accept_new is None else accept_new
+    if profile.slurm is not None and profile.slurm.login is not None:
+        login = next((h for h in project.hosts.values() if h.profile.name == profile.name), None)
+        if login is not None:  # its shared FS through the login node
+            via_login = dataclasses.replace(login, ssh=profile.slurm.login, transport="ssh")
+            return SSHFS([_ssh_host(project, via_login, accept)], project.sweep_root(),
+                         python=profile.python, env=profile.env)
     if via is not None:
         h = project.host(via)
         if h.transport != "ssh":

@@ -1,0 +1,144 @@
+"""A profile's `slurm:` mapping (`transport: slurm`): how each queue becomes one batch job.
+
+    transport: slurm
+    shared_fs: /shared/ablate          # as the compute nodes (and the login node) mount it
+    ckpt_root: /scratch/ablate-ckpt    # where a running cell writes; shared scratch survives a requeue
+    slurm:
+      login: hpc-login                 # the login node's ssh alias; absent: this machine has sbatch
+      partition: gpu
+      account: mylab
+      qos: normal
+      time: "1-00:00:00"               # each job's time limit (--time)
+      gpus: 1                          # per queue: --gres=gpu:1 (Slurm sets CUDA_VISIBLE_DEVICES)
+      extra: [--constraint=a100]       # further sbatch options, one word each
+      requeue: true                    # --requeue (Slurm restarts the job after a node failure or
+                                       # preemption; run_queue re-enters it); false: --no-requeue
+      grace: 120                       # seconds before the time limit the queue is told (USR2)
+      resubmit: true                   # at that signal: the cell is cut resumable and the job
+                                       # requeued, its queue going on where it was
+
+Options ablate sets itself (`--job-name`, `--output`, `--requeue`, `--signal`, ...) are refused in
+`extra`: two owners of one option is how duplicate runs happen.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ablate.config.reader import Reader
+
+SLURM_KEYS = {"login", "partition", "account", "qos", "time", "gpus", "extra", "requeue", "grace", "resubmit"}
+# sbatch options ablate owns (the job's identity, output, requeue policy, signal, the script itself).
+OWNED = ("--job-name", "-J", "--output", "-o", "--error", "-e", "--open-mode", "--requeue",
+         "--no-requeue", "--signal", "--wrap", "--array", "-a", "--parsable", "--chdir", "-D",
+         "--dependency", "-d", "--gres", "--time", "-t", "--partition", "-p", "--account", "-A",
+         "--qos", "-q", "--export")
+_WORD = re.compile(r"^[A-Za-z0-9._/:=,@%+-]+$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ALIAS = re.compile(r"^([A-Za-z0-9_.-]+@)?[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+_TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    login: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    gpus: int = 0
+    extra: tuple[str, ...] = ()
+    requeue: bool = True
+    grace: int = 120
+    resubmit: bool = True
+
+    @property
+    def time_seconds(self) -> int | None:
+        return None if self.time is None else time_seconds(self.time)
+
+    def sbatch_options(self) -> list[str]:
+        """Every option of each queue's `sbatch` but its name and output (the session adapter's)."""
+        out = [f"--{k}={v}" for k, v in (("partition", self.partition), ("account", self.account),
+                                          ("qos", self.qos), ("time", self.time)) if v]
+        if self.gpus:
+            out.append(f"--gres=gpu:{self.gpus}")
+        # Always explicit: the site's JobRequeue default must never decide who owns retries.
+        out.append("--requeue" if self.requeue else "--no-requeue")
+        # B: the batch shell (run_queue) gets it, not only job steps; never USR1 (NCCL's).
+        out.append(f"--signal=B:USR2@{self.grace}")
+        return [*out, *self.extra]
+
+
+def time_seconds(text: str) -> int:
+    """Seconds of a Slurm time limit (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`)."""
+    m = _TIME.match(text)
+    if not m:
+        raise ValueError(text)
+    d, dh, dm, ds, a, b, c = (int(g) if g else 0 for g in m.groups())
+    if m.group(1) is not None:
+        return ((d * 24 + dh) * 60 + dm) * 60 + ds
+    if m.group(7) is not None:  # H:M:S
+        return (a * 60 + b) * 60 + c
+    if m.group(6) is not None:  # M:S
+        return a * 60 + b
+    return a * 60  # M
+
+
+def parse_slurm(r: Reader, transport: str) -> SlurmSettings | None:
+    """The profile's `slurm:` mapping: required with `transport: slurm`, refused without it."""
+    if transport != "slurm":
+        if r.has("slurm"):
+            raise r.err("slurm", "only a `transport: slurm` profile takes a slurm: mapping")
+        return None
+    s = r.sub("slurm", SLURM_KEYS)
+    login = s.text("login")
+    if login is not None and (not _ALIAS.match(login) or login.startswith("-")):
+        raise s.err("login", f"{login!r} must be an ssh alias (or user@host) of the login node")
+    names = {}
+    for key in ("partition", "account", "qos"):
+        v = s.text(key)
+        if v is not None and not _NAME.match(v):
+            raise s.err(key, f"{v!r} must be a plain Slurm name (letters, digits, . _ -)")
+        names[key] = v
+    limit = s.text("time")
+    if limit is not None:
+        try:
+            if time_seconds(limit) <= 0:
+                raise ValueError(limit)
+        except ValueError:
+            raise s.err("time", f"{limit!r} is not a Slurm time limit; write e.g. \"4:00:00\" "
+                                "(H:M:S) or \"1-12:00:00\" (D-H:M:S), quoted in YAML") from None
+    gpus = s.data.get("gpus", 0)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise s.err("gpus", f"must be the GPUs each queue's job takes (0 or more), got {gpus!r}")
+    extra = s.data.get("extra") or []
+    if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
+        raise s.err("extra", f"must be a list of sbatch options like [--constraint=a100], got {extra!r}")
+    for x in extra:
+        if not x.startswith("-") or not _WORD.match(x):
+            raise s.err("extra", f"{x!r} is not one sbatch option word (like --constraint=a100; "
+                                 "give an option and its value as --opt=value)")
+        opt = x.split("=", 1)[0]
+        if opt in OWNED or any(x.startswith(o) and len(o) == 2 and len(x) > 2 for o in OWNED
+                               if not o.startswith("--")):
+            raise s.err("extra", f"{x!r}: ablate sets {opt} itself (use the slurm: keys partition, "
+                                 "account, qos, time, gpus, requeue)")
+    grace = s.whole("grace", 120)
+    if grace is None or grace < 10:
+        raise s.err("grace", f"must be at least 10 seconds (the queue needs time to cut its cell "
+                             f"resumable), got {grace!r}")
+    secs = time_seconds(limit) if limit else None
+    if secs is not None and grace >= secs:
+        raise s.err("grace", f"{grace} s is not less than the time limit {limit} ({secs} s)")
+    return SlurmSettings(login=login, partition=names["partition"], account=names["account"],
+                         qos=names["qos"], time=limit, gpus=gpus, extra=tuple(extra),
+                         requeue=_flag(s, "requeue"), grace=grace, resubmit=_flag(s, "resubmit"))
+
+
+def _flag(s: Reader, key: str) -> bool:
+    v = s.data.get(key, True)
+    if not isinstance(v, bool):
+        raise s.err(key, f"must be true or false, got {v!r}")
+    return v

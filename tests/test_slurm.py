@@ -1,0 +1,229 @@
+"""The same sweep on a real Slurm cluster (tests/slurmbed.py: slurmctld + three slurmd nodes, each its
+own network, hostname and /tmp, one shared directory): `transport: slurm`, a host of `queues: 3`,
+each queue one batch job running the same run_queue. Every scenario ends with every cell verified
+and its training completed exactly once, counted by the trainer itself (its trace on the shared
+scratch, which survives the node it ran on)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.helpers import fault_train
+from tests.helpers.cli import Cli
+from tests.helpers.wait import wait_for
+from tests.slurmbed import SlurmBed
+
+pytestmark = pytest.mark.usefixtures("_slurm_env")
+
+
+@pytest.fixture
+def _slurm_env(slurm_cluster: SlurmBed, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Slurm's client commands (here and in the jobs, which inherit this environment) talk to the
+    bed's controller; every test leaves no job and every node up."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf_path))
+    yield
+    slurm_cluster.heal()
+
+
+class Sweep:
+    """A user's project whose one host is the cluster (`queues: N`), on the bed's shared dir."""
+
+    def __init__(self, sb: SlurmBed, tmp: Path, cli: Cli, *, cells: int, queues: int, epochs: int,
+                 step_time: float, slurm: dict[str, Any] | None = None) -> None:
+        self.sb, self.cli, self.epochs = sb, cli, epochs
+        self.sweep = f"s{uuid.uuid4().hex[:6]}"
+        shared = sb.shared_dir
+        self.proj = tmp / "proj"
+        (self.proj / "profiles").mkdir(parents=True)
+        self.work = shared / "work" / self.sweep
+        self.work.mkdir(parents=True)
+        shutil.copyfile(fault_train.__file__, self.work / "fault_train.py")
+        self.scratch = shared / "scratch" / self.sweep
+        (self.proj / "profiles" / "cluster.yaml").write_text(yaml.safe_dump({
+            "transport": "slurm", "shared_fs": str(shared / "fs"), "ckpt_root": str(self.scratch),
+            "python": sys.executable, "slurm": {"time": "10:00", "grace": 30, **(slurm or {})}}))
+        self.cells = [f"c{i}" for i in range(cells)]
+        for i, c in enumerate(self.cells):
+            body = yaml.safe_dump({"lr": 0.1, "hidden": 4, "seed": i, "step_time": step_time})
+            for base in (self.proj, self.work):
+                (base / "configs" / f"{c}.yaml").parent.mkdir(parents=True, exist_ok=True)
+                (base / "configs" / f"{c}.yaml").write_text(body)
+        (self.proj / "ablate.yaml").write_text(yaml.safe_dump({
+            "profile": "cluster", "sweep": self.sweep, "workdir": str(self.work),
+            "train": f"{sys.executable} fault_train.py --config {{cfg}} --epochs {{epochs}} "
+                     "--out {ckpt_dir} --resume {resume} --name {name}",
+            "artifacts": {"checkpoint": fault_train.CKPT, "metrics": "metrics.json",
+                          "metrics_keys": ["val_loss"]},
+            "tasks": {"t": {"epochs": epochs, "cost_per_epoch": 1.0}},
+            "cells": [{"glob": "configs/*.yaml", "task": "t"}],
+            "heartbeat_secs": 1,
+            "hosts": {"cluster": {"queues": queues}}}, sort_keys=False))
+        self.root = shared / "fs" / "ablate" / self.sweep
+
+    def ok(self, *args: str) -> dict[str, Any]:
+        return self.cli.json(self.proj, *args)
+
+    def jobs(self) -> list[dict[str, str]]:
+        return [j for j in self.sb.squeue() if self.sweep in j.get("name", "")]
+
+    def published(self) -> set[str]:
+        return {p.parent.name for p in (self.root / "final_ckpts").glob("*/MANIFEST.json")}
+
+    def wait_done(self, timeout: float = 240.0) -> None:
+        wait_for(lambda: self.published() == set(self.cells) and not self.jobs(), timeout=timeout,
+                 interval=0.5)
+
+    def trace(self, cell: str) -> list[dict[str, Any]]:
+        path = self.scratch / cell / "trace.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def completed(self, cell: str) -> int:
+        """Runs of the trainer that reached the last epoch, by its own record."""
+        return sum(1 for e in self.trace(cell) if e["ev"] == "epoch" and e["epoch"] == self.epochs)
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for f in sorted((self.root / "events").glob("*.jsonl")):
+            out += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        return out
+
+    def assert_all_verified_once(self) -> None:
+        for c in self.cells:
+            assert self.completed(c) == 1, (c, self.trace(c))
+        rec = self.ok("reconcile", "--fs")
+        assert rec["complete"] is True and rec["verified"] == rec["roster"] == len(self.cells), rec
+        assert not list((self.root / "final_ckpts").glob(".staging.*"))
+
+
+def test_a_whole_sweep_runs_as_batch_jobs_and_verifies(slurm_cluster: SlurmBed, tmp_path: Path,
+                                                       cli: Cli) -> None:
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=6, queues=3, epochs=3, step_time=0.2)
+    plan = sw.ok("plan")
+    assert [q["host"] for q in plan["queues"]] == ["cluster"] * 3
+    got = sw.ok("launch", "--all")
+    assert {r["status"] for r in got["launched"]} == {"launched"}, got
+    jobs = sw.jobs()
+    assert len(jobs) == 3, jobs
+    sw.wait_done()
+    sw.assert_all_verified_once()
+    # Each queue's job ran on a node of the cluster, as its events say, never on this machine.
+    starts = [e for e in sw.events() if e["ev"] == "queue_start"]
+    assert len(starts) == 3 and all(e.get("node") in slurm_cluster.nodes for e in starts), starts
+    assert all(e.get("attempt", "").endswith(".0") for e in starts), starts
+    st = sw.ok("status")
+    assert st, st
+
+
+
+def _mid_cell(sw: Sweep, min_epoch: int = 1, timeout: float = 120.0) -> tuple[str, dict[str, str]]:
+    """(a cell that is training past `min_epoch`, the running job of its queue)."""
+    found: list[tuple[str, dict[str, str]]] = []
+
+    def training() -> bool:
+        for hb in (sw.root / "heartbeats").glob("cluster.*"):
+            data = json.loads(hb.read_text() or "{}")
+            cell = data.get("cell")
+            if data.get("state") != "running" or not cell or not data.get("cell_started"):
+                continue
+            epochs = [e["epoch"] for e in sw.trace(cell) if e["ev"] == "epoch"]
+            if not epochs or max(epochs) < min_epoch or max(epochs) >= sw.epochs:
+                continue
+            job = [j for j in sw.jobs()
+                   if j["name"].endswith(f"-{data['queue']}") and j["state"] == "RUNNING"]
+            if job:
+                found.append((cell, job[0]))
+                return True
+        return False
+
+    wait_for(training, timeout=timeout, interval=0.2)
+    return found[-1]
+
+
+def _resumed(sw: Sweep, cell: str) -> list[dict[str, Any]]:
+    return [e for e in sw.trace(cell) if e["ev"] == "start" and e["resume"] == 1 and e["start_epoch"] >= 1]
+
+
+def test_a_requeued_job_re_enters_its_cell_and_skips_what_is_published(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """`scontrol requeue` of a job mid-cell: Slurm restarts the whole batch script; its queue skips
+    the cells it published, re-enters the cut one with {resume}=1 under the new attempt, and every
+    cell trains to the end once. Meanwhile the two other queues finish."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=6, queues=3, epochs=6, step_time=0.5)
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    cell, job = _mid_cell(sw, min_epoch=2)
+    slurm_cluster.run("scontrol", "requeue", job["id"])
+    wait_for(lambda: slurm_cluster.job(job["id"]).get("Restarts") == "1", timeout=30)
+    sw.wait_done(timeout=240)
+    sw.assert_all_verified_once()
+    assert _resumed(sw, cell), sw.trace(cell)
+    starts = [e for e in sw.events() if e["ev"] == "queue_start"]
+    assert sorted(e["attempt"] for e in starts if e["attempt"].startswith(job["id"] + ".")) == \
+        [f"{job['id']}.0", f"{job['id']}.1"], starts
+    owner = (sw.root / "claims" / cell / "owner").read_text().split()
+    assert owner[4] == f"{job['id']}.1", owner  # the claim is the new attempt's
+    manifest = json.loads((sw.root / "final_ckpts" / cell / "MANIFEST.json").read_text())
+    assert manifest["resume"] == 1, manifest
+
+
+def test_a_node_that_dies_mid_cell_is_requeued_by_slurm_and_its_cell_resumed(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=4, queues=2, epochs=8, step_time=1.0)
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    cell, job = _mid_cell(sw, min_epoch=1)
+    node = job["nodes"]
+    slurm_cluster.node_kill(node)
+    # Slurm notices (SlurmdTimeout), requeues the job on another node; the queue re-enters.
+    sw.wait_done(timeout=300)
+    sw.assert_all_verified_once()
+    assert _resumed(sw, cell), sw.trace(cell)
+    starts = [e for e in sw.events() if e["ev"] == "queue_start" and e["attempt"].startswith(job["id"] + ".")]
+    assert starts[0]["node"] == node and starts[-1]["node"] != node, starts
+
+
+def test_stop_then_launch_again_resumes_the_cut_cell(slurm_cluster: SlurmBed, tmp_path: Path,
+                                                     cli: Cli) -> None:
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=2, queues=1, epochs=6, step_time=0.5)
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    cell, _ = _mid_cell(sw, min_epoch=1)
+    [queue] = [q["queue"] for q in sw.ok("status")["queues"]]
+    stopped = sw.ok("stop", queue, "--host", "cluster")
+    assert stopped["was_live"] is True, stopped
+    assert not sw.jobs(), sw.jobs()  # scancel'd, and gone from squeue before stop returned
+    assert cell not in sw.published()
+    again = sw.ok("launch", queue, "--host", "cluster")
+    assert again["status"] == "launched", again
+    sw.wait_done()
+    sw.assert_all_verified_once()
+    assert _resumed(sw, cell), sw.trace(cell)
+
+
+def test_the_time_limit_cuts_the_cell_resumable_and_the_job_requeues_itself(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """A queue longer than its job's time limit (1 min): Slurm's USR2 (`--signal=B:USR2@50`) makes
+    run_queue cut its cell (the trainer's last checkpoint stays) and requeue its own job; the next
+    attempt goes on from there, until the queue is done."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=3, queues=1, epochs=10, step_time=3.0,
+               slurm={"time": "1:00", "grace": 50})
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    sw.wait_done(timeout=420)
+    sw.assert_all_verified_once()
+    stops = [e for e in sw.events() if e["ev"] == "queue_stop" and e.get("reason") == "time_limit"]
+    assert stops and all(e["requeue"] == 1 for e in stops), stops
+    attempts = {e["attempt"] for e in sw.events() if e["ev"] == "queue_start"}
+    assert len(attempts) == len(stops) + 1, (attempts, stops)
+
