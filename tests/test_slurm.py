@@ -227,3 +227,25 @@ def test_the_time_limit_cuts_the_cell_resumable_and_the_job_requeues_itself(
     attempts = {e["attempt"] for e in sw.events() if e["ev"] == "queue_start"}
     assert len(attempts) == len(stops) + 1, (attempts, stops)
 
+
+
+def test_doctor_checks_the_request_and_a_compute_nodes_view_in_a_probe_job(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=2, queues=2, epochs=1, step_time=0.0)
+    sw.ok("deploy")
+    rep = sw.ok("doctor")
+    checks = {c["check"]: c for c in rep["hosts"]["cluster"]["checks"]}
+    assert all(c["ok"] for c in checks.values()), checks
+    assert {"slurm", "request", "job", "shared_fs", "deployed", "workdir", "env", "time_limit"} <= set(checks)
+    node = checks["job"]["reason"].rsplit(" ", 1)[-1]
+    assert node in slurm_cluster.nodes, checks["job"]
+    assert "sha256 matches" in checks["deployed"]["reason"], checks["deployed"]
+    assert not list((sw.root / "slurm").glob(".doctor.*")), "the probe job's output is removed"
+    # A partition the cluster does not have: Slurm's own refusal, doctor exits 1, no job left.
+    profile = sw.proj / "profiles" / "cluster.yaml"
+    data = yaml.safe_load(profile.read_text())
+    data["slurm"]["partition"] = "nosuch"
+    profile.write_text(yaml.safe_dump(data))
+    code, out, err = cli(sw.proj, "doctor")
+    assert code == 1 and "request" in out and "nosuch" in out, (out, err)
+    assert not sw.jobs()

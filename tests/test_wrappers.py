@@ -316,3 +316,34 @@ def test_stop_file_lets_the_current_cell_finish_and_starts_no_other(local_projec
     assert finals(lp) == {"cur"} and not (lp.shared / "claims" / "next").exists()
     hb = json.loads((lp.shared / "heartbeats" / "h1.q1").read_text())
     assert (hb["state"], hb["cell"], hb["cell_started"]) == ("stopped", "cur", None)
+
+
+def test_a_stale_slurm_attempt_does_not_publish_over_the_current_one(local_project: LocalProject) -> None:
+    """Fencing: a claim names the attempt that owns the cell (`SLURM_JOB_ID.SLURM_RESTART_COUNT`);
+    run_one of an older attempt (a job Slurm restarted while this one was cut off on its node)
+    trains but never publishes; the owning attempt does."""
+    lp = local_project
+    lp.queue("q1", [lp.cfg("cfgs/a/warm.yaml") + " recon 1"])
+    launch(load_project(lp.root), "q1", "h1")
+    drained(lp, "h1", "q1")
+    deployed = json.loads((lp.shared / "DEPLOYED.json").read_text())
+    run_one = lp.shared / "wrappers" / deployed["run_one"]
+    spec = lp.shared / "specs" / deployed["specs"]["h1"]
+    cfg = lp.cfg("cfgs/a/fz.yaml").split()[0]
+    claim = lp.shared / "claims" / "fz"
+    claim.mkdir(parents=True)
+    (claim / "owner").write_text("h1 q1 0 1700000000.0 41.1 node2\n")  # attempt 1 of job 41 owns it
+
+    def attempt(a: str) -> int:
+        env = {**os.environ, "ABLATE_QUEUE": "q1", "ABLATE_ATTEMPT": a}
+        return subprocess.run(["bash", str(run_one), str(spec), "fz", cfg, "recon", "1", "a", "1"],
+                              capture_output=True, env=env, timeout=60).returncode
+
+    assert attempt("41.0") == 3
+    assert not (lp.shared / "final_ckpts" / "fz").exists()
+    assert not list((lp.shared / "final_ckpts").glob(".staging.*"))
+    failed = [e for e in events(lp, "h1", "q1") if e["ev"] == "sync_failed" and e["cell"] == "fz"]
+    assert len(failed) == 1 and "fenced" in failed[0]["reason"] and "41.1" in failed[0]["reason"], failed
+    assert attempt("41.1") == 0
+    manifest = json.loads((lp.shared / "final_ckpts" / "fz" / "MANIFEST.json").read_text())
+    assert manifest["name"] == "fz" and manifest["resume"] == 1

@@ -13,22 +13,22 @@ anything.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import posixpath
 import secrets
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from ablate.config.project import Host, Project, parse_size
 from ablate.errors import AblateError, ConfigError
 from ablate.remote.layout import SweepLayout
-from ablate.run.deploy import packaged_wrappers
+from ablate.run.deploycheck import deployed_check, deployed_files
 from ablate.run.fslag import LagResult, await_content, cap_seconds, survey
 from ablate.run.hostcheck import Section, ask_text, measure, parse_df
+from ablate.run.slurmcheck import slurm_checks
 from ablate.run.svccheck import service_checks, service_sections
 from ablate.sweep.cells import QueueFile, read_all_queues
 from ablate.sweep.ledger import LedgerEntry, last_host, parse_ledger
@@ -324,7 +324,7 @@ def _sections(project: Project, host: Host, plan: _Plan) -> list[tuple[str, Sequ
     ]
     if plan.nonce_rel:
         out.append(("nonce", ["cat", "--", posixpath.join(root, plan.nonce_rel)]))
-    files = _deployed_files(plan.deployed, host.name)
+    files = deployed_files(plan.deployed, host.name)
     if files:
         out.append(("sha", ["sha256sum", "--", *(posixpath.join(root, f) for f in files)]))
     out += _budget_sections(project, host)
@@ -332,53 +332,6 @@ def _sections(project: Project, host: Host, plan: _Plan) -> list[tuple[str, Sequ
             ("workdir", ["test", "-d", project.workdir]),
             _git_section(project)]
     return out + service_sections(project, host)
-
-
-def _deployed_files(deployed: dict[str, Any] | None, host: str) -> list[str]:
-    """Paths (relative to the sweep root) DEPLOYED.json says new launches on `host` use."""
-    if not deployed:
-        return []
-    files = [f"wrappers/{deployed[k]}" for k in ("run_queue", "run_one") if isinstance(deployed.get(k), str)]
-    spec = (deployed.get("specs") or {}).get(host)
-    if isinstance(spec, str):
-        files.append(f"specs/{spec}")
-    return files
-
-
-def _expected_sha(rel: str) -> str:
-    """The content address in a deployed file's name (`run_one.<sha12>.sh`, `<sha12>.env`), or the
-    full sha256 when it is this package's own wrapper."""
-    for kind, data in packaged_wrappers().items():
-        full = hashlib.sha256(data).hexdigest()
-        if rel == f"wrappers/{kind}.{full[:12]}.sh":
-            return full
-    base = posixpath.basename(rel)
-    return base.split(".")[-2] if base.startswith(("run_queue.", "run_one.")) else base.split(".")[0]
-
-
-def _deployed(project: Project, host: Host, plan: _Plan, sec: Section | None) -> Check:
-    if plan.fs_error:
-        return Check("deployed", False, f"cannot read DEPLOYED.json: {plan.fs_error}")
-    if not plan.deployed:
-        return Check("deployed", True, "not deployed yet (`ablate deploy` or the first launch places it)")
-    version = plan.deployed.get("version")
-    files = _deployed_files(plan.deployed, host.name)
-    seen: dict[str, str] = {}
-    for line in (sec.out if sec else "").splitlines():
-        digest, _, path = line.partition("  ")
-        if len(digest) == 64:
-            seen[posixpath.relpath(path, project.sweep_root(host))] = digest
-    for rel in files:
-        if rel not in seen:
-            return Check("deployed", False, f"version {version}: {rel} is missing under "
-                                            f"{project.sweep_root(host)} on {host.name}")
-        if not seen[rel].startswith(_expected_sha(rel)):
-            return Check("deployed", False, f"version {version}: {rel} has sha256 {seen[rel][:12]} there, "
-                                            "not its content address: the copy is damaged")
-    if not any(f.startswith("specs/") for f in files):
-        return Check("deployed", True, f"version {version} visible; no run spec for {host.name} yet "
-                                       "(the next deploy or launch writes it)")
-    return Check("deployed", True, f"version {version} visible, sha256 matches ({len(files)} files)")
 
 
 def _shared(project: Project, host: Host, plan: _Plan, sec: Section | None, t: HostTransport) -> Check:
@@ -400,8 +353,31 @@ def _shared(project: Project, host: Host, plan: _Plan, sec: Section | None, t: H
                                      f"(waited {plan.cap:.0f} s)")
 
 
+def _check_slurm(project: Project, host: Host, plan: _Plan, t: HostTransport) -> HostReport:
+    """A Slurm host: its client, its request, and (in a probe job) a compute node's view."""
+    node = [s for s in _sections(project, host, plan) if s[0] in ("env", "nonce", "sha", "gpu", "workdir")]
+
+    def on_node(got: Mapping[str, Section], why: str | None) -> list[tuple[str, bool, str]]:
+        n = got.get("nonce")
+        seen = n is not None and n.rc == 0 and n.out.strip() == plan.nonce
+        wd = got.get("workdir")
+        out = [astuple(_env(host, got.get("env"))),
+               ("shared_fs", seen, f"{host.profile.shared_fs} is shared: the nonce written through "
+                                   f"{plan.writer} read back on the compute node" if seen else
+                                   f"the compute node does not see the nonce written through {plan.writer} "
+                                   f"under {project.sweep_root(host)}: not the same shared FS"),
+               deployed_check(project, host, plan.deployed, plan.fs_error, got.get("sha")),
+               astuple(_gpu(host, plan.ask, got.get("gpu"))),
+               ("workdir", bool(wd and wd.rc == 0), f"{project.workdir} on the compute node")]
+        return out + ([("script", False, why)] if why else [])
+
+    return HostReport(host.name, tuple(Check(*c) for c in slurm_checks(project, host, t, node, on_node)))
+
+
 def _check_host(project: Project, host: Host, plan: _Plan) -> HostReport:
     t = host_transport(project, host)
+    if host.transport == "slurm":
+        return _check_slurm(project, host, plan, t)
     proxy = _proxy_host(host, t)
     if proxy:
         return HostReport(host.name, (Check("reachable", False, f"{host.ssh} goes through the RunPod proxy "
@@ -426,7 +402,7 @@ def _check_host(project: Project, host: Host, plan: _Plan) -> HostReport:
                         f"tmux missing or broken ({tm.last if tm else 'no answer'}); {TMUX_FIX}"))
     checks.append(_env(host, sec("env")))
     checks.append(_shared(project, host, plan, sec("nonce"), t))
-    checks.append(_deployed(project, host, plan, sec("sha")))
+    checks.append(Check(*deployed_check(project, host, plan.deployed, plan.fs_error, sec("sha"))))
     checks.append(_disk(project, host, plan.cells, sec("disk")))
     checks.append(_inodes(project, host, plan.cells, sec("inodes")))
     checks.append(_gpu(host, plan.ask, sec("gpu")))

@@ -1,0 +1,60 @@
+"""Whether the deployed wrappers and run spec a host's next launch uses are there, as that host sees
+the shared FS, and intact (their sha256 is their content address): `ablate doctor`'s `deployed`."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from typing import Any
+
+from ablate.config.project import Host, Project
+from ablate.run.deploy import packaged_wrappers
+from ablate.run.hostcheck import Section
+
+
+def deployed_files(deployed: dict[str, Any] | None, host: str) -> list[str]:
+    """Paths (relative to the sweep root) DEPLOYED.json says new launches on `host` use."""
+    if not deployed:
+        return []
+    files = [f"wrappers/{deployed[k]}" for k in ("run_queue", "run_one") if isinstance(deployed.get(k), str)]
+    spec = (deployed.get("specs") or {}).get(host)
+    if isinstance(spec, str):
+        files.append(f"specs/{spec}")
+    return files
+
+
+def expected_sha(rel: str) -> str:
+    """The content address in a deployed file's name (`run_one.<sha12>.sh`, `<sha12>.env`), or the
+    full sha256 when it is this package's own wrapper."""
+    for kind, data in packaged_wrappers().items():
+        full = hashlib.sha256(data).hexdigest()
+        if rel == f"wrappers/{kind}.{full[:12]}.sh":
+            return full
+    base = posixpath.basename(rel)
+    return base.split(".")[-2] if base.startswith(("run_queue.", "run_one.")) else base.split(".")[0]
+
+
+def deployed_check(project: Project, host: Host, deployed: dict[str, Any] | None, fs_error: str | None,
+                   sec: Section | None) -> tuple[str, bool, str]:
+    if fs_error:
+        return ("deployed", False, f"cannot read DEPLOYED.json: {fs_error}")
+    if not deployed:
+        return ("deployed", True, "not deployed yet (`ablate deploy` or the first launch places it)")
+    version = deployed.get("version")
+    files = deployed_files(deployed, host.name)
+    seen: dict[str, str] = {}
+    for line in (sec.out if sec else "").splitlines():
+        digest, _, path = line.partition("  ")
+        if len(digest) == 64:
+            seen[posixpath.relpath(path, project.sweep_root(host))] = digest
+    for rel in files:
+        if rel not in seen:
+            return ("deployed", False, f"version {version}: {rel} is missing under "
+                                    f"{project.sweep_root(host)} on {host.name}")
+        if not seen[rel].startswith(expected_sha(rel)):
+            return ("deployed", False, f"version {version}: {rel} has sha256 {seen[rel][:12]} there, "
+                                    "not its content address: the copy is damaged")
+    if not any(f.startswith("specs/") for f in files):
+        return ("deployed", True, f"version {version} visible; no run spec for {host.name} yet "
+                                  "(the next deploy or launch writes it)")
+    return ("deployed", True, f"version {version} visible, sha256 matches ({len(files)} files)")
