@@ -121,8 +121,17 @@ def test_a_whole_sweep_runs_as_batch_jobs_and_verifies(slurm_cluster: SlurmBed, 
     starts = [e for e in sw.events() if e["ev"] == "queue_start"]
     assert len(starts) == 3 and all(e.get("node") in slurm_cluster.nodes for e in starts), starts
     assert all(e.get("attempt", "").endswith(".0") for e in starts), starts
-    st = sw.ok("status")
-    assert st, st
+    rows = sw.ok("status")["queues"]
+    assert len(rows) == 3 and {r["state"] for r in rows} == {"drained"}, rows
+    # The gate on a cluster: nothing is cleaned until the roster is pulled and verified locally.
+    code, out, err = cli(sw.proj, "release", "cluster", "--yes")
+    assert code == 1 and "refused" in err, (out, err)
+    assert all((sw.scratch / c).is_dir() for c in sw.cells)
+    assert sw.ok("pull")["failed"] == []
+    assert sw.ok("reconcile")["complete"] is True
+    released = sw.ok("release", "cluster", "--yes")
+    assert "scratch" in released["ran"], released
+    assert not [p for p in sw.scratch.iterdir() if p.name.startswith("c")], list(sw.scratch.iterdir())
 
 
 

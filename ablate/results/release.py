@@ -79,7 +79,10 @@ def _release(project: Project, host: str, yes: bool, confirm: Confirm | None,
     if unmet:
         raise CheckFailed(f"release {host} refused: " + "; ".join(unmet))
 
-    what = f"run `{shlex.join(argv)}`" if argv else "record the approval"
+    if h.transport == "slurm":  # a cluster is not released: the sweep's scratch is cleaned
+        argv = None
+    what = (f"run `{shlex.join(argv)}`" if argv else "remove its cells' scratch under "
+            f"{h.ckpt_root}" if h.transport == "slurm" else "record the approval")
     question = f"All {len(roster.cells)} cells are verified locally. Release {host} ({what})?"
     if not yes:
         if confirm is None:
@@ -91,10 +94,13 @@ def _release(project: Project, host: str, yes: bool, confirm: Confirm | None,
     if argv:
         _run_release(host, argv)
         ran = shlex.join(argv)
+    elif h.transport == "slurm":
+        ran = _clean_scratch(project, h, roster)
     record = {"t": time.time(), "host": host, "roster_digest": roster.digest(), "by": _who(), "ran": ran}
     path = layout.release_record(host)
     sfs.write_atomic(path, (json.dumps(record, indent=1) + "\n").encode())
-    message = f"released {host}: ran `{ran}`" if ran else f"safe to release {host}"
+    message = (f"{host}: the sweep's results are pulled and verified; {ran}" if h.transport == "slurm"
+               else f"released {host}: ran `{ran}`" if ran else f"safe to release {host}")
     return ReleaseResult(host, ran, message, path, roster.digest())
 
 
@@ -118,6 +124,19 @@ def release_argv(h: Host) -> list[str] | None:
             token = token.replace(key, value)
         out.append(token)
     return out
+
+
+def _clean_scratch(project: Project, h: Host, roster: Roster) -> str:
+    """A Slurm host's release: each roster cell's checkpoint dir and log under ckpt_root removed
+    where Slurm's commands run (shared scratch; a node-local ckpt_root is the nodes' to clean)."""
+    from ablate.transport import host_transport
+
+    paths = [f"{h.ckpt_root}/{n}{ext}" for n in roster.names for ext in ("", ".log")]
+    r = host_transport(project, h).run(["rm", "-rf", "--", *paths], timeout=RELEASE_TIMEOUT)
+    if r.rc != 0:
+        raise RemoteError(f"release {h.name}: could not remove the sweep's scratch under {h.ckpt_root} "
+                          f"(rc {r.rc}): {r.stderr.strip()[-300:]!r}")
+    return f"rm -rf of {len(roster.names)} cell(s)' scratch under {h.ckpt_root}"
 
 
 def _run_release(host: str, argv: list[str]) -> None:
