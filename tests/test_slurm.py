@@ -79,8 +79,17 @@ class Sweep:
         return {p.parent.name for p in (self.root / "final_ckpts").glob("*/MANIFEST.json")}
 
     def wait_done(self, timeout: float = 240.0) -> None:
-        wait_for(lambda: self.published() == set(self.cells) and not self.jobs(), timeout=timeout,
-                 interval=0.5)
+        try:
+            wait_for(lambda: self.published() == set(self.cells) and not self.jobs(), timeout=timeout,
+                     interval=0.5)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.explain()}") from None
+
+    def explain(self) -> str:
+        """What the sweep looks like: published cells, jobs, the last events, the jobs' output."""
+        outs = {p.name: p.read_text()[-1500:] for p in (self.root / "slurm").glob("*.out")}
+        return (f"published {sorted(self.published())} of {self.cells}; jobs {self.jobs()}\n"
+                f"events: {json.dumps(self.events()[-25:])}\noutputs: {json.dumps(outs, indent=1)}")
 
     def trace(self, cell: str) -> list[dict[str, Any]]:
         path = self.scratch / cell / "trace.jsonl"
@@ -258,3 +267,37 @@ def test_doctor_checks_the_request_and_a_compute_nodes_view_in_a_probe_job(
     code, out, err = cli(sw.proj, "doctor")
     assert code == 1 and "request" in out and "nosuch" in out, (out, err)
     assert not sw.jobs()
+
+
+def test_without_requeue_a_dead_nodes_cells_are_remediated_as_new_jobs(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """`requeue: false`: Slurm ends the job of a node that died instead of restarting it. The queue
+    is no longer live and its cut cell is not done; `remediate --launch` puts the cells that are not
+    done into a new queue, submitted as a new job, and the sweep completes, each cell once."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=4, queues=2, epochs=8, step_time=1.0,
+               slurm={"requeue": False})
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    cell, job = _mid_cell(sw, min_epoch=1)
+    slurm_cluster.node_kill(job["nodes"])
+    wait_for(lambda: job["id"] not in {j["id"] for j in sw.jobs()}, timeout=120, interval=0.5)
+    # The surviving queue finishes its own cells (and may steal); then the cut cell is left.
+    wait_for(lambda: not sw.jobs(), timeout=180, interval=0.5)
+    assert cell not in sw.published()
+    code, out, err = cli(sw.proj, "logs", cell)
+    assert code == 0 and "epoch 1/8" in out, (code, out, err)
+    # Unmeasured, the FS's lag is taken as 60 s: remediate acts once the state has settled that long
+    # (issue 11's rule for a network FS's client caches); until then it launches nothing.
+    got: list[dict[str, Any]] = []
+
+    def remediated() -> bool:
+        got.append(sw.ok("remediate", "--launch"))
+        return bool(got[-1]["launched"])
+
+    wait_for(remediated, timeout=150, interval=5)
+    fixed = got[-1]
+    redo = {c for q in fixed["queues"] for c in q["cells"]}
+    assert redo == {cell, *(set(sw.cells) - sw.published())}, fixed
+    assert all(not g["launched"] for g in got[:-1]) and all(g["unconfirmed"] for g in got[:-1]), got
+    sw.wait_done(timeout=180)
+    sw.assert_all_verified_once()
