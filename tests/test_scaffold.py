@@ -1,4 +1,5 @@
-"""`ablate init`: a working local example, templates for the ssh profiles, never an overwrite."""
+"""`ablate init`: a working local example, templates for the ssh and Slurm profiles, never an
+overwrite."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from ablate.config.project import load_project
-from ablate.config.scaffold import init
+from ablate.config.scaffold import init, render
 from ablate.errors import AblateError
 from ablate.plan.planner import plan
 from ablate.sweep import cells
+from tests.helpers.cli import Cli
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -53,6 +55,49 @@ def test_ssh_profile_scaffold_is_a_template_that_loads(tmp_path: Path, profile: 
     assert project.profile.name == profile and project.workdir.startswith("/")
     assert all(h.transport == "ssh" for h in project.hosts.values())
     assert not (tmp_path / "configs").exists(), "no example configs for ssh profiles"
+    assert "queues:" not in text and "Slurm" not in text
+
+
+def test_slurm_profile_scaffold_is_one_host_of_n_batch_jobs(tmp_path: Path, cli: Cli) -> None:
+    r = cli(tmp_path, "init", "--profile", "slurm")
+    assert r.code == 0, r.err
+    assert sorted(_files(tmp_path)) == ["ablate.yaml", "queues/.gitkeep"], "no example configs"
+    text = (tmp_path / "ablate.yaml").read_text()
+    assert "profile: slurm" in text and "CHANGE-ME" in text and text.count("#") > 10
+    hosts = text[text.index("\nhosts:"):]
+    assert "cluster: {queues: 4}" in hosts and "batch job" in hosts and "Slurm picks" in hosts
+    assert "gpus: [" not in hosts and "slots:" not in hosts, "no GPU list on a Slurm host"
+    project = load_project(tmp_path)
+    host = project.hosts["cluster"]
+    assert list(project.hosts) == ["cluster"] and host.transport == "slurm"
+    assert host.slots == (0, 1, 2, 3) and not host.pins_gpus
+    assert host.profile.slurm is not None and project.workdir.startswith("/")
+    assert project.budget.ckpt_size > 0 and len(project.cells) == 2
+
+
+def test_a_repo_profile_of_transport_slurm_gets_the_slurm_template(tmp_path: Path) -> None:
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "hpc.yaml").write_text(
+        "transport: slurm\nshared_fs: /lustre/me\nckpt_root: /lustre/scratch/me\n"
+        "slurm: {partition: a100, time: \"12:00:00\", gpus: 1}\n")
+    init(tmp_path, "hpc")
+    text = (tmp_path / "ablate.yaml").read_text()
+    assert "profile: hpc" in text and "cluster: {queues: 4}" in text and "Profile hpc (Slurm)" in text
+    project = load_project(tmp_path)
+    assert project.hosts["cluster"].profile.slurm is not None
+    assert project.hosts["cluster"].profile.slurm.partition == "a100"
+
+
+def test_the_other_profiles_render_as_before() -> None:
+    """The Slurm template changed nothing of the ssh one: its hosts block, workdir comment, note."""
+    text = render("bare", "ssh")
+    assert "workdir: /root/code/CHANGE-ME   # CHANGE-ME: the repo on the instances; cwd" in text
+    assert ("hosts:                          # CHANGE-ME: key = ssh alias (from ~/.ssh/config) "
+            "unless `ssh:` says otherwise\n  bare-1: {speed: 1.0}\n"
+            "  bare-2: {speed: 1.3, gpus: [0, 1]}   # a faster box; one queue per GPU slot\n"
+            "# Per-host disk budget") in text
+    assert "  runpod-1: {speed: 1.0, instance_id: CHANGE-ME}\n" in render("runpod", "ssh")
+    assert "# Profile lab: check its shared_fs and ckpt_root.\n" in render("lab", "ssh")
 
 
 def test_refuses_when_ablate_yaml_exists(tmp_path: Path) -> None:
@@ -79,7 +124,7 @@ def test_unknown_profile_lists_the_shipped_ones(tmp_path: Path) -> None:
     with pytest.raises(AblateError) as ei:
         init(tmp_path, "aws")
     assert ei.value.exit_code == 2
-    for name in ("autodl", "bare", "local", "runpod", "vast"):
+    for name in ("autodl", "bare", "local", "runpod", "slurm", "vast"):
         assert name in ei.value.message
     assert list(tmp_path.iterdir()) == []
 

@@ -354,7 +354,7 @@ def load_project(directory: Path | str = ".") -> Project:
     for c in candidates:
         load_profile(c, project_dir, f"{file}: candidates")
 
-    hosts = _hosts(r, default_profile, project_dir, gpus_per_queue(services))
+    hosts = _hosts(r, default_profile, project_dir, gpus_per_queue(services), bool(services))
     workdir = r.text("workdir")
     if workdir is None:
         remote = [h.name for h in hosts.values() if h.transport != "local"]
@@ -431,7 +431,8 @@ def _cells(r: Reader, tasks: Mapping[str, Task]) -> tuple[CellSource, ...]:
     return tuple(out)
 
 
-def _hosts(r: Reader, default: Profile, project_dir: Path, per_queue: int = 1) -> dict[str, Host]:
+def _hosts(r: Reader, default: Profile, project_dir: Path, per_queue: int = 1,
+           services: bool = False) -> dict[str, Host]:
     raw = r.data.get("hosts")
     if not isinstance(raw, dict) or not raw:
         raise r.err("hosts", "must map at least one host name to its settings, "
@@ -453,7 +454,7 @@ def _hosts(r: Reader, default: Profile, project_dir: Path, per_queue: int = 1) -
         if (transport == "slurm") != (profile.transport == "slurm"):
             raise h.err("transport", "a Slurm host takes its transport from its profile "
                                      "(`transport: slurm` with a slurm: mapping); set `profile:` instead")
-        gpus = _slurm_queues(h, per_queue) if transport == "slurm" else _gpus(h)
+        gpus = _slurm_queues(h, services) if transport == "slurm" else _gpus(h)
         if transport != "slurm" and h.has("queues"):
             raise h.err("queues", "only a host of a `transport: slurm` profile takes queues: N "
                                   "(N batch jobs); give this host gpus: [...] or slots: N")
@@ -469,14 +470,14 @@ def _hosts(r: Reader, default: Profile, project_dir: Path, per_queue: int = 1) -
     return out
 
 
-def _slurm_queues(h: Reader, per_queue: int) -> tuple[int, ...]:
+def _slurm_queues(h: Reader, services: bool) -> tuple[int, ...]:
     """A Slurm host is N queues (N batch jobs, `queues: N`): its slots 0..N-1 name the queues;
     Slurm, not ablate, picks each job's node and GPUs."""
     for key in ("gpus", "slots"):
         if h.has(key):
             raise h.err(key, "a Slurm host has no GPU list: give queues: N (N batch jobs) and the "
                              "GPUs per job as the profile's slurm.gpus")
-    if per_queue > 1:
+    if services:
         raise h.err("queues", "services: beside the trainer are not supported on a Slurm host yet; "
                               "start them in the train command, or run the services on ssh hosts")
     return tuple(range(h.whole("queues", 1) or 1))

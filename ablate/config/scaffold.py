@@ -2,8 +2,9 @@
 
 Profile `local` gets a working example (the packaged demo trainer and three example configs), so
 `ablate init && ablate plan && ablate launch --all` runs as is. An ssh profile gets a template
-whose hosts and workdir are placeholders to fill in. Nothing is overwritten: if any file to be
-created exists, nothing is written.
+whose hosts and workdir are placeholders to fill in; a Slurm profile (`transport: slurm`) the same
+template with one host of N queues (N batch jobs) instead of machines. Nothing is overwritten: if
+any file to be created exists, nothing is written.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ _REMOTE = """\
 # {profile_note}
 profile: {profile}
 sweep: ablation-v1              # names this sweep's directory on the shared FS
-workdir: {workdir}   # CHANGE-ME: the repo on the instances; cwd of the train command
+workdir: {workdir}   # CHANGE-ME: the repo on the {where}; cwd of the train command
 # The train command, run once per cell. Fields: {{cfg}} {{task}} {{epochs}} {{name}} (cfg basename)
 # {{ckpt_dir}} (write the checkpoint there) {{cat}} (cfg's directory name) {{resume}} (1 when
 # re-entering an interrupted cell: load your last checkpoint) {{gpu}}.
@@ -76,9 +77,19 @@ cells:                          # what `ablate plan` splits; or delete this and 
   - {{glob: "configs/ablation/recon/*.yaml", task: reconstruction}}
   - {{glob: "configs/ablation/det/*.yaml", task: detection}}
 # ssh_config: ~/.ssh/config     # HostName, Port, User, IdentityFile, ProxyJump are honoured
+"""
+
+_SSH_HOSTS = """\
 hosts:                          # CHANGE-ME: key = ssh alias (from ~/.ssh/config) unless `ssh:` says otherwise
   {host}-1: {{speed: 1.0{iid}}}
   {host}-2: {{speed: 1.3, gpus: [0, 1]{iid}}}   # a faster box; one queue per GPU slot
+"""
+
+# A Slurm host is not a machine: `queues: N` is N batch jobs, each running one queue.
+_SLURM_HOSTS = """\
+hosts:                          # a Slurm host is N queues = N batch jobs, not a machine
+  cluster: {queues: 4}          # plan balances the cells over its 4 queues; Slurm picks each job's
+                                # node and GPUs (slurm.gpus per job in the profile), not ablate
 """
 
 _NOTES = {
@@ -88,6 +99,9 @@ _NOTES = {
     "vast": "Vast.ai has no shared FS: set shared_fs in profiles/vast.yaml (copy it into your repo).",
     "bare": "Bare servers: copy profiles/bare.yaml into your repo and set shared_fs to your NFS mount.",
 }
+_SLURM_NOTE = ("Slurm: copy profiles/slurm.yaml into your repo and set shared_fs, ckpt_root and its "
+               "slurm: keys\n# (login, partition, account, time) for your cluster; each queue runs as one "
+               "batch job.")
 
 
 def render(profile: str, transport: str = "ssh") -> str:
@@ -101,7 +115,13 @@ def render(profile: str, transport: str = "ssh") -> str:
         profile, "/root/code/CHANGE-ME")
     iid = ", instance_id: CHANGE-ME" if profile in ("runpod", "vast") else ""
     note = _NOTES.get(profile, f"Profile {profile}: check its shared_fs and ckpt_root.")
-    text = _REMOTE.format(profile=profile, profile_note=note, workdir=workdir, host=profile, iid=iid)
+    where = "instances"
+    if transport == "slurm":  # the repo as the compute nodes see it (a directory they all mount)
+        workdir, where = "/home/CHANGE-ME/code/project", "compute nodes"
+        note = _SLURM_NOTE if profile == "slurm" else \
+            f"Profile {profile} (Slurm): check its shared_fs, ckpt_root and slurm: keys."
+    text = _REMOTE.format(profile=profile, profile_note=note, workdir=workdir, where=where)
+    text += _SLURM_HOSTS if transport == "slurm" else _SSH_HOSTS.format(host=profile, iid=iid)
     return text + _COMMON_TAIL.format(ckpt_size="2GB", scratch="20GB")
 
 

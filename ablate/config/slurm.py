@@ -17,8 +17,12 @@
       resubmit: true                   # at that signal: the cell is cut resumable and the job
                                        # requeued, its queue going on where it was
 
-Options ablate sets itself (`--job-name`, `--output`, `--requeue`, `--signal`, ...) are refused in
-`extra`: two owners of one option is how duplicate runs happen.
+Options ablate sets itself (`--job-name`, `--output`, `--requeue`, `--signal`, ...), sbatch's
+abbreviations of them (`--part=gpu`) and those that break what ablate relies on (`--wait`,
+`--test-only`, `--clusters`) are refused in `extra`: two owners of one option is how duplicate
+runs happen.
+Without a `slurm:` mapping every key has its default: the cluster's own partition, account, QOS
+and time limit, no `--gres`, `--requeue`, grace 120 s, resubmit.
 """
 
 from __future__ import annotations
@@ -34,7 +38,12 @@ OWNED = ("--job-name", "-J", "--output", "-o", "--error", "-e", "--open-mode", "
          "--no-requeue", "--signal", "--wrap", "--array", "-a", "--parsable", "--chdir", "-D",
          "--dependency", "-d", "--gres", "--time", "-t", "--partition", "-p", "--account", "-A",
          "--qos", "-q", "--export")
-_WORD = re.compile(r"^[A-Za-z0-9._/:=,@%+-]+$")
+# sbatch options that break what ablate relies on, and why.
+_WAITS = "makes sbatch wait for the whole job"
+_ELSEWHERE = "puts the job on a cluster ablate's squeue and scancel do not look at"
+BREAKING = {"--wait": _WAITS, "-W": _WAITS, "--test-only": "makes sbatch submit nothing",
+            "--clusters": _ELSEWHERE, "-M": _ELSEWHERE}
+_WORD = re.compile(r"^--?[A-Za-z][A-Za-z0-9._/:=,@%+-]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ALIAS = re.compile(r"^([A-Za-z0-9_.-]+@)?[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
@@ -87,7 +96,8 @@ def time_seconds(text: str) -> int:
 
 
 def parse_slurm(r: Reader, transport: str) -> SlurmSettings | None:
-    """The profile's `slurm:` mapping: required with `transport: slurm`, refused without it."""
+    """The profile's `slurm:` mapping: optional with `transport: slurm` (all defaults without it),
+    refused without that transport."""
     if transport != "slurm":
         if r.has("slurm"):
             raise r.err("slurm", "only a `transport: slurm` profile takes a slurm: mapping")
@@ -102,43 +112,62 @@ def parse_slurm(r: Reader, transport: str) -> SlurmSettings | None:
         if v is not None and not _NAME.match(v):
             raise s.err(key, f"{v!r} must be a plain Slurm name (letters, digits, . _ -)")
         names[key] = v
+    raw_time = s.data.get("time")
+    if isinstance(raw_time, (int, float)) and not isinstance(raw_time, bool):
+        # YAML reads an unquoted 4:00:00 as the base-60 number 14400, and 60 as a number too.
+        raise s.err("time", f"must be quoted, got the number {raw_time} (YAML reads an unquoted "
+                            "4:00:00 as 14400); write e.g. time: \"4:00:00\"")
     limit = s.text("time")
     if limit is not None:
         try:
-            if time_seconds(limit) <= 0:
-                raise ValueError(limit)
+            zero = time_seconds(limit) <= 0
         except ValueError:
             raise s.err("time", f"{limit!r} is not a Slurm time limit; write e.g. \"4:00:00\" "
                                 "(H:M:S) or \"1-12:00:00\" (D-H:M:S), quoted in YAML") from None
-    gpus = s.data.get("gpus", 0)
+        if zero:
+            raise s.err("time", f"{limit!r} is Slurm's \"no limit\"; give a limit like \"4:00:00\", "
+                                "or leave time out for the partition's default")
+    gpus = _value(s, "gpus", 0)
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
         raise s.err("gpus", f"must be the GPUs each queue's job takes (0 or more), got {gpus!r}")
     extra = s.data.get("extra") or []
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
         raise s.err("extra", f"must be a list of sbatch options like [--constraint=a100], got {extra!r}")
     for x in extra:
-        if not x.startswith("-") or not _WORD.match(x):
+        if not _WORD.match(x):
             raise s.err("extra", f"{x!r} is not one sbatch option word (like --constraint=a100; "
                                  "give an option and its value as --opt=value)")
         opt = x.split("=", 1)[0]
-        if opt in OWNED or any(x.startswith(o) and len(o) == 2 and len(x) > 2 for o in OWNED
-                               if not o.startswith("--")):
-            raise s.err("extra", f"{x!r}: ablate sets {opt} itself (use the slurm: keys partition, "
-                                 "account, qos, time, gpus, requeue)")
-    grace = s.whole("grace", 120)
-    if grace is None or grace < 10:
+        # sbatch takes any unambiguous abbreviation of a long option (`--part` is --partition), and
+        # a short one's value glued to it (`-pgpu`).
+        hits = [o for o in (*OWNED, *BREAKING) if o.startswith("--") == opt.startswith("--")
+                and (o.startswith(opt) if opt.startswith("--") else x.startswith(o))]
+        if hits and all(o in BREAKING for o in hits):
+            raise s.err("extra", f"{x!r}: {hits[0]} {BREAKING[hits[0]]}; remove it")
+        if hits:
+            raise s.err("extra", f"{x!r}: ablate sets {' / '.join(hits)} itself (use the slurm: keys "
+                                 "partition, account, qos, time, gpus, requeue)")
+    grace = _value(s, "grace", 120)
+    if isinstance(grace, bool) or not isinstance(grace, int) or grace < 10:
         raise s.err("grace", f"must be at least 10 seconds (the queue needs time to cut its cell "
                              f"resumable), got {grace!r}")
     secs = time_seconds(limit) if limit else None
     if secs is not None and grace >= secs:
-        raise s.err("grace", f"{grace} s is not less than the time limit {limit} ({secs} s)")
+        raise s.err("grace", f"{grace} s is not less than the time limit {limit} ({secs} s); "
+                             "give a smaller grace or a longer time")
     return SlurmSettings(login=login, partition=names["partition"], account=names["account"],
                          qos=names["qos"], time=limit, gpus=gpus, extra=tuple(extra),
                          requeue=_flag(s, "requeue"), grace=grace, resubmit=_flag(s, "resubmit"))
 
 
+def _value(s: Reader, key: str, default: object) -> object:
+    """The key's value; absent or null: `default` (as for the other keys)."""
+    v = s.data.get(key)
+    return default if v is None else v
+
+
 def _flag(s: Reader, key: str) -> bool:
-    v = s.data.get(key, True)
+    v = _value(s, key, True)
     if not isinstance(v, bool):
         raise s.err(key, f"must be true or false, got {v!r}")
     return v
