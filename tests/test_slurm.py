@@ -181,8 +181,19 @@ def test_a_requeued_job_re_enters_its_cell_and_skips_what_is_published(
     sw.ok("plan")
     sw.ok("launch", "--all")
     cell, job = _mid_cell(sw, min_epoch=2)
-    slurm_cluster.run("scontrol", "requeue", job["id"])
-    wait_for(lambda: slurm_cluster.job(job["id"]).get("Restarts") == "1", timeout=30)
+    # Requeued and held: Slurm keeps it pending until released, however slow this machine is.
+    slurm_cluster.run("scontrol", "requeuehold", job["id"])
+    wait_for(lambda: slurm_cluster.job(job["id"]).get("JobState") == "PENDING", timeout=30)
+    # The cut cell is its queue's to re-enter: status says so, with the job's state, and remediate
+    # leaves it alone (one owner of retries).
+    st = sw.ok("status")
+    row = next(r for r in st["queues"] if r["job"] and r["job"]["id"] == job["id"])
+    assert row["job"]["state"] == "PENDING" and row["live"] is True, row
+    got = st["cells"][cell]
+    assert got["state"] == "queued" and "re-enters" in got["reason"], got
+    fix = sw.ok("remediate")
+    assert cell not in fix["targets"] and not fix["queues"], fix
+    slurm_cluster.run("scontrol", "release", job["id"])
     sw.wait_done(timeout=240)
     sw.assert_all_verified_once()
     assert _resumed(sw, cell), sw.trace(cell)

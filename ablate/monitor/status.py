@@ -14,11 +14,13 @@ from typing import Any
 from ablate.config.project import Project
 from ablate.monitor.hostinfo import HostLive, asked_of, attach_live, gather, live_lines
 from ablate.plan.cost import CostModel, eta_line, learn, queue_eta
+from ablate.remote.layout import session_name
 from ablate.sweep.alarms import HostAlarm, host_alarms
 from ablate.sweep.cells import Cell
 from ablate.sweep.classify import CellState, classify_state, state_counts, state_lines, warning_lines
 from ablate.sweep.snapshot import Asked, Snapshot, SweepState, load
-from ablate.transport import shared_fs
+from ablate.transport import fan_out, host_transport, shared_fs
+from ablate.transport.slurm import SlurmHost
 from ablate.util.fmt import duration
 
 
@@ -43,6 +45,7 @@ class QueueRow:
     # its services (ablate.yaml services:), from its heartbeat: name -> {state, port, gpus, pid, starts}
     services: dict[str, dict[str, Any]] = field(default_factory=dict)
     priorities: dict[str, int] = field(default_factory=dict)  # its cells' non-zero priorities
+    job: dict[str, str] | None = None  # a Slurm queue's job as squeue shows it (id, state, reason, nodes)
 
 
 @dataclass
@@ -91,6 +94,7 @@ class StatusReport:
                 f"{r.done:>5} {r.failed:>5} {r.synced:>6} {duration(r.eta):>8}"
             )
         out += [f"  services of {r.queue}: {services_text(r.services)}" for r in self.rows if r.services]
+        out += [f"  job of {r.queue}: {job_text(r.job)}" for r in self.rows if r.job]
         out += [f"  {r.queue} by priority: {priority_text(r.priorities, r.cells)}" for r in self.rows
                 if r.priorities]
         verified = "not reconciled" if self.verified is None else f"{self.verified} verified by load"
@@ -106,6 +110,30 @@ class StatusReport:
         out += [f"view of {h}: {v['why']}" for h, v in self.views.items() if v.get("unsettled")]
         return out + state_lines(self.cells, self.idle) + live_lines(self) + warning_lines(self.warnings)
 
+
+
+def slurm_jobs(project: Project) -> dict[str, dict[str, str]]:
+    """The sweep's Slurm jobs (job name -> squeue's fields), one squeue per Slurm host; a host
+    whose squeue fails adds nothing (its queues' liveness already says it did not answer)."""
+    hosts = [h for h in project.hosts.values() if h.transport == "slurm"]
+    prefix = session_name(project.sweep, "", "")[:-1]  # `ablate-<sweep>-`
+
+    def ask(name: str) -> dict[str, dict[str, str]]:
+        t = host_transport(project, project.hosts[name])
+        return t.jobs(prefix) if isinstance(t, SlurmHost) else {}
+
+    out: dict[str, dict[str, str]] = {}
+    for got in fan_out([h.name for h in hosts], ask).values():
+        if isinstance(got, dict):
+            out.update(got)
+    return out
+
+
+def job_text(job: dict[str, str]) -> str:
+    """`41 RUNNING on sn2`, `41 PENDING (BeginTime)`."""
+    where = f" on {job['nodes']}" if job.get("nodes") else ""
+    why = f" ({job['reason']})" if job.get("reason") and job["reason"] != "None" else ""
+    return f"{job.get('id', '?')} {job.get('state', '?')}{where}{why}"
 
 
 def priority_text(priorities: dict[str, int], cells: list[str]) -> str:
@@ -171,6 +199,11 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
             cells=names, eta=eta, services=dict(hb.services) if hb is not None else {},
             priorities={ln.cell.name: ln.cell.priority for ln in q.cells if ln.cell and ln.cell.priority},
         ))
+    jobs = slurm_jobs(project)
+    for row in rows:
+        h = project.hosts.get(row.host or "")
+        if h is not None and h.transport == "slurm":
+            row.job = jobs.get(session_name(project.sweep, h.name, row.queue))
     report = StatusReport(
         sweep=project.sweep, roster=len(roster), synced=len(roster & set(snap.results)),
         verified=_last_verified(snap.reconcile, roster),

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ablate.config.project import Project
+from ablate.config.project import Host, Project
 from ablate.remote.layout import SweepLayout, session_name
 from ablate.sweep.cells import check_queue_name
 from ablate.sweep.lock import controller_lock, whoami
@@ -31,6 +31,7 @@ class StopResult:
     after_current: bool = False  # --after-current: a request was left for run_queue, nothing killed
     cell: str | None = None  # with after_current: the cell that is let finish (None between cells)
     request: str | None = None  # with after_current: the control file written
+    via: str = "tmux"  # what runs the queue: "tmux" (a session) or "Slurm job" (scancel'd)
 
     def to_json(self) -> dict[str, Any]:
         return {"queue": self.queue, "host": self.host, "session": self.session, "was_live": self.was_live,
@@ -39,14 +40,21 @@ class StopResult:
 
     def lines(self) -> list[str]:
         if not self.was_live:
-            return [f"{self.queue} is not running on {self.host} (no tmux {self.session}); nothing to stop"]
+            return [f"{self.queue} is not running on {self.host} (no {self.via} {self.session}); "
+                    "nothing to stop"]
         if self.after_current:
             when = f"after its current cell {self.cell}" if self.cell else "before its next cell"
             return [f"{self.queue} on {self.host} will stop {when}; it starts nothing more "
                     f"(`ablate launch {self.queue} --host {self.host}` clears the request)"]
         group = f"process group {self.pgid} ({self.signal})" if self.pgid else "no recorded process group"
+        if self.via != "tmux":
+            return [f"stopped {self.queue} on {self.host}: {self.via} {self.session} cancelled (scancel)"]
         return [f"stopped {self.queue} on {self.host}: {group}, tmux {self.session} killed"]
 
+
+
+def _via(h: Host) -> str:
+    return "Slurm job" if h.transport == "slurm" else "tmux"
 
 
 def _group_alive(ht: HostTransport, pgid: int) -> bool:
@@ -113,7 +121,7 @@ def _stop(project: Project, queue: str, host: str) -> StopResult:
     session = session_name(project.sweep, host, queue)
     live = session in ht.tmux_sessions()
     if not live:
-        return StopResult(queue, host, session, False, None, None)
+        return StopResult(queue, host, session, False, None, None, via=_via(h))
     hb = Heartbeat.from_bytes(f"{host}.{queue}", fs.read_bytes(layout.heartbeat(host, queue)))
     # On Slurm the job's processes are on a compute node: scancel (tmux_kill) ends them all.
     ours = h.transport != "slurm"
@@ -139,4 +147,4 @@ def _stop(project: Project, queue: str, host: str) -> StopResult:
     fs.append_line(layout.events_file(host, queue), json.dumps(
         {"t": time.time(), "ev": "stopped", "host": host, "queue": queue, "pgid": pgid, "signal": signal,
          "by": "ablate stop"}))
-    return StopResult(queue, host, session, True, pgid, signal)
+    return StopResult(queue, host, session, True, pgid, signal, via=_via(h))

@@ -19,11 +19,13 @@ States, first match wins:
     died: not the trainer's failure); rc 0 -> sync_failed (no durable copy); rc 3 with a
     `sync_failed` event -> sync_failed; 129/130/143 -> interrupted (lost when its host is);
     137 or an OOM line in `tails/<name>.log` -> oom; other -> crashed (with the tail);
-    no `end`: the owner queue live (tmux session; or, host unreachable, a fresh running heartbeat)
-    and running it -> running, or hung when its log has been silent longer than hung_after
-    (heartbeat `t` - `log_mtime`, both host clock, plus the heartbeat's age; without log fields
-    the heartbeat's age); owner host unreachable and its heartbeat stale -> lost (never on one
-    signal); else -> interrupted (stopped, or its process is gone while the host is alive).
+    no `end`: the owner queue live (tmux session or Slurm job; or, host unreachable, a fresh
+    running heartbeat) and running it -> running, or hung when its log has been silent longer than
+    hung_after (heartbeat `t` - `log_mtime`, both host clock, plus the heartbeat's age; without log
+    fields the heartbeat's age); live but not on it -> queued (its queue re-enters its claimed
+    cells: a job Slurm requeued, a relaunch); owner host unreachable and its heartbeat stale -> lost
+    (never on one signal); else -> interrupted (stopped, or its process is gone while the host is
+    alive).
   no claim: a live queue has the line at or after its current index -> queued; else never_ran.
 A result dir without MANIFEST.json (a partial copy) makes a cell that is not running sync_failed.
 """
@@ -399,6 +401,10 @@ def _claimed(state: SweepState, name: str, tail: Tail | None, hung_after: float)
                              f"(hung_after {_age(hung_after)}); `ablate stop {queue} --host {host}`, then "
                              "`ablate remediate`", host, queue)
         return CellState(name, "running", f"running {where}", host, queue)
+    if state.live(host, queue):  # cut, and its queue is live again (a job Slurm requeued): the
+        # queue re-enters its claimed cells, resumable; nothing else may run it meanwhile
+        return CellState(name, "queued", f"cut, and its queue {queue} on {host} is live again (a requeued "
+                         "or relaunched job): it re-enters the cell with resume=1", host, queue)
     if not state.reachable(host) and not state.fresh(host, queue):
         seen = "no heartbeat" if age is None else f"heartbeat {_age(age)} old"
         return CellState(name, "lost", f"claimed by {queue} on {host}, which does not answer ({seen}): "

@@ -124,6 +124,21 @@ class SlurmHost:
                               f"{(r.stderr or r.stdout).strip()[-300:]!r}")
         return {line.strip() for line in r.stdout.splitlines() if line.strip()}
 
+    def jobs(self, prefix: str) -> dict[str, dict[str, str]]:
+        """This user's jobs whose name starts with `prefix` (a sweep's): name -> id, state,
+        reason (why pending), nodes, restarts; one squeue for the whole sweep."""
+        fmt = "%j|%i|%T|%r|%N"
+        r = self.run(["sh", "-c", 'squeue -h -u "${USER:-$(id -un)}" -o "$1"', "sh", fmt])
+        if r.rc != 0:
+            raise RemoteError(f"{self.name}: squeue failed (rc {r.rc}): "
+                              f"{(r.stderr or r.stdout).strip()[-300:]!r}")
+        out: dict[str, dict[str, str]] = {}
+        for line in r.stdout.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) == 5 and parts[0].startswith(prefix):
+                out[parts[0]] = {"id": parts[1], "state": parts[2], "reason": parts[3], "nodes": parts[4]}
+        return out
+
     def tmux_kill(self, session: str) -> None:
         r = self.run([*self.tmux_argv(), "kill-session", "-t", f"={session}"], timeout=KILL_WAIT + 30)
         if r.rc != 0:
