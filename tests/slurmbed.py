@@ -51,6 +51,7 @@ from tests.testbed import (
 BASE = Path("/var/lib/ablate-slurmbed")
 SUBNET = "10.232"  # tests/testbed.py (and its sshfs storage) take 10.231.X.0/24
 SLURMCTLD, SLURMD, MUNGED = "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged"
+SSHD = "/usr/sbin/sshd"  # the login node (`login()`)
 TOOLS = ("ip", "nsenter", "unshare", "mount", "sinfo", "squeue", "sbatch", "scontrol", "scancel")
 CONTROLLER = "sbctl"
 SLURMD_TIMEOUT = 10  # seconds without an answer before slurmctld marks a node DOWN
@@ -313,6 +314,45 @@ class SlurmBed:
             time.sleep(0.05)
         if errors:
             raise RuntimeError("slurmbed teardown: " + "; ".join(errors))
+
+    # ------------------------------------------------------------------ a login node
+
+    def login(self) -> Path:
+        """A login node users reach over SSH: a real `sshd` beside slurmctld (its network, at the
+        controller's address, hostname `sbctl`), whose sessions have Slurm's client (SLURM_CONF set
+        by sshd) and the shared dir at the same path. Returns an ssh_config with the alias
+        `slurm-login` (its own client key, the host key in its known_hosts). Started once."""
+        cfg = self.dir / "login" / "ssh_config"
+        if cfg.exists():
+            return cfg
+        d = cfg.parent
+        d.mkdir()
+        for key, comment in (("hostkey", "sbctl"), ("client", "ablate-slurmbed")):
+            _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(d / key))
+        (d / "authorized_keys").write_text((d / "client.pub").read_text())
+        (d / "authorized_keys").chmod(0o600)
+        (d / "sshd_config").write_text(
+            f"ListenAddress {self.ctl_address}\nHostKey {d / 'hostkey'}\n"
+            f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+            "UseDNS no\nPrintMotd no\nMaxStartups 100\nSubsystem sftp internal-sftp\n"
+            f"SetEnv SLURM_CONF={self.conf_path}\nPidFile {d / 'sshd.pid'}\n")
+        kind, blob = (d / "hostkey.pub").read_text().split()[:2]
+        (d / "known_hosts").write_text(f"{self.ctl_address} {kind} {blob}\n")
+        cfg.write_text(f"Host slurm-login\n  HostName {self.ctl_address}\n  User root\n"
+                       f"  IdentityFile {d / 'client'}\n  IdentitiesOnly yes\n"
+                       f"  UserKnownHostsFile {d / 'known_hosts'}\n  StrictHostKeyChecking yes\n"
+                       "  BatchMode yes\n  ConnectTimeout 5\n")
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privsep dir
+        proc = self._popen("sshd", ["nsenter", f"--net=/run/netns/{self.ctl_netns}", SSHD, "-D",
+                                    "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log")])
+
+        def answers() -> bool:
+            return subprocess.run(["ssh", "-F", str(cfg), "slurm-login", "true"], capture_output=True,
+                                  timeout=20).returncode == 0
+
+        self._wait_daemon(proc, "sshd", answers)
+        return cfg
 
     # ------------------------------------------------------------------ client commands
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -38,7 +39,7 @@ class Sweep:
     """A user's project whose one host is the cluster (`queues: N`), on the bed's shared dir."""
 
     def __init__(self, sb: SlurmBed, tmp: Path, cli: Cli, *, cells: int, queues: int, epochs: int,
-                 step_time: float, slurm: dict[str, Any] | None = None) -> None:
+                 step_time: float, slurm: dict[str, Any] | None = None, login: Path | None = None) -> None:
         self.sb, self.cli, self.epochs = sb, cli, epochs
         self.sweep = f"s{uuid.uuid4().hex[:6]}"
         shared = sb.shared_dir
@@ -50,7 +51,9 @@ class Sweep:
         self.scratch = shared / "scratch" / self.sweep
         (self.proj / "profiles" / "cluster.yaml").write_text(yaml.safe_dump({
             "transport": "slurm", "shared_fs": str(shared / "fs"), "ckpt_root": str(self.scratch),
-            "python": sys.executable, "slurm": {"time": "10:00", "grace": 30, **(slurm or {})}}))
+            "python": sys.executable, "slurm": {"time": "10:00", "grace": 30,
+                                                **({"login": "slurm-login"} if login else {}),
+                                                **(slurm or {})}}))
         self.cells = [f"c{i}" for i in range(cells)]
         for i, c in enumerate(self.cells):
             body = yaml.safe_dump({"lr": 0.1, "hidden": 4, "seed": i, "step_time": step_time})
@@ -66,6 +69,7 @@ class Sweep:
             "tasks": {"t": {"epochs": epochs, "cost_per_epoch": 1.0}},
             "cells": [{"glob": "configs/*.yaml", "task": "t"}],
             "heartbeat_secs": 1,
+            **({"ssh_config": str(login)} if login else {}),
             "hosts": {"cluster": {"queues": queues}}}, sort_keys=False))
         self.root = shared / "fs" / "ablate" / self.sweep
 
@@ -312,3 +316,23 @@ def test_without_requeue_a_dead_nodes_cells_are_remediated_as_new_jobs(
     assert all(not g["launched"] for g in got[:-1]) and all(g["unconfirmed"] for g in got[:-1]), got
     sw.wait_done(timeout=180)
     sw.assert_all_verified_once()
+
+
+def test_through_the_login_node_over_ssh(slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`slurm.login`: no Slurm client here (SLURM_CONF unset: this machine's sbatch would fail); every
+    Slurm command and the shared FS go through the login node's sshd, as from a laptop."""
+    monkeypatch.delenv("SLURM_CONF")
+    assert subprocess.run(["squeue"], capture_output=True).returncode != 0
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=3, queues=2, epochs=3, step_time=0.3,
+               login=slurm_cluster.login())
+    sw.ok("plan")
+    got = sw.ok("launch", "--all")
+    assert {r["status"] for r in got["launched"]} == {"launched"}, got
+    sw.wait_done()
+    sw.assert_all_verified_once()
+    rows = sw.ok("status")["queues"]
+    assert {r["state"] for r in rows} == {"drained"} and all(r["live"] is False for r in rows), rows
+    checks = {c["check"]: c for c in sw.ok("doctor")["hosts"]["cluster"]["checks"]}
+    assert all(c["ok"] for c in checks.values()), checks
+    assert checks["reachable"]["reason"] == "ssh slurm-login", checks
