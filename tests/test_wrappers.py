@@ -52,6 +52,12 @@ def finals(lp: LocalProject) -> set[str]:
     return {p.name for p in root.iterdir() if (p / "MANIFEST.json").exists()} if root.exists() else set()
 
 
+def deployed_run_one(lp: LocalProject, host: str) -> tuple[Path, Path]:
+    """The deployed run_one wrapper and `host`'s run spec, to call run_one by hand."""
+    deployed = json.loads((lp.shared / "DEPLOYED.json").read_text())
+    return lp.shared / "wrappers" / deployed["run_one"], lp.shared / "specs" / deployed["specs"][host]
+
+
 def started(evs: list[dict[str, Any]]) -> list[str]:
     return [e["cell"] for e in evs if e["ev"] == "start"]
 
@@ -152,9 +158,7 @@ def test_run_one_exit_code_3_keeps_the_local_checkpoint(local_project: LocalProj
     lp.queue("q1", [lp.cfg("cfgs/a/dup.yaml") + " recon 1"])
     launch(load_project(lp.root), "q1", "h1")
     drained(lp, "h1", "q1")
-    deployed = json.loads((lp.shared / "DEPLOYED.json").read_text())
-    run_one = lp.shared / "wrappers" / deployed["run_one"]
-    spec = lp.shared / "specs" / deployed["specs"]["h1"]
+    run_one, spec = deployed_run_one(lp, "h1")
     before = (lp.shared / "final_ckpts/dup/MANIFEST.json").read_bytes()
     env = {**os.environ, "ABLATE_QUEUE": "manual"}
     p = subprocess.run(["bash", str(run_one), str(spec), "dup", "cfgs/a/dup.yaml", "recon", "1", "a", "0"],
@@ -326,9 +330,7 @@ def test_a_stale_slurm_attempt_does_not_publish_over_the_current_one(local_proje
     lp.queue("q1", [lp.cfg("cfgs/a/warm.yaml") + " recon 1"])
     launch(load_project(lp.root), "q1", "h1")
     drained(lp, "h1", "q1")
-    deployed = json.loads((lp.shared / "DEPLOYED.json").read_text())
-    run_one = lp.shared / "wrappers" / deployed["run_one"]
-    spec = lp.shared / "specs" / deployed["specs"]["h1"]
+    run_one, spec = deployed_run_one(lp, "h1")
     cfg = lp.cfg("cfgs/a/fz.yaml").split()[0]
     claim = lp.shared / "claims" / "fz"
     claim.mkdir(parents=True)

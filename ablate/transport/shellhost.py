@@ -73,6 +73,15 @@ class Live(Protocol):
         ...
 
 
+def env_command(host: str, env: Mapping[str, str], argv: Sequence[str]) -> str:
+    """One shell command string running argv with env (tmux and sbatch hand it to a shell: each
+    word quoted); names that are not environment variable names are refused."""
+    bad = [k for k in env if not _ENV_NAME.match(k)]
+    if bad:
+        raise RemoteError(f"{host}: invalid environment variable names {bad}")
+    return shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else argv)
+
+
 class ShellHost(ABC):
     """A host whose commands run through its user's login shell (HostTransport, minus the client)."""
 
@@ -148,11 +157,7 @@ class ShellHost(ABC):
 
     def tmux_start(self, session: str, argv: Sequence[str], env: Mapping[str, str],
                    cwd: str | None = None) -> None:
-        bad = [k for k in env if not _ENV_NAME.match(k)]
-        if bad:
-            raise RemoteError(f"{self.name}: invalid environment variable names {bad}")
-        # tmux hands the command string to a shell: quote it as a whole too.
-        command = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else argv)
+        command = env_command(self.name, env, argv)
         self.run(self._tmux("new-session", "-d", "-s", session,
                             *(["-c", cwd] if cwd else []), command)).check()
 

@@ -21,16 +21,14 @@ events and results on the shared FS say what happened.
 
 from __future__ import annotations
 
-import re
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 
 from ablate.config.slurm import SlurmSettings
 from ablate.errors import RemoteError
 from ablate.transport.base import CommandResult, HostTransport
+from ablate.transport.shellhost import env_command
 
 KILL_WAIT = 60  # seconds `kill-session` waits for scancel's job to leave squeue
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # $1 the output dir, $2 the number of sbatch options, then those options, then the verb and its
 # arguments as tmux takes them.
@@ -107,10 +105,7 @@ class SlurmHost:
 
     def tmux_start(self, session: str, argv: Sequence[str], env: Mapping[str, str],
                    cwd: str | None = None) -> None:
-        bad = [k for k in env if not _ENV_NAME.match(k)]
-        if bad:
-            raise RemoteError(f"{self.name}: invalid environment variable names {bad}")
-        command = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else argv)
+        command = env_command(self.name, env, argv)
         r = self.run([*self.tmux_argv(), "new-session", "-d", "-s", session,
                       *(["-c", cwd] if cwd else []), command], timeout=120.0)
         if r.rc != 0:
