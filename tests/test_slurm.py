@@ -299,6 +299,9 @@ def test_without_requeue_a_dead_nodes_cells_are_remediated_as_new_jobs(
     # The surviving queue finishes its own cells (and may steal); then the cut cell is left.
     wait_for(lambda: not sw.jobs(), timeout=180, interval=0.5)
     assert cell not in sw.published()
+    # Lost by Slurm's own word: the node of the cell's claim is out of service.
+    got = sw.ok("status")["cells"][cell]
+    assert got["state"] == "lost" and job["nodes"] in got["reason"] and "Slurm" in got["reason"], got
     code, out, err = cli(sw.proj, "logs", cell)
     assert code == 0 and "epoch 1/8" in out, (code, out, err)
     # Unmeasured, the FS's lag is taken as 60 s: remediate acts once the state has settled that long

@@ -23,9 +23,9 @@ States, first match wins:
     running heartbeat) and running it -> running, or hung when its log has been silent longer than
     hung_after (heartbeat `t` - `log_mtime`, both host clock, plus the heartbeat's age; without log
     fields the heartbeat's age); live but not on it -> queued (its queue re-enters its claimed
-    cells: a job Slurm requeued, a relaunch); owner host unreachable and its heartbeat stale -> lost
-    (never on one signal); else -> interrupted (stopped, or its process is gone while the host is
-    alive).
+    cells: a job Slurm requeued, a relaunch); owner host unreachable and its heartbeat stale, or
+    the Slurm node of its claim out of service -> lost (never on one signal); else -> interrupted
+    (stopped, or its process is gone while the host is alive).
   no claim: a live queue has the line at or after its current index -> queued; else never_ran.
 A result dir without MANIFEST.json (a partial copy) makes a cell that is not running sync_failed.
 """
@@ -409,6 +409,11 @@ def _claimed(state: SweepState, name: str, tail: Tail | None, hung_after: float)
         seen = "no heartbeat" if age is None else f"heartbeat {_age(age)} old"
         return CellState(name, "lost", f"claimed by {queue} on {host}, which does not answer ({seen}): "
                          "the instance is gone", host, queue)
+    out = state.nodes_out(host).get(claim.node or "")
+    if out is not None:
+        return CellState(name, "lost", f"claimed by {queue} on {host}, whose node {claim.node} is "
+                         f"{out} in Slurm: the job is gone with it; `ablate remediate` re-runs it",
+                         host, queue)
     start = next(((k, i) for k, i, e in reversed(evs) if e.ev == "start"), None)
     stop = state.stopped_after(start[0], start[1]) if start else None
     if stop is not None and stop.ev == "stopped":

@@ -97,12 +97,14 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class Claim:
-    """`claims/<name>/owner`: `host queue idx t`; empty while the claimer has yet to write it."""
+    """`claims/<name>/owner`: `host queue idx t [attempt node]`; empty while the claimer has yet to
+    write it."""
 
     name: str
     host: str | None
     queue: str | None
     raw: str
+    node: str | None = None  # a Slurm attempt's node (`host queue idx t attempt node`)
 
     @classmethod
     def parse(cls, name: str, text: Any) -> Claim:
@@ -110,7 +112,8 @@ class Claim:
         parts = raw.split()
         if len(parts) < 2:
             return cls(name, None, None, raw)
-        return cls(name, parts[0], parts[1], raw)
+        node = parts[5] if len(parts) >= 6 and parts[5] != "-" else None
+        return cls(name, parts[0], parts[1], raw, node)
 
 
 @dataclass(frozen=True)

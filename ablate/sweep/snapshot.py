@@ -238,6 +238,15 @@ class SweepState:
         _, hb = self.heartbeat(host, queue)
         return hb is not None and hb.state == "running" and self.fresh(host, queue)
 
+    def nodes_out(self, host: str) -> dict[str, str]:
+        """A Slurm host's nodes out of service (node -> Slurm's state), as its answer listed them."""
+        out = {}
+        for s in self.sessions.get(host) or ():
+            parts = s.split()
+            if len(parts) == 3 and parts[0] == "!node":
+                out[parts[1]] = parts[2]
+        return out
+
     def busy(self, host: str | None, queue: str | None) -> bool:
         """The rule before anything is destroyed (a host released, a wrapper removed): live, or a
         fresh heartbeat that says running whatever tmux says (the process wrote it moments ago:

@@ -6,6 +6,8 @@ command uses for tmux (`list-sessions`, `new-session`, `kill-session`) are answe
 adapter script (`SESSIONS`) in one round trip, so launch, status, stop and the host views work
 unchanged over it:
 
+- `list-sessions` also names each node Slurm has out of service (`!node NAME STATE` lines, never a
+  session name): a cut cell whose node is down is `lost`, by Slurm's word, not by SSH's;
 - a queue's session name is its job name (`--job-name`); live = listed by `squeue` for this user
   (pending, running, requeued, completing): a job Slurm is requeueing is live, so nothing else
   starts or re-queues its cells (one owner of retries);
@@ -38,7 +40,13 @@ me=${USER:-$(id -un)}
 names() { squeue -h -u "$me" -o '%j'; }
 verb=$1; shift
 case $verb in
-  list-sessions) names ;;
+  list-sessions)  # the live jobs' names, then each node Slurm has out of service: `!node NAME STATE`
+    names || exit
+    sinfo -h -N -o '%N %T' 2>/dev/null | while read -r node st; do
+      case ${st,,} in
+        *'*'|down*|drain*|fail*|maint*|unknown*|no_respond*) printf '!node %s %s\n' "$node" "$st" ;;
+      esac
+    done ;;
   new-session)
     name= dir= cmd=
     while [ $# -gt 0 ]; do
@@ -117,7 +125,7 @@ class SlurmHost:
         if r.rc != 0:
             raise RemoteError(f"{self.name}: squeue failed (rc {r.rc}): "
                               f"{(r.stderr or r.stdout).strip()[-300:]!r}")
-        return {line.strip() for line in r.stdout.splitlines() if line.strip()}
+        return {line.strip() for line in r.stdout.splitlines() if line.strip() and not line.startswith("!")}
 
     def jobs(self, prefix: str) -> dict[str, dict[str, str]]:
         """This user's jobs whose name starts with `prefix` (a sweep's): name -> id, state,
