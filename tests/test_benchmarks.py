@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import slurmbed
 from tests.testbed import missing_requirement
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,3 +98,19 @@ def test_bench_testbed_plans_launches_and_measures() -> None:
     assert 0 < bound <= makespan and ratio >= 1.0
     assert (makespan - 0.05) / (bound + 0.05) - 0.001 <= ratio <= (makespan + 0.05) / (bound - 0.05) + 0.001
     assert "plan + stealing: makespan / lower bound" in out
+
+
+def test_bench_slurm_runs_the_sweep_both_ways_on_the_slurm_bed() -> None:
+    reason = slurmbed.missing_requirement()
+    if reason:
+        pytest.skip(reason)
+    out = run("bench_slurm.py", "--cells", "4", "--reps", "1", "--no-faults", timeout=180)
+    body = rows(out)
+    assert [(r[0], r[1]) for r in body] == [("clean", "ablate"), ("clean", "array")]
+    for r in body:
+        makespan, drained = float(r[2]), float(r[4])
+        # 4 cells of 3-6 epochs at 0.6 s each on 3 slots: the longest cell alone sleeps >= 1.8 s
+        assert 1.8 <= makespan <= drained
+        assert r[7] == "4/4"  # every cell's training completed exactly once, by its own trace
+    assert float(body[0][6].rstrip("x")) == pytest.approx(float(body[0][2]) / float(body[1][2]), abs=0.02)
+    assert "#SBATCH --array=0-3%3" in out
