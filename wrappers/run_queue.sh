@@ -610,9 +610,10 @@ jfield() {  # jfield KEY: REPLY = KEY's value in the one-line JSON object $J (''
 }
 
 S_QUEUE= S_HOST= S_IDX= S_NAME= S_HERE=
+SILENT_REM=$(( 1 << 50 ))  # ms: a silent victim's remaining time (never finishes)
 steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth stealing
   load_estimates || return 1
-  local my_speed fs_now= fresh row mt f q h s i c cs ht spd rem cands j n k m e here entry
+  local my_speed fs_now= fresh row mt f q h s i c cs ht spd rem cands j n k m e here entry silent
   local -a rows=() lines=() q_name=() q_host=() q_rem=() q_cands=() order=() list=()
   speed_of "$ABLATE_HOST" "$SLOT"
   my_speed=$REPLY
@@ -629,7 +630,11 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
     [[ $f == "$CLOCK" || $f == "$HB" ]] && continue
     ms_of "${row%% *}" || continue
     mt=$REPLY
-    (( fs_now - mt < fresh )) || continue
+    # A runner whose heartbeat says running but has not beaten for `fresh` is cut off or dead (a
+    # node or instance gone): it finishes nothing, so each of its unclaimed cells is worth taking
+    # (claims keep every cell to one run if it comes back).
+    silent=0
+    (( fs_now - mt < fresh )) || silent=1
     { read -r J <"$f"; } 2>/dev/null || continue
     jfield state; [[ $REPLY == running ]] || continue
     jfield queue; q=$REPLY
@@ -669,6 +674,7 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
         [[ -n ${STEAL_SKIP["$q:$j"]-} ]] || cands+=" $j:$P_NAME:$P_PRIO:$REPLY"
       done
     fi
+    (( silent )) && rem=$SILENT_REM
     q_name+=("$q") q_host+=("$h") q_rem+=("$rem") q_cands+=("$cands")
   done
   # Queues by remaining time, largest first (ties: queue name); from the first one that has a
