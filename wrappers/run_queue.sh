@@ -702,7 +702,9 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
       entry=${list[j]}
       e=${entry##*:}
       here=$(( e * 1000 / my_speed ))
-      if (( here < q_rem[k] )); then
+      # <=: a tie happens only when the victim's cell is overdue (its remaining time clamped to 0):
+      # it is slower than estimated, or gone; taking the line costs nothing if it is not.
+      if (( here <= q_rem[k] )); then
         p=${entry%:*}
         p=${p##*:}
         if [[ -z $best ]] || (( p > best_prio )); then
