@@ -73,7 +73,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from benchlib import measured_line, median, write_section  # noqa: E402
+from benchlib import measured_line, median, publish  # noqa: E402
 
 from tests.testbed import Testbed, missing_requirement  # noqa: E402  (after the sys.path lines above)
 
@@ -624,10 +624,7 @@ def main(argv: list[str] | None = None) -> int:
                 "there, which the instances would otherwise share)." if any(s.private_shims for s in results)
                 else ""), "",
              *body, "", *notes(results), ""]
-    print("\n".join(lines))
-    if not args.no_write:
-        path = write_section("bench_fanout", lines)
-        print(f"wrote {path.relative_to(REPO)}")
+    publish("bench_fanout", lines, not args.no_write)
     return 0
 
 

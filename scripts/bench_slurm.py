@@ -82,7 +82,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from benchlib import measured_line, median, write_section  # noqa: E402
+from benchlib import measured_line, median, publish  # noqa: E402
 
 from tests.helpers import fault_train  # noqa: E402  (after the sys.path lines above)
 from tests.slurmbed import SlurmBed, missing_requirement  # noqa: E402
@@ -590,10 +590,7 @@ def main(argv: list[str] | None = None) -> int:
              "The array script (task i trains cell i; `<shared>` is the bed's shared directory):", "",
              "```bash", *script.rstrip("\n").splitlines(),
              "```", ""]
-    print("\n".join(lines))
-    if not args.no_write:
-        path = write_section("bench_slurm", lines)
-        print(f"wrote {path.relative_to(REPO)}")
+    publish("bench_slurm", lines, not args.no_write)
     return 0
 
 

@@ -49,6 +49,14 @@ def write_section(key: str, lines: Sequence[str]) -> Path:
     return BENCH_MD
 
 
+def publish(key: str, lines: Sequence[str], write: bool) -> None:
+    """Print the section; with `write`, also put it into docs/BENCHMARKS.md (`write_section`)."""
+    print("\n".join(lines))
+    if write:
+        path = write_section(key, lines)
+        print(f"wrote {path.relative_to(REPO)}")
+
+
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
