@@ -213,6 +213,8 @@ BAD_HOSTS: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
     ("local host with queues", {"cluster": {"queues": 2}, "here": {"profile": "local", "queues": 2}}, {}, ["hosts.here.queues", "only a host of a `transport: slurm` profile"]),
     ("slurm host says ssh", {"cluster": {"transport": "ssh"}}, {}, ["hosts.cluster.transport", "a Slurm host takes its transport from its profile", "set `profile:`"]),
     ("ssh host says slurm", {"cluster": {}, "box": {"profile": "bare", "transport": "slurm"}}, {}, ["hosts.box.transport", "takes its transport from its profile"]),
+    ("slurm host with ssh", {"cluster": {"queues": 2, "ssh": "hpc-login"}}, {}, ["hosts.cluster.ssh", "slurm.login", "remove hosts.cluster.ssh"]),
+    ("slurm host with instance_id", {"cluster": {"instance_id": "x1"}}, {}, ["hosts.cluster.instance_id", "no instance to release"]),
     ("slurm host with a service on a GPU", {"cluster": {"queues": 2}}, {"services": [{**SVC, "gpus": 1}], "train": "python t.py --config {cfg} --port {port}"}, ["cluster", "services", "not supported on a Slurm host"]),
 ]
 
@@ -323,3 +325,10 @@ def test_the_readme_example_profile_and_host_load(cli: Cli, sp: SlurmProject) ->
     assert host.profile.slurm.sbatch_options() == [
         "--partition=gpu", "--account=mylab", "--qos=normal", "--time=1-00:00:00", "--gres=gpu:1",
         "--requeue", "--signal=B:USR2@120", "--constraint=a100", "--cpus-per-task=8", "--mem=64G"]
+
+
+def test_a_slurm_project_without_workdir_names_the_compute_nodes(cli: Cli, sp: SlurmProject) -> None:
+    sp.config(workdir=None)
+    text = (sp.root / "ablate.yaml").read_text().replace("workdir: null\n", "")
+    (sp.root / "ablate.yaml").write_text(text)
+    refused(cli, sp, "workdir", "is required for hosts that are not this machine (cluster)", "compute nodes")

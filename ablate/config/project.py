@@ -359,8 +359,8 @@ def load_project(directory: Path | str = ".") -> Project:
     if workdir is None:
         remote = [h.name for h in hosts.values() if h.transport != "local"]
         if remote:
-            raise r.err("workdir", f"is required for ssh hosts ({', '.join(remote)}): "
-                                   "the repo path on the instances")
+            raise r.err("workdir", f"is required for hosts that are not this machine ({', '.join(remote)}): "
+                                   "the repo path on the instances (on Slurm: as the compute nodes see it)")
         workdir = str(project_dir)
     elif not workdir.startswith("/"):
         remote = [h.name for h in hosts.values() if h.transport != "local"]
@@ -454,6 +454,11 @@ def _hosts(r: Reader, default: Profile, project_dir: Path, per_queue: int = 1,
         if (transport == "slurm") != (profile.transport == "slurm"):
             raise h.err("transport", "a Slurm host takes its transport from its profile "
                                      "(`transport: slurm` with a slurm: mapping); set `profile:` instead")
+        if transport == "slurm":
+            for key, why in (("ssh", "is reached through its profile's slurm.login (absent: this machine)"),
+                             ("instance_id", "has no instance to release (release cleans its scratch)")):
+                if h.has(key):
+                    raise h.err(key, f"a Slurm host {why}; remove hosts.{name}.{key}")
         gpus = _slurm_queues(h, services) if transport == "slurm" else _gpus(h)
         if transport != "slurm" and h.has("queues"):
             raise h.err("queues", "only a host of a `transport: slurm` profile takes queues: N "
