@@ -73,7 +73,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from benchlib import measured_line, median, publish  # noqa: E402
+from benchlib import ablate_version, measured_line, median, publish  # noqa: E402
 
 from tests.testbed import Testbed, missing_requirement  # noqa: E402  (after the sys.path lines above)
 
@@ -553,16 +553,6 @@ def notes(sizes: list[Size]) -> list[str]:
                        f"still held its stdout (a pipe reader such as `ablate status | less` would wait "
                        f"for them), e.g. {s.held_open[0]}.")
     return out
-
-
-def ablate_version() -> str:
-    """The commit measured, and whether ablate/ had uncommitted changes."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
-                              check=False).stdout.strip()
-    rev = git("rev-parse", "--short", "HEAD") or "unknown"
-    return f"{rev} plus uncommitted changes in ablate/" if git("status", "--porcelain", "--", "ablate") \
-        else rev
 
 
 def main(argv: list[str] | None = None) -> int:

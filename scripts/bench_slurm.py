@@ -82,7 +82,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from benchlib import measured_line, median, publish  # noqa: E402
+from benchlib import ablate_version, measured_line, median, publish  # noqa: E402
 
 from tests.helpers import fault_train  # noqa: E402  (after the sys.path lines above)
 from tests.slurmbed import SlurmBed, missing_requirement  # noqa: E402
@@ -516,15 +516,6 @@ def notes(runs: list[Run], faults: bool) -> list[str]:
     return out
 
 
-def ablate_version() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
-                              check=False).stdout.strip()
-    rev = git("rev-parse", "--short", "HEAD") or "unknown"
-    return f"{rev} plus uncommitted changes in ablate/ or wrappers/" \
-        if git("status", "--porcelain", "--", "ablate", "wrappers") else rev
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cells", type=int, default=24, help="cells in the sweep (default 24)")
@@ -564,8 +555,9 @@ def main(argv: list[str] | None = None) -> int:
         + ("" if args.step_time == 0.6 else f" --step-time {args.step_time:g}") \
         + ("" if args.seed == 7 else f" --seed {args.seed}")
     counts = {e: list(sweep.cells.values()).count(e) for e in EPOCH_CHOICES}
+    version = ablate_version(("ablate", "wrappers"))
     lines = ["## A sweep on a real Slurm cluster: ablate against a hand-written job array", "",
-             measured_line(cmd) + f" ablate at {ablate_version()}; {took / 60:.1f} min in all.", "",
+             measured_line(cmd) + f" ablate at {version}; {took / 60:.1f} min in all.", "",
              f"One Slurm bed (tests/slurmbed.py: slurmctld and 3 slurmd nodes of one CPU each in "
              f"namespaces on this machine, one shared directory). {len(sweep.cells)} cells of the real "
              f"small trainer (tests/helpers/fault_train.py, a safetensors checkpoint per epoch, "

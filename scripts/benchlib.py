@@ -7,6 +7,7 @@ import datetime
 import os
 import platform
 import statistics
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -55,6 +56,16 @@ def publish(key: str, lines: Sequence[str], write: bool) -> None:
     if write:
         path = write_section(key, lines)
         print(f"wrote {path.relative_to(REPO)}")
+
+
+def ablate_version(paths: Sequence[str] = ("ablate",)) -> str:
+    """The commit measured, and whether `paths` had uncommitted changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                              check=False).stdout.strip()
+    rev = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", *paths)
+    return f"{rev} plus uncommitted changes in {' or '.join(p + '/' for p in paths)}" if dirty else rev
 
 
 def median(xs: Sequence[float]) -> float:

@@ -19,8 +19,7 @@ from ablate.sweep.alarms import HostAlarm, host_alarms
 from ablate.sweep.cells import Cell
 from ablate.sweep.classify import CellState, classify_state, state_counts, state_lines, warning_lines
 from ablate.sweep.snapshot import Asked, Snapshot, SweepState, load
-from ablate.transport import fan_out, host_transport, shared_fs
-from ablate.transport.slurm import SlurmHost
+from ablate.transport import shared_fs
 from ablate.util.fmt import duration
 
 
@@ -112,23 +111,6 @@ class StatusReport:
 
 
 
-def slurm_jobs(project: Project) -> dict[str, dict[str, str]]:
-    """The sweep's Slurm jobs (job name -> squeue's fields), one squeue per Slurm host; a host
-    whose squeue fails adds nothing (its queues' liveness already says it did not answer)."""
-    hosts = [h for h in project.hosts.values() if h.transport == "slurm"]
-    prefix = session_name(project.sweep, "", "")[:-1]  # `ablate-<sweep>-`
-
-    def ask(name: str) -> dict[str, dict[str, str]]:
-        t = host_transport(project, project.hosts[name])
-        return t.jobs(prefix) if isinstance(t, SlurmHost) else {}
-
-    out: dict[str, dict[str, str]] = {}
-    for got in fan_out([h.name for h in hosts], ask).values():
-        if isinstance(got, dict):
-            out.update(got)
-    return out
-
-
 def job_text(job: dict[str, str]) -> str:
     """`41 RUNNING on sn2`, `41 PENDING (BeginTime)`."""
     where = f" on {job['nodes']}" if job.get("nodes") else ""
@@ -199,11 +181,10 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
             cells=names, eta=eta, services=dict(hb.services) if hb is not None else {},
             priorities={ln.cell.name: ln.cell.priority for ln in q.cells if ln.cell and ln.cell.priority},
         ))
-    jobs = slurm_jobs(project)
     for row in rows:
         h = project.hosts.get(row.host or "")
         if h is not None and h.transport == "slurm":
-            row.job = jobs.get(session_name(project.sweep, h.name, row.queue))
+            row.job = state.jobs(h.name).get(session_name(project.sweep, h.name, row.queue))
     report = StatusReport(
         sweep=project.sweep, roster=len(roster), synced=len(roster & set(snap.results)),
         verified=_last_verified(snap.reconcile, roster),

@@ -81,8 +81,9 @@ def _release(project: Project, host: str, yes: bool, confirm: Confirm | None,
 
     if h.transport == "slurm":  # a cluster is not released: the sweep's scratch is cleaned
         argv = None
-    what = (f"run `{shlex.join(argv)}`" if argv else "remove its cells' scratch under "
-            f"{h.ckpt_root}" if h.transport == "slurm" else "record the approval")
+        what = f"remove its cells' scratch under {h.ckpt_root}"
+    else:
+        what = f"run `{shlex.join(argv)}`" if argv else "record the approval"
     question = f"All {len(roster.cells)} cells are verified locally. Release {host} ({what})?"
     if not yes:
         if confirm is None:

@@ -238,14 +238,19 @@ class SweepState:
         _, hb = self.heartbeat(host, queue)
         return hb is not None and hb.state == "running" and self.fresh(host, queue)
 
+    def _marked(self, host: str, mark: str) -> list[str]:
+        """The payloads of a Slurm host's `!<mark> ...` lines in its session answer."""
+        return [s[len(mark) + 2:] for s in self.sessions.get(host) or () if s.startswith(f"!{mark} ")]
+
     def nodes_out(self, host: str) -> dict[str, str]:
         """A Slurm host's nodes out of service (node -> Slurm's state), as its answer listed them."""
-        out = {}
-        for s in self.sessions.get(host) or ():
-            parts = s.split()
-            if len(parts) == 3 and parts[0] == "!node":
-                out[parts[1]] = parts[2]
-        return out
+        return {p[0]: p[1] for p in (m.split() for m in self._marked(host, "node")) if len(p) == 2}
+
+    def jobs(self, host: str) -> dict[str, dict[str, str]]:
+        """A Slurm host's jobs (job name -> id, state, nodes, reason), as its answer listed them."""
+        keys = ("id", "state", "nodes", "reason")
+        return {p[0]: dict(zip(keys, p[1:], strict=True))
+                for p in (m.split("|") for m in self._marked(host, "job")) if len(p) == 5}
 
     def busy(self, host: str | None, queue: str | None) -> bool:
         """The rule before anything is destroyed (a host released, a wrapper removed): live, or a

@@ -6,8 +6,10 @@ command uses for tmux (`list-sessions`, `new-session`, `kill-session`) are answe
 adapter script (`SESSIONS`) in one round trip, so launch, status, stop and the host views work
 unchanged over it:
 
-- `list-sessions` also names each node Slurm has out of service (`!node NAME STATE` lines, never a
-  session name): a cut cell whose node is down is `lost`, by Slurm's word, not by SSH's;
+- `list-sessions` also gives each job's id, state, nodes and pending reason (`!job` lines) and
+  each node Slurm has out of service (`!node NAME STATE`), never session names: `status` shows the
+  jobs, and a cut cell whose node is down is `lost`, by Slurm's word, not by SSH's, all from the
+  one query every command makes anyway;
 - a queue's session name is its job name (`--job-name`); live = listed by `squeue` for this user
   (pending, running, requeued, completing): a job Slurm is requeueing is live, so nothing else
   starts or re-queues its cells (one owner of retries);
@@ -40,8 +42,12 @@ me=${USER:-$(id -un)}
 names() { squeue -h -u "$me" -o '%j'; }
 verb=$1; shift
 case $verb in
-  list-sessions)  # the live jobs' names, then each node Slurm has out of service: `!node NAME STATE`
-    names || exit
+  list-sessions)  # each live job's name and `!job NAME|ID|STATE|NODES|REASON`, then each node
+    # Slurm has out of service: `!node NAME STATE`
+    jobs=$(squeue -h -u "$me" -o '%j|%i|%T|%N|%r') || exit
+    printf '%s\n' "$jobs" | while IFS='|' read -r name rest; do
+      [ -n "$name" ] && printf '%s\n!job %s|%s\n' "$name" "$name" "$rest"
+    done
     sinfo -h -N -o '%N %T' 2>/dev/null | while read -r node st; do
       case ${st,,} in
         *'*'|down*|drain*|fail*|maint*|unknown*|no_respond*) printf '!node %s %s\n' "$node" "$st" ;;
@@ -126,21 +132,6 @@ class SlurmHost:
             raise RemoteError(f"{self.name}: squeue failed (rc {r.rc}): "
                               f"{(r.stderr or r.stdout).strip()[-300:]!r}")
         return {line.strip() for line in r.stdout.splitlines() if line.strip() and not line.startswith("!")}
-
-    def jobs(self, prefix: str) -> dict[str, dict[str, str]]:
-        """This user's jobs whose name starts with `prefix` (a sweep's): name -> id, state,
-        reason (why pending), nodes, restarts; one squeue for the whole sweep."""
-        fmt = "%j|%i|%T|%r|%N"
-        r = self.run(["sh", "-c", 'squeue -h -u "${USER:-$(id -un)}" -o "$1"', "sh", fmt])
-        if r.rc != 0:
-            raise RemoteError(f"{self.name}: squeue failed (rc {r.rc}): "
-                              f"{(r.stderr or r.stdout).strip()[-300:]!r}")
-        out: dict[str, dict[str, str]] = {}
-        for line in r.stdout.splitlines():
-            parts = line.strip().split("|")
-            if len(parts) == 5 and parts[0].startswith(prefix):
-                out[parts[0]] = {"id": parts[1], "state": parts[2], "reason": parts[3], "nodes": parts[4]}
-        return out
 
     def tmux_kill(self, session: str) -> None:
         r = self.run([*self.tmux_argv(), "kill-session", "-t", f"={session}"], timeout=KILL_WAIT + 30)
