@@ -59,6 +59,7 @@ SLURMD_TIMEOUT = 10  # seconds without an answer before slurmctld marks a node D
 CRED_EXPIRE = 10
 # Node states in which a node answers and takes jobs (sinfo's %t, no `*` = responding).
 UP_STATES = {"idle", "mix", "alloc", "comp"}
+GRACE_TIME = 20  # seconds a preempted job of partition `main` has to stop before it is requeued
 
 
 def missing_requirement() -> str | None:
@@ -97,6 +98,7 @@ class SlurmBed:
         self.subnet = ""
         self._procs: dict[str, subprocess.Popen[bytes]] = {}  # "munged", "slurmctld", node names
         self._dead: set[str] = set()
+        self.overrides: dict[str, str] = {}  # further slurm.conf keys (`reconfigure`)
 
     # ------------------------------------------------------------------ names
 
@@ -235,8 +237,34 @@ class SlurmBed:
             # Schedule within seconds (not the default 60 s pass) once a requeued job's BeginTime
             # has come.
             "SchedulerType=sched/backfill\nSchedulerParameters=sched_interval=2,bf_interval=1\n"
+            # Preemption as sites set it up: a job of `urgent` requeues one of `main`, whose batch
+            # shell gets its --signal at once (preempt_send_user_signal) and GRACE_TIME s to stop.
+            "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n"
+            "SlurmctldParameters=preempt_send_user_signal\n"
+            + "".join(f"{k}={v}\n" for k, v in self.overrides.items())
             + nodes +
-            f"PartitionName=main Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP\n")
+            f"PartitionName=main Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP "
+            f"PriorityTier=1 GraceTime={GRACE_TIME}\n"
+            f"PartitionName=urgent Nodes={','.join(self.nodes)} MaxTime=INFINITE State=UP "
+            "PriorityTier=10 PreemptMode=OFF\n")
+
+    def reconfigure(self, **overrides: str) -> None:
+        """Set slurm.conf keys (`MaxArraySize="3"`; none: back to the bed's own) and make slurmctld
+        and every slurmd read the file again (`scontrol reconfigure`)."""
+        self.overrides = dict(overrides)
+        self._write_conf()
+        self.run("scontrol", "reconfigure")
+        want = dict(overrides)
+        deadline = time.monotonic() + 30
+        while True:
+            conf = dict(re.findall(r"^(\w+)\s*=\s*(\S*)", self.run("scontrol", "show", "config").stdout,
+                                   re.M))
+            if all(conf.get(k) == v for k, v in want.items()):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"slurmbed: {want} not in effect after reconfigure: "
+                                   f"{ {k: conf.get(k) for k in want} }")
+            time.sleep(0.2)
 
     def _popen(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         """Start a daemon in the foreground; its stdout and stderr go to `<dir>/<name>.out`."""
@@ -449,12 +477,15 @@ class SlurmBed:
         self._dead.discard(node)
 
     def heal(self) -> None:
-        """Cancel every job, boot every killed node, and wait until all nodes are idle."""
+        """Cancel every job, boot every killed node, put slurm.conf back (`reconfigure`), and wait
+        until all nodes are idle."""
         jobs = [j["id"] for j in self.squeue()]
         if jobs:
             self.run("scancel", *jobs, check=False)
         for node in sorted(self._dead):
             self.node_restart(node)
+        if self.overrides:
+            self.reconfigure()
         self.wait_nodes(self.nodes, {"idle"}, 60.0)
 
 

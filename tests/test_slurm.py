@@ -7,6 +7,7 @@ scratch, which survives the node it ran on)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -260,6 +261,55 @@ def test_the_time_limit_cuts_the_cell_resumable_and_the_job_requeues_itself(
     attempts = {e["attempt"] for e in sw.events() if e["ev"] == "queue_start"}
     assert len(attempts) == len(stops) + 1, (attempts, stops)
 
+
+
+def _peak(events: list[dict[str, Any]]) -> int:
+    """The most queues running at once, by their queue_start and queue_end events."""
+    marks = sorted((e["t"], 1 if e["ev"] == "queue_start" else -1)
+                   for e in events if e["ev"] in ("queue_start", "queue_end"))
+    now = peak = 0
+    for _, d in marks:
+        now += d
+        peak = max(peak, now)
+    return peak
+
+
+def test_an_array_launch_is_throttled_and_split_by_max_array_size(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """`array: true, throttle: 2`, 4 queues, a cluster of MaxArraySize 3: one launch submits two
+    arrays (3 tasks and 1, %1 each: never more than 2 queues at once), each task's queue is live
+    under its session name (status shows its task, a second launch starts nothing), stop cancels
+    one task alone, and every cell is verified once."""
+    slurm_cluster.reconfigure(MaxArraySize="3")
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=8, queues=4, epochs=2, step_time=0.4,
+               slurm={"array": True, "throttle": 2})
+    sw.ok("plan")
+    got = sw.ok("launch", "--all")
+    assert len(got["launched"]) == 4 and {r["status"] for r in got["launched"]} == {"launched"}, got
+    names = {j["name"] for j in sw.jobs()}
+    assert len(names) == 2 and all(".a" in n for n in names), sw.jobs()
+    tasks = {p.name: p.read_text().split() for p in (sw.root / "slurm").glob("*.tasks")}
+    assert sorted(len(t) for t in tasks.values()) == [1, 3], tasks
+    again = sw.ok("launch", "--all")
+    assert {r["status"] for r in again["launched"]} == {"running"}, again
+    rows = sw.ok("status")["queues"]
+    assert len(rows) == 4 and all(r["live"] and re.fullmatch(r"\d+_\d", r["job"]["id"]) for r in rows), rows
+    # The queue of the single-task array: cancelled alone, then launched again as a job of its own.
+    last = next(iter(t for t in tasks.values() if len(t) == 1))[0]
+    queue = next(r["queue"] for r in rows if last.endswith(f"-{r['queue']}"))
+    stopped = sw.ok("stop", queue, "--host", "cluster")
+    assert stopped["was_live"] is True, stopped
+    assert len({r["queue"] for r in sw.ok("status")["queues"] if r["live"]}) == 3
+    assert sw.ok("launch", queue, "--host", "cluster")["status"] == "launched"
+    sw.wait_done()
+    sw.assert_all_verified_once()
+    # The three-task array's share of the throttle is 1: its queues ran one after the other.
+    three = tasks[next(n for n, t in tasks.items() if len(t) == 3)]
+    mine = [e for e in sw.events() if f"ablate-{sw.sweep}-cluster-{e.get('queue')}" in three]
+    assert len([e for e in mine if e["ev"] == "queue_start"]) == 3 and _peak(mine) == 1, mine
+    for session in three:  # Slurm's output of each task is its queue's log
+        log = (sw.root / "slurm" / f"{session}.out").read_text()
+        assert "] started at line 0" in log and "drained at line" in log, (session, log)
 
 
 def test_doctor_checks_the_request_and_a_compute_nodes_view_in_a_probe_job(

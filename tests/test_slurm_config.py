@@ -150,6 +150,12 @@ BAD_SLURM: list[tuple[str, dict[str, Any], list[str]]] = [
     ("qos with a space", {"qos": "high prio"}, ["slurm.qos", "plain Slurm name"]),
     ("requeue a string", {"requeue": "yes"}, ["slurm.requeue", "true or false"]),
     ("resubmit a number", {"resubmit": 1}, ["slurm.resubmit", "true or false"]),
+    ("array a string", {"array": "yes"}, ["slurm.array", "true or false"]),
+    ("throttle without array", {"throttle": 4}, ["slurm.throttle", "add array: true, or remove throttle"]),
+    ("throttle with array false", {"array": False, "throttle": 4}, ["slurm.throttle", "add array: true"]),
+    ("throttle zero", {"array": True, "throttle": 0}, ["slurm.throttle", "1 or more", "got 0"]),
+    ("throttle a bool", {"array": True, "throttle": True}, ["slurm.throttle", "1 or more", "got True"]),
+    ("throttle a string", {"array": True, "throttle": "%4"}, ["slurm.throttle", "1 or more"]),
 ]
 
 
@@ -194,8 +200,29 @@ def test_slurm_transport_without_a_slurm_mapping_loads_with_the_defaults(cli: Cl
 
 def test_null_values_take_the_defaults(sp: SlurmProject) -> None:
     sp.profile({"login": None, "partition": None, "time": None, "gpus": None, "grace": None,
-                "extra": None, "requeue": None, "resubmit": None})
+                "extra": None, "requeue": None, "resubmit": None, "array": None, "throttle": None})
     assert load_project(sp.root).profile.slurm == SlurmSettings()
+
+
+def test_an_array_with_a_throttle_submits_through_new_array(sp: SlurmProject) -> None:
+    """`array: true` (+ `throttle`): a launch of several queues here is one `new-array` of the
+    session adapter, its throttle first; one queue, or no array, is a job of its own."""
+    from ablate.transport.local import LocalHost
+    from ablate.transport.slurm import SlurmHost
+
+    sp.profile({"array": True, "throttle": 3})
+    settings = load_project(sp.root).profile.slurm
+    assert settings is not None and settings.array and settings.throttle == 3
+    host = SlurmHost("cluster", LocalHost("cluster"), settings, "/out")
+    argv = host.array_argv([("q-a", "bash a"), ("q-b", "bash b")])
+    assert argv is not None and argv[argv.index("new-array"):] == ["new-array", "3", "q-a", "bash a", "q-b", "bash b"]
+    assert host.array_argv([("q-a", "bash a")]) is None
+    sp.profile({"array": True})
+    plain = load_project(sp.root).profile.slurm
+    assert plain is not None and plain.throttle is None
+    argv = SlurmHost("cluster", LocalHost("cluster"), plain, "/out").array_argv([("q-a", "a"), ("q-b", "b")])
+    assert argv is not None and argv[argv.index("new-array") + 1] == "0"
+    assert SlurmHost("cluster", LocalHost("cluster"), SlurmSettings(), "/out").array_argv([("q-a", "a"), ("q-b", "b")]) is None
 
 
 # --------------------------------------------------------------------------- hosts in ablate.yaml

@@ -365,9 +365,17 @@ on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctr
   hb_write
   exit "$1"
 }
-on_time_limit() {  # Slurm's --signal=B:USR2@grace: the job's time limit is near
+slurm_left() {  # REPLY = the seconds this job has left by squeue (%L); 1 when unknown
+  local t
+  REPLY=
+  t=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null) || return 1
+  [[ $t =~ ^(([0-9]+)-)?(([0-9]+):)?([0-9]+):([0-9]+)$ ]] || return 1
+  REPLY=$(( ((10#${BASH_REMATCH[2]:-0} * 24 + 10#${BASH_REMATCH[4]:-0}) * 60 + 10#${BASH_REMATCH[5]}) * 60 \
+            + 10#${BASH_REMATCH[6]} ))
+}
+on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or the job is preempted
   trap '' USR2 HUP INT TERM
-  local cell=null
+  local cell=null why=time_limit requeue=${ABLATE_SLURM_RESUBMIT:-0}
   [[ -n $CUR_STARTED && -n $CUR_CELL ]] && cell="\"$CUR_CELL\""
   # The cell is cut with TERM (the trainer saves what it resumes from) and keeps its claim: the
   # next attempt of this queue re-enters it with {resume}=1.
@@ -376,9 +384,15 @@ on_time_limit() {  # Slurm's --signal=B:USR2@grace: the job's time limit is near
   svc_stop_all
   STATE=stopped CUR_STARTED=
   hb_write
-  ev queue_stop ", \"idx\": $CUR_IDX, \"cell\": $cell, \"reason\": \"time_limit\", \"requeue\": ${ABLATE_SLURM_RESUBMIT:-0}"
-  say "time limit near: stopped${CUR_CELL:+ (cut $CUR_CELL, resumable)}"
-  if [[ ${ABLATE_SLURM_RESUBMIT:-0} == 1 && -n $ATTEMPT ]]; then
+  # The signal comes at most 60 s before `grace`: with more time left than that, the site's
+  # preemption sent it (PreemptParameters=send_user_signal), and Slurm's preemption decides what
+  # becomes of the job (requeue or cancel): one owner of retries, so we ask for nothing.
+  if [[ -n $ATTEMPT ]] && slurm_left && (( REPLY > ${ABLATE_SLURM_GRACE:-120} + 90 )); then
+    why=preempted requeue=0
+  fi
+  ev queue_stop ", \"idx\": $CUR_IDX, \"cell\": $cell, \"reason\": \"$why\", \"requeue\": $requeue"
+  say "${why/_/ } ${ATTEMPT:+(job $SLURM_JOB_ID)}: stopped${CUR_CELL:+ (cut $CUR_CELL, resumable)}"
+  if [[ $requeue == 1 && -n $ATTEMPT ]]; then
     # The same job again, later: its queue goes on from its launch line (published cells are
     # skipped, its claimed ones re-entered). Slurm ends this attempt now.
     say "asking Slurm to requeue job $SLURM_JOB_ID"

@@ -16,13 +16,17 @@
       grace: 120                       # seconds before the time limit the queue is told (USR2)
       resubmit: true                   # at that signal: the cell is cut resumable and the job
                                        # requeued, its queue going on where it was
+      array: false                     # true: the queues a launch starts go as one job array
+                                       # (one sbatch; split by the cluster's MaxArraySize)
+      throttle: 8                      # with array: at most 8 of its queues run at once (%8),
+                                       # the others pending until one finishes
 
 Options ablate sets itself (`--job-name`, `--output`, `--requeue`, `--signal`, ...), sbatch's
 abbreviations of them (`--part=gpu`) and those that break what ablate relies on (`--wait`,
 `--test-only`, `--clusters`) are refused in `extra`: two owners of one option is how duplicate
 runs happen.
 Without a `slurm:` mapping every key has its default: the cluster's own partition, account, QOS
-and time limit, no `--gres`, `--requeue`, grace 120 s, resubmit.
+and time limit, no `--gres`, `--requeue`, grace 120 s, resubmit, one job per queue (no array).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from dataclasses import dataclass
 
 from ablate.config.reader import Reader
 
-SLURM_KEYS = {"login", "partition", "account", "qos", "time", "gpus", "extra", "requeue", "grace", "resubmit"}
+SLURM_KEYS = {"login", "partition", "account", "qos", "time", "gpus", "extra", "requeue", "grace", "resubmit",
+              "array", "throttle"}
 # sbatch options ablate owns (the job's identity, output, requeue policy, signal, the script itself).
 OWNED = ("--job-name", "-J", "--output", "-o", "--error", "-e", "--open-mode", "--requeue",
          "--no-requeue", "--signal", "--wrap", "--array", "-a", "--parsable", "--chdir", "-D",
@@ -62,6 +67,8 @@ class SlurmSettings:
     requeue: bool = True
     grace: int = 120
     resubmit: bool = True
+    array: bool = False
+    throttle: int | None = None
 
     @property
     def time_seconds(self) -> int | None:
@@ -155,9 +162,18 @@ def parse_slurm(r: Reader, transport: str) -> SlurmSettings | None:
     if secs is not None and grace >= secs:
         raise s.err("grace", f"{grace} s is not less than the time limit {limit} ({secs} s); "
                              "give a smaller grace or a longer time")
+    array = _flag(s, "array", False)
+    throttle = s.data.get("throttle")
+    if throttle is not None:
+        if isinstance(throttle, bool) or not isinstance(throttle, int) or throttle < 1:
+            raise s.err("throttle", f"must be how many of the array's queues may run at once "
+                                    f"(1 or more), got {throttle!r}")
+        if not array:
+            raise s.err("throttle", "throttles a job array: add array: true, or remove throttle")
     return SlurmSettings(login=login, partition=names["partition"], account=names["account"],
                          qos=names["qos"], time=limit, gpus=gpus, extra=tuple(extra),
-                         requeue=_flag(s, "requeue"), grace=grace, resubmit=_flag(s, "resubmit"))
+                         requeue=_flag(s, "requeue"), grace=grace, resubmit=_flag(s, "resubmit"),
+                         array=array, throttle=throttle)
 
 
 def _value(s: Reader, key: str, default: object) -> object:
@@ -166,8 +182,8 @@ def _value(s: Reader, key: str, default: object) -> object:
     return default if v is None else v
 
 
-def _flag(s: Reader, key: str) -> bool:
-    v = _value(s, key, True)
+def _flag(s: Reader, key: str, default: bool = True) -> bool:
+    v = _value(s, key, default)
     if not isinstance(v, bool):
         raise s.err(key, f"must be true or false, got {v!r}")
     return v

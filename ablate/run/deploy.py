@@ -73,7 +73,8 @@ def slurm_spec(host: Host) -> dict[str, str]:
     slurm = host.profile.slurm
     if host.transport != "slurm" or slurm is None:
         return {}
-    return {"ABLATE_PIN_GPU": "0", "ABLATE_SLURM_RESUBMIT": "1" if slurm.resubmit and slurm.requeue else "0"}
+    return {"ABLATE_PIN_GPU": "0", "ABLATE_SLURM_RESUBMIT": "1" if slurm.resubmit and slurm.requeue else "0",
+            "ABLATE_SLURM_GRACE": str(slurm.grace)}
 
 
 SERVICE_GRACE = 10  # seconds between a service's TERM and its KILL

@@ -45,6 +45,7 @@ from ablate.sweep.snapshot import Snapshot, probe_only
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
 from ablate.transport.base import AppendLine, FSOp, Remove, WriteAtomic, apply_groups
 from ablate.transport.shellhost import NO_TMUX_SERVER
+from ablate.transport.slurm import SlurmHost
 from ablate.util.fmt import Log
 from ablate.util.progress import steps
 
@@ -429,8 +430,12 @@ def _start_on_host(project: Project, dep: DeployResult, host: str, ready: Mappin
     what went wrong. Raises what the transport raises when the host cannot be reached."""
     ht = host_transport(project, project.hosts[host])
     sessions = {i: session_name(project.sweep, host, r.qf.name) for i, r in ready.items()}
-    got, why = measure(ht, [(f"q{i}", [*ht.tmux_argv(), "new-session", "-d", "-s", sessions[i],
-                                       shlex.join(_argv(project, dep, r))]) for i, r in ready.items()])
+    commands = {i: shlex.join(_argv(project, dep, r)) for i, r in ready.items()}
+    array = ht.array_argv([(sessions[i], commands[i]) for i in ready]) if isinstance(ht, SlurmHost) else None
+    if array is not None:
+        return _array_started(ht, host, array, sessions, ready, advance)
+    got, why = measure(ht, [(f"q{i}", [*ht.tmux_argv(), "new-session", "-d", "-s", sessions[i], commands[i]])
+                            for i in ready])
     out: dict[int, Exception | None] = {}
     for i, r in ready.items():
         sec = got.get(f"q{i}")
@@ -445,6 +450,29 @@ def _start_on_host(project: Project, dep: DeployResult, host: str, ready: Mappin
         else:  # one queue failing never hides the others
             reason = repr(sec.out.strip()[-300:]) if sec is not None else why
             out[i] = RemoteError(f"{host}: tmux could not start session {sessions[i]}: {reason}")
+    return out
+
+
+def _array_started(ht: HostTransport, host: str, argv: list[str], sessions: Mapping[int, str],
+                   ready: Mapping[int, _Ready], advance: Callable[[str], None],
+                   ) -> dict[int, Exception | None]:
+    """A Slurm host's queues submitted as job arrays (`SlurmHost.array_argv`), per request as
+    `_start_on_host` answers."""
+    got, why = measure(ht, [("array", argv)], timeout=120.0)
+    sec = got.get("array")
+    lines = sec.out.splitlines() if sec is not None else []
+    started = {w[1]: w[2] for w in (ln.split() for ln in lines) if len(w) == 3 and w[0] == "started"}
+    out: dict[int, Exception | None] = {}
+    for i, r in ready.items():
+        if sessions[i] in started:
+            out[i] = None
+            advance(f"{host}: array task {started[sessions[i]]} runs {r.qf.name} from line "
+                    f"{r.start_index} ({r.cells} cell(s))")
+        elif any(ln.startswith(f"duplicate session: {sessions[i]} ") for ln in lines):
+            out[i] = _AlreadyRunning()
+        else:
+            reason = repr(sec.out.strip()[-300:]) if sec is not None else why
+            out[i] = RemoteError(f"{host}: sbatch could not start {sessions[i]} in a job array: {reason}")
     return out
 
 

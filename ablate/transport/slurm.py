@@ -16,8 +16,12 @@ unchanged over it:
 - `new-session` is `sbatch` of `exec <run_queue command>`, refused ("duplicate session") while a
   job of that name is live; its output goes to `<sweep root>/slurm/<job name>.out`, appended
   across requeues (the `logs` of a queue);
-- `kill-session` is `scancel --name`, then waits (at most `KILL_WAIT` s) until squeue no longer
-  lists it, so `stop` appends its event after run_queue has gone.
+- `new-array` (a profile's `array: true`, when a launch starts several queues here) submits them
+  as one job array (`--array=0-K%T`, split by the cluster's MaxArraySize, the throttle shared
+  among the parts): task i runs queue i; its session is line i of `<array job>.tasks` beside the
+  output, written before the submit, and Slurm's output of task i goes to its queue's log (a link);
+- `kill-session` is `scancel` of the session's job (or array task), then waits (at most
+  `KILL_WAIT` s) until squeue no longer lists it, so `stop` appends its event after run_queue has gone.
 
 squeue forgets finished jobs after MinJobAge: a job not listed is not live, never "done" — the
 events and results on the shared FS say what happened.
@@ -35,17 +39,34 @@ from ablate.transport.shellhost import env_command
 KILL_WAIT = 60  # seconds `kill-session` waits for scancel's job to leave squeue
 
 # $1 the output dir, $2 the number of sbatch options, then those options, then the verb and its
-# arguments as tmux takes them.
+# arguments as tmux takes them (and `new-array THROTTLE NAME CMD [NAME CMD]...`).
 SESSIONS = r"""out=$1 n=$2; shift 2
 opts=("${@:1:$n}"); shift "$n"
 me=${USER:-$(id -un)}
-names() { squeue -h -u "$me" -o '%j'; }
+# Each live job as `SESSION|ID|STATE|NODES|REASON`: a job's session is its name; an array task's
+# is line (task id + 1) of `<out>/<array job name>.tasks`, written before its sbatch.
+jobs() {
+  local rows
+  rows=$(squeue -h -r -u "$me" -o '%j|%i|%T|%N|%r|%K') || return
+  printf '%s\n' "$rows" | awk -F'|' -v out="$out" '
+    $1 == "" { next }
+    $6 ~ /^[0-9]+$/ && index($1, ".a") {
+      f = out "/" $1 ".tasks"
+      if (!(f in seen)) { seen[f] = 1; k = 0; while ((getline l < f) > 0) map[f, k++] = l; close(f) }
+      if ((f, $6) in map) $1 = map[f, $6]
+    }
+    { print $1 "|" $2 "|" $3 "|" $4 "|" $5 }'
+}
+names() { jobs | cut -d'|' -f1; }
+okname() {
+  case $1 in ''|*[!A-Za-z0-9_+-]*) echo "ablate-slurm: bad job name '$1'" >&2; exit 2 ;; esac
+}
 verb=$1; shift
 case $verb in
-  list-sessions)  # each live job's name and `!job NAME|ID|STATE|NODES|REASON`, then each node
-    # Slurm has out of service: `!node NAME STATE`
-    jobs=$(squeue -h -u "$me" -o '%j|%i|%T|%N|%r') || exit
-    printf '%s\n' "$jobs" | while IFS='|' read -r name rest; do
+  list-sessions)  # each live queue's session and `!job SESSION|ID|STATE|NODES|REASON`, then each
+    # node Slurm has out of service: `!node NAME STATE`
+    rows=$(jobs) || exit
+    printf '%s\n' "$rows" | while IFS='|' read -r name rest; do
       [ -n "$name" ] && printf '%s\n!job %s|%s\n' "$name" "$name" "$rest"
     done
     sinfo -h -N -o '%N %T' 2>/dev/null | while read -r node st; do
@@ -63,7 +84,7 @@ case $verb in
         *) cmd=$1; shift ;;
       esac
     done
-    case $name in ''|*[!A-Za-z0-9._+-]*) echo "ablate-slurm: bad job name '$name'" >&2; exit 2 ;; esac
+    okname "$name"
     live=$(names) || exit
     if printf '%s\n' "$live" | grep -qxF -- "$name"; then
       echo "duplicate session: $name (a Slurm job of that name is pending or running)" >&2
@@ -80,10 +101,69 @@ case $verb in
     printf '%s' "$script" | sbatch --parsable --job-name="$name" --output="$out/$name.out" \
           --open-mode=append --chdir="$out" "${opts[@]}"
     ;;
+  new-array)  # THROTTLE (0: none) NAME CMD...: the queues not live as job arrays, MaxArraySize
+    # tasks each at most; prints `started NAME JOBID` or `duplicate session: NAME` per queue
+    throttle=$1; shift
+    live=$(names) || exit
+    qs=() cs=()
+    while [ $# -ge 2 ]; do
+      okname "$1"
+      if printf '%s\n' "$live" | grep -qxF -- "$1"; then
+        echo "duplicate session: $1 (a Slurm job of that name is pending or running)"
+      else
+        qs+=("$1") cs+=("$2")
+      fi
+      shift 2
+    done
+    [ ${#qs[@]} -gt 0 ] || exit 0
+    max=$(scontrol show config | sed -n 's/^MaxArraySize *= *\([0-9]*\).*/\1/p')
+    max=${max:-1001}; [ "$max" -ge 1 ] || max=1
+    total=${#qs[@]} parts=$(( (total + max - 1) / max ))
+    if [ "$throttle" -gt 0 ] && [ "$parts" -gt "$throttle" ]; then
+      echo "ablate-slurm: $total queues need $parts arrays (MaxArraySize $max) but throttle is" \
+           "$throttle: raise throttle to at least $parts" >&2
+      exit 2
+    fi
+    mkdir -p -- "$out" || exit
+    for (( p = 0; p < parts; p++ )); do
+      first=$(( p * max )) k=$(( total - p * max )); [ "$k" -le "$max" ] || k=$max
+      job="${qs[first]}.a$(date +%s%N | tail -c 9)$p"
+      script="#!/bin/bash
+# ablate queues ${qs[*]:first:k}
+case \${SLURM_ARRAY_TASK_ID:-} in
+"
+      : >"$out/$job.tasks.tmp" || exit
+      for (( i = 0; i < k; i++ )); do
+        q=${qs[first + i]}
+        printf '%s\n' "$q" >>"$out/$job.tasks.tmp"
+        # Slurm's own output for task i (its messages, a time limit) lands in the queue's log.
+        ln -sfn -- "$q.out" "$out/$job.$i.out" || exit
+        script+="$i) exec ${cs[first + i]} ;;
+"
+      done
+      script+="esac
+echo \"ablate: no queue for array task \${SLURM_ARRAY_TASK_ID:-}\" >&2; exit 2
+"
+      mv -f -- "$out/$job.tasks.tmp" "$out/$job.tasks" || exit
+      # This part's share of the throttle: the parts together never run more than it.
+      t=
+      [ "$throttle" -gt 0 ] && t=%$(( throttle / parts ))
+      if id=$(printf '%s' "$script" | sbatch --parsable --job-name="$job" --array="0-$((k - 1))$t" \
+                --output="$out/$job.%a.out" --open-mode=append --chdir="$out" "${opts[@]}"); then
+        id=${id%%;*}
+        for (( i = 0; i < k; i++ )); do echo "started ${qs[first + i]} ${id}_$i"; done
+      else
+        rm -f -- "$out/$job.tasks"
+        for (( i = 0; i < k; i++ )); do rm -f -- "$out/$job.$i.out"; done
+        echo "ablate-slurm: sbatch of array $job failed" >&2
+        exit 1
+      fi
+    done ;;
   kill-session)
     [ "$1" = -t ] && shift
     name=${1#=}
-    scancel -u "$me" --name="$name" || exit
+    ids=$(jobs | awk -F'|' -v s="$name" '$1 == s { print $2 }') || exit
+    [ -z "$ids" ] || scancel $ids || exit
     i=0
     while names | grep -qxF -- "$name"; do
       i=$((i + 1))
@@ -116,6 +196,15 @@ class SlurmHost:
     def tmux_argv(self) -> list[str]:
         opts = self.settings.sbatch_options()
         return ["bash", "-c", SESSIONS, "ablate-slurm", self.out_dir, str(len(opts)), *opts]
+
+    def array_argv(self, queues: Sequence[tuple[str, str]]) -> list[str] | None:
+        """The command submitting `queues` (session name, shell command) as job arrays (one per
+        MaxArraySize tasks, throttled together to `throttle`), or None when this host submits one
+        job per queue. It prints `started SESSION JOBID` or `duplicate session: SESSION` per queue."""
+        if not self.settings.array or len(queues) < 2:
+            return None
+        return [*self.tmux_argv(), "new-array", str(self.settings.throttle or 0),
+                *(w for pair in queues for w in pair)]
 
     def tmux_start(self, session: str, argv: Sequence[str], env: Mapping[str, str],
                    cwd: str | None = None) -> None:
