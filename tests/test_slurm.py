@@ -211,6 +211,65 @@ def test_a_requeued_job_re_enters_its_cell_and_skips_what_is_published(
     assert manifest["resume"] == 1, manifest
 
 
+def test_two_queues_finish_at_once_while_a_third_is_requeued(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """Three queues of two equal cells start together; one job is requeued (and held) mid-cell.
+    The other two drain at about the same moment while it is pending: they take nothing of its
+    (its cut cell is claimed, its queue is Slurm's to restart), status and remediate leave it to
+    Slurm; released, it resumes its cut cell and runs its other, and every cell trains once."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=6, queues=3, epochs=4, step_time=0.5)
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    cell, job = _mid_cell(sw, min_epoch=1)
+    slurm_cluster.run("scontrol", "requeuehold", job["id"])
+    wait_for(lambda: slurm_cluster.job(job["id"]).get("JobState") == "PENDING", timeout=30)
+    held = [e["queue"] for e in sw.events() if e["ev"] == "queue_start" and e["attempt"] == f"{job['id']}.0"]
+    assert len(held) == 1, sw.events()
+
+    def others_drained() -> bool:
+        return len({e["queue"] for e in sw.events() if e["ev"] == "queue_end"}) == 2
+
+    wait_for(others_drained, timeout=120, interval=0.3)
+    ends = [e for e in sw.events() if e["ev"] == "queue_end"]
+    assert held[0] not in {e["queue"] for e in ends}, ends
+    assert slurm_cluster.job(job["id"]).get("JobState") == "PENDING"  # still held while they drained
+    st = sw.ok("status")
+    assert st["cells"][cell]["state"] == "queued", st["cells"][cell]
+    fix = sw.ok("remediate")
+    assert not fix["queues"] and cell not in fix["targets"], fix
+    slurm_cluster.run("scontrol", "release", job["id"])
+    sw.wait_done(timeout=240)
+    sw.assert_all_verified_once()
+    assert _resumed(sw, cell), sw.trace(cell)
+    assert not [e for e in sw.events() if e["ev"] == "steal"], "a held queue's cells are not stolen"
+
+
+def test_a_preempted_job_is_requeued_by_slurm_and_its_cell_resumed(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """Preemption as a site sets it up (the bed: partition_prio, PreemptMode=REQUEUE,
+    send_user_signal, GraceTime): a job of partition `urgent` takes the node of a queue's job
+    mid-cell. The batch shell gets USR2 at once, cuts its cell resumable and records `preempted`,
+    asking for no requeue of its own, and waits for the grace time to end: a job that ends by
+    itself then is COMPLETED, never requeued (Slurm 22.05), so Slurm's PreemptMode must decide.
+    The job comes back once a node is free, resumes the cell, and every cell trains once."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=3, queues=3, epochs=6, step_time=0.5)
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    cell, job = _mid_cell(sw, min_epoch=1)
+    urgent = slurm_cluster.sbatch("sleep 3", "-p", "urgent", "-w", job["nodes"])
+    wait_for(lambda: any(e["ev"] == "queue_stop" for e in sw.events()), timeout=60, interval=0.2)
+    slurm_cluster.wait_job(urgent, "COMPLETED", timeout=90)
+    sw.wait_done(timeout=240)
+    sw.assert_all_verified_once()
+    assert _resumed(sw, cell), sw.trace(cell)
+    stops = [e for e in sw.events() if e["ev"] == "queue_stop"]
+    assert [(e["reason"], e["requeue"], e["cell"]) for e in stops] == [("preempted", 0, cell)], stops
+    assert not [e for e in sw.events() if e["ev"] == "requeue_failed"]
+    starts = [e["attempt"] for e in sw.events()
+              if e["ev"] == "queue_start" and e["attempt"].startswith(job["id"] + ".")]
+    assert starts == [f"{job['id']}.0", f"{job['id']}.1"], starts
+
+
 def test_a_node_that_dies_mid_cell_is_requeued_by_slurm_and_its_cell_resumed(
         slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
     sw = Sweep(slurm_cluster, tmp_path, cli, cells=4, queues=2, epochs=8, step_time=1.0)

@@ -392,6 +392,14 @@ on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or t
   fi
   ev queue_stop ", \"idx\": $CUR_IDX, \"cell\": $cell, \"reason\": \"$why\", \"requeue\": $requeue"
   say "${why/_/ } ${ATTEMPT:+(job $SLURM_JOB_ID)}: stopped${CUR_CELL:+ (cut $CUR_CELL, resumable)}"
+  if [[ $why == preempted ]]; then
+    # A preempted job that ends by itself within GraceTime is COMPLETED, not requeued (Slurm
+    # 22.05, PreemptMode=REQUEUE): wait, idle, until Slurm ends it at the end of the grace time,
+    # so that its PreemptMode (requeue or cancel) is what happens.
+    say "waiting for Slurm to end the preempted job"
+    trap 'exit 0' TERM
+    while :; do sleep 1; done
+  fi
   if [[ $requeue == 1 && -n $ATTEMPT ]]; then
     # The same job again, later: its queue goes on from its launch line (published cells are
     # skipped, its claimed ones re-entered). Slurm ends this attempt now.

@@ -116,8 +116,16 @@ case $verb in
       shift 2
     done
     [ ${#qs[@]} -gt 0 ] || exit 0
-    max=$(scontrol show config | sed -n 's/^MaxArraySize *= *\([0-9]*\).*/\1/p')
-    max=${max:-1001}; [ "$max" -ge 1 ] || max=1
+    # An array's task ids are below MaxArraySize, and it has at most max_array_tasks tasks.
+    conf=$(scontrol show config) || exit
+    max=$(printf '%s\n' "$conf" | sed -n 's/^MaxArraySize *= *\([0-9]*\).*/\1/p')
+    tasks=$(printf '%s\n' "$conf" | sed -n 's/^SchedulerParameters *=.*max_array_tasks=\([0-9]*\).*/\1/p')
+    max=${max:-1001}
+    [ -n "$tasks" ] && [ "$tasks" -lt "$max" ] && max=$tasks
+    if [ "$max" -lt 1 ]; then
+      echo "ablate-slurm: this cluster has job arrays off (MaxArraySize 0): set array: false" >&2
+      exit 2
+    fi
     total=${#qs[@]} parts=$(( (total + max - 1) / max ))
     if [ "$throttle" -gt 0 ] && [ "$parts" -gt "$throttle" ]; then
       echo "ablate-slurm: $total queues need $parts arrays (MaxArraySize $max) but throttle is" \
