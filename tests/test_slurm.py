@@ -137,6 +137,8 @@ def test_a_whole_sweep_runs_as_batch_jobs_and_verifies(slurm_cluster: SlurmBed, 
     assert all(e.get("attempt", "").endswith(".0") for e in starts), starts
     rows = sw.ok("status")["queues"]
     assert len(rows) == 3 and {r["state"] for r in rows} == {"drained"}, rows
+    # The bed keeps no accounting (accounting_storage/none, as many clusters): sacct fails, no hint.
+    assert all(r["job"] is None and r["last_job"] is None for r in rows), rows
     # The gate on a cluster: nothing is cleaned until the roster is pulled and verified locally.
     code, out, err = cli(sw.proj, "release", "cluster", "--yes")
     assert code == 1 and "refused" in err, (out, err)
@@ -343,6 +345,10 @@ def test_an_array_launch_is_throttled_and_split_by_max_array_size(
     sw = Sweep(slurm_cluster, tmp_path, cli, cells=8, queues=4, epochs=2, step_time=0.4,
                slurm={"array": True, "throttle": 2})
     sw.ok("plan")
+    sw.ok("deploy")
+    checks = {c["check"]: c for c in sw.ok("doctor")["hosts"]["cluster"]["checks"]}
+    assert checks["array"]["ok"] and checks["array"]["reason"] == \
+        "4 planned queue(s) go as 2 array(s) of at most 3 tasks, at most 2 running", checks["array"]
     got = sw.ok("launch", "--all")
     assert len(got["launched"]) == 4 and {r["status"] for r in got["launched"]} == {"launched"}, got
     names = {j["name"] for j in sw.jobs()}
@@ -369,6 +375,26 @@ def test_an_array_launch_is_throttled_and_split_by_max_array_size(
     for session in three:  # Slurm's output of each task is its queue's log
         log = (sw.root / "slurm" / f"{session}.out").read_text()
         assert "] started at line 0" in log and "drained at line" in log, (session, log)
+
+
+def test_an_array_throttle_below_the_arrays_needed_is_refused_and_nothing_submitted(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """MaxArraySize 1: 3 queues need 3 arrays, more than throttle 2 can share out (never a
+    --dependency chain): doctor says so, and launch submits nothing and says how to fix it."""
+    slurm_cluster.reconfigure(MaxArraySize="1")
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=3, queues=3, epochs=1, step_time=0.0,
+               slurm={"array": True, "throttle": 2})
+    sw.ok("plan")
+    sw.ok("deploy")
+    code, out, err = cli(sw.proj, "doctor", "--json")
+    checks = {c["check"]: c for c in json.loads(out)["hosts"]["cluster"]["checks"]}
+    assert code == 1 and not checks["array"]["ok"], checks
+    assert "3 planned queues need 3 arrays of at most 1 tasks" in checks["array"]["reason"], checks["array"]
+    code, out, err = cli(sw.proj, "launch", "--all", "--json")
+    got = json.loads(out)
+    assert code != 0 and {r["status"] for r in got["launched"]} == {"failed"}, (code, out, err)
+    assert all("raise throttle to at least 3" in r["error"] for r in got["launched"]), got
+    assert not sw.jobs() and not list((sw.root / "slurm").glob("*.tasks"))
 
 
 def test_doctor_checks_the_request_and_a_compute_nodes_view_in_a_probe_job(

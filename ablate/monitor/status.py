@@ -45,6 +45,8 @@ class QueueRow:
     services: dict[str, dict[str, Any]] = field(default_factory=dict)
     priorities: dict[str, int] = field(default_factory=dict)  # its cells' non-zero priorities
     job: dict[str, str] | None = None  # a Slurm queue's job as squeue shows it (id, state, reason, nodes)
+    # not live: its last job as sacct has it (id, state, nodes, exit), where the cluster keeps accounting
+    last_job: dict[str, str] | None = None
 
 
 @dataclass
@@ -94,6 +96,7 @@ class StatusReport:
             )
         out += [f"  services of {r.queue}: {services_text(r.services)}" for r in self.rows if r.services]
         out += [f"  job of {r.queue}: {job_text(r.job)}" for r in self.rows if r.job]
+        out += [f"  last job of {r.queue} (sacct): {job_text(r.last_job)}" for r in self.rows if r.last_job]
         out += [f"  {r.queue} by priority: {priority_text(r.priorities, r.cells)}" for r in self.rows
                 if r.priorities]
         verified = "not reconciled" if self.verified is None else f"{self.verified} verified by load"
@@ -112,9 +115,11 @@ class StatusReport:
 
 
 def job_text(job: dict[str, str]) -> str:
-    """`41 RUNNING on sn2`, `41 PENDING (BeginTime)`."""
+    """`41 RUNNING on sn2`, `41 PENDING (BeginTime)`, `41 FAILED on sn2 (exit 1:0)`."""
     where = f" on {job['nodes']}" if job.get("nodes") else ""
     why = f" ({job['reason']})" if job.get("reason") and job["reason"] != "None" else ""
+    if job.get("exit"):
+        why = f" (exit {job['exit']})"
     return f"{job.get('id', '?')} {job.get('state', '?')}{where}{why}"
 
 
@@ -184,7 +189,9 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
     for row in rows:
         h = project.hosts.get(row.host or "")
         if h is not None and h.transport == "slurm":
-            row.job = state.jobs(h.name).get(session_name(project.sweep, h.name, row.queue))
+            session = session_name(project.sweep, h.name, row.queue)
+            row.job = state.jobs(h.name).get(session)
+            row.last_job = None if row.job else state.ended_jobs(h.name).get(session)
     report = StatusReport(
         sweep=project.sweep, roster=len(roster), synced=len(roster & set(snap.results)),
         verified=_last_verified(snap.reconcile, roster),

@@ -9,13 +9,18 @@ shared FS as the compute nodes see it.
   profile's env and python, the GPUs) and writes them to `<sweep root>/slurm/.doctor.<token>.out`;
   it is waited for at most `PROBE_WAIT` seconds (then cancelled: "still pending: <reason>");
 - `time_limit`: the longest planned queue's learned seconds against `slurm.time` (relative costs
-  say nothing about seconds: not checked before the first cells have run).
+  say nothing about seconds: not checked before the first cells have run);
+- `array` (with `slurm.array`): the planned queues against the cluster's MaxArraySize and
+  max_array_tasks (`scontrol show config`): how many arrays a launch submits, and that the
+  throttle covers them.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import posixpath
+import re
 import secrets
 import shlex
 from collections.abc import Callable, Sequence
@@ -35,7 +40,8 @@ Check = tuple[str, bool, str]
 
 def client_sections(opts: Sequence[str], name: str) -> list[tuple[str, Sequence[str]]]:
     return [("slurm", ["sinfo", "--version"]),
-            ("request", ["sbatch", "--test-only", f"--job-name={name}", *opts, "--wrap", "true"])]
+            ("request", ["sbatch", "--test-only", f"--job-name={name}", *opts, "--wrap", "true"]),
+            ("config", ["scontrol", "show", "config"])]
 
 
 NodeChecks = Callable[[dict[str, Section], str | None], list[Check]]
@@ -70,7 +76,30 @@ def slurm_checks(project: Project, host: Host, t: HostTransport,
         return out
     out += _probe_job(project, host, t, opts, name, node_sections, node_checks)
     out.append(time_limit(project, host))
+    if slurm.array:
+        out.append(array_check(project, host, got.get("config")))
     return out
+
+
+def array_check(project: Project, host: Host, config: Section | None) -> Check:
+    """How the planned queues of `host` go as job arrays, by the cluster's limits."""
+    slurm = host.profile.slurm
+    assert slurm is not None
+    if config is None or config.rc != 0:
+        return ("array", False, f"could not read scontrol show config: {config.last if config else '-'}")
+    size = re.search(r"^MaxArraySize\s*=\s*(\d+)", config.out, re.M)
+    tasks = re.search(r"^SchedulerParameters\s*=.*\bmax_array_tasks=(\d+)", config.out, re.M)
+    most = min(int(size.group(1)) if size else 1001, int(tasks.group(1)) if tasks else 1 << 62)
+    if most < 1:
+        return ("array", False, "this cluster has job arrays off (MaxArraySize 0): set slurm.array false")
+    queues = sum(1 for q in read_all_queues(project) if q.host == host.name)
+    parts = math.ceil(queues / most) if queues else 0
+    throttle = f", at most {slurm.throttle} running" if slurm.throttle else ""
+    if slurm.throttle and parts > slurm.throttle:
+        return ("array", False, f"{queues} planned queues need {parts} arrays of at most {most} tasks, "
+                                f"more than throttle {slurm.throttle}: raise slurm.throttle to {parts}")
+    return ("array", True, f"{queues} planned queue(s) go as {parts} array(s) of at most {most} "
+                           f"tasks{throttle}")
 
 
 def _probe_job(project: Project, host: Host, t: HostTransport, opts: Sequence[str], name: str,

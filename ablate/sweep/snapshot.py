@@ -252,6 +252,14 @@ class SweepState:
         return {p[0]: dict(zip(keys, p[1:], strict=True))
                 for p in (m.split("|") for m in self._marked(host, "job")) if len(p) == 5}
 
+    def ended_jobs(self, host: str) -> dict[str, dict[str, str]]:
+        """A Slurm host's last job of each of this sweep's sessions that squeue no longer lists, by
+        sacct where the cluster keeps accounting (session -> id, state, nodes, exit): a hint, never
+        a result (the FS says what happened)."""
+        keys = ("id", "state", "nodes", "exit")
+        return {p[0]: dict(zip(keys, p[1:], strict=True))
+                for p in (m.split("|") for m in self._marked(host, "done")) if len(p) == 5}
+
     def busy(self, host: str | None, queue: str | None) -> bool:
         """The rule before anything is destroyed (a host released, a wrapper removed): live, or a
         fresh heartbeat that says running whatever tmux says (the process wrote it moments ago:

@@ -90,13 +90,14 @@ atexit.register(close_all)
 def host_transport(project: Project, host: Host, *, accept_new: bool | None = None) -> HostTransport:
     accept = _ACCEPT_NEW if accept_new is None else accept_new
     if host.transport == "slurm":
-        from ablate.remote.layout import SweepLayout
+        from ablate.remote.layout import SweepLayout, session_name
         from ablate.transport.slurm import SlurmHost
 
         slurm = host.profile.slurm
         assert slurm is not None  # the config's rule: transport slurm has a slurm: mapping
         return SlurmHost(host.name, _slurm_runner(project, host, accept), slurm,
-                         SweepLayout(project.sweep_root(host)).slurm)
+                         SweepLayout(project.sweep_root(host)).slurm,
+                         session_name(project.sweep, host.name, ""))
     if host.transport == "local":
         from ablate.transport.local import LocalHost  # libtmux: only when a host is local
 

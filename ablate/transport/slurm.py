@@ -38,24 +38,31 @@ from ablate.transport.shellhost import env_command
 
 KILL_WAIT = 60  # seconds `kill-session` waits for scancel's job to leave squeue
 
-# $1 the output dir, $2 the number of sbatch options, then those options, then the verb and its
-# arguments as tmux takes them (and `new-array THROTTLE NAME CMD [NAME CMD]...`).
-SESSIONS = r"""out=$1 n=$2; shift 2
+# $1 the output dir, $2 the sessions' name prefix (this sweep's on this host), $3 the number of
+# sbatch options, then those options, then the verb and its arguments as tmux takes them (and
+# `new-array THROTTLE NAME CMD [NAME CMD]...`).
+SESSIONS = r"""out=$1 prefix=$2 n=$3; shift 3
 opts=("${@:1:$n}"); shift "$n"
 me=${USER:-$(id -un)}
-# Each live job as `SESSION|ID|STATE|NODES|REASON`: a job's session is its name; an array task's
-# is line (task id + 1) of `<out>/<array job name>.tasks`, written before its sbatch.
-jobs() {
-  local rows
-  rows=$(squeue -h -r -u "$me" -o '%j|%i|%T|%N|%r|%K') || return
-  printf '%s\n' "$rows" | awk -F'|' -v out="$out" '
+# Rows `NAME|ID|...` with an array task's NAME made its queue's session: line K+1 of
+# `<out>/<array job name>.tasks` (written before its sbatch) for an ID `J_K` of a job name
+# holding `.a` (no session name does).
+tasks() {
+  awk -F'|' -v OFS='|' -v out="$out" '
     $1 == "" { next }
-    $6 ~ /^[0-9]+$/ && index($1, ".a") {
+    index($1, ".a") && $2 ~ /_[0-9]+$/ {
+      t = $2; sub(/.*_/, "", t)
       f = out "/" $1 ".tasks"
       if (!(f in seen)) { seen[f] = 1; k = 0; while ((getline l < f) > 0) map[f, k++] = l; close(f) }
-      if ((f, $6) in map) $1 = map[f, $6]
+      if ((f, t) in map) $1 = map[f, t]
     }
-    { print $1 "|" $2 "|" $3 "|" $4 "|" $5 }'
+    { print }'
+}
+# Each live job as `SESSION|ID|STATE|NODES|REASON`.
+jobs() {
+  local rows
+  rows=$(squeue -h -r -u "$me" -o '%j|%i|%T|%N|%r') || return
+  printf '%s\n' "$rows" | tasks
 }
 names() { jobs | cut -d'|' -f1; }
 okname() {
@@ -69,6 +76,19 @@ case $verb in
     printf '%s\n' "$rows" | while IFS='|' read -r name rest; do
       [ -n "$name" ] && printf '%s\n!job %s|%s\n' "$name" "$name" "$rest"
     done
+    # Where the cluster keeps accounting: the last job of each of this sweep's sessions that squeue
+    # no longer lists (it forgets them after MinJobAge), `!done SESSION|ID|STATE|NODES|EXIT`, a
+    # hint for status. Without accounting sacct fails at once, and nothing is printed.
+    if acct=$(sacct -X -n -P -u "$me" -S now-14days -o JobName,JobID,State,NodeList,ExitCode \
+              2>/dev/null); then
+      printf '%s\n' "$acct" | tasks | live=$rows awk -F'|' -v p="$prefix" '
+        BEGIN {
+          n = split(ENVIRON["live"], l, "\n")
+          for (i = 1; i <= n; i++) { split(l[i], f, "|"); up[f[1]] = 1 }
+        }
+        index($1, p) == 1 && !($1 in up) { last[$1] = $0 }
+        END { for (s in last) print "!done " last[s] }'
+    fi
     sinfo -h -N -o '%N %T' 2>/dev/null | while read -r node st; do
       case ${st,,} in
         *'*'|down*|drain*|fail*|maint*|unknown*|no_respond*) printf '!node %s %s\n' "$node" "$st" ;;
@@ -187,8 +207,10 @@ class SlurmHost:
     """`HostTransport` of a Slurm host: `inner` runs the commands (this machine or the login
     node); the queue verbs go to Slurm (module doc)."""
 
-    def __init__(self, name: str, inner: HostTransport, settings: SlurmSettings, out_dir: str) -> None:
+    def __init__(self, name: str, inner: HostTransport, settings: SlurmSettings, out_dir: str,
+                 prefix: str = "ablate-") -> None:
         self.name = name
+        self.prefix = prefix  # this sweep's session names on this host begin so
         self.inner = inner
         self.settings = settings
         self.out_dir = out_dir
@@ -203,7 +225,7 @@ class SlurmHost:
 
     def tmux_argv(self) -> list[str]:
         opts = self.settings.sbatch_options()
-        return ["bash", "-c", SESSIONS, "ablate-slurm", self.out_dir, str(len(opts)), *opts]
+        return ["bash", "-c", SESSIONS, "ablate-slurm", self.out_dir, self.prefix, str(len(opts)), *opts]
 
     def array_argv(self, queues: Sequence[tuple[str, str]]) -> list[str] | None:
         """The command submitting `queues` (session name, shell command) as job arrays (one per
