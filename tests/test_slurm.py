@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import slurmbed
 from tests.helpers import fault_train
 from tests.helpers.cli import Cli
 from tests.helpers.wait import wait_for
@@ -270,6 +271,45 @@ def test_a_preempted_job_is_requeued_by_slurm_and_its_cell_resumed(
     starts = [e["attempt"] for e in sw.events()
               if e["ev"] == "queue_start" and e["attempt"].startswith(job["id"] + ".")]
     assert starts == [f"{job['id']}.0", f"{job['id']}.1"], starts
+
+
+def test_with_accounting_status_shows_each_queues_last_job_by_sacct(
+        tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster that keeps accounting (slurmdbd): once squeue no longer lists a queue's job,
+    status shows its last job as sacct has it, a stopped one CANCELLED, a finished one COMPLETED,
+    beside the FS's own word (the cell states), never instead of it."""
+    reason = slurmbed.missing_requirement(accounting=True)
+    if reason:
+        pytest.skip(reason)
+    with SlurmBed(3, accounting=True) as sb:
+        monkeypatch.setenv("SLURM_CONF", str(sb.conf_path))
+        sw = Sweep(sb, tmp_path, cli, cells=2, queues=2, epochs=6, step_time=0.5)
+        sw.ok("plan")
+        sw.ok("launch", "--all")
+        cell, job = _mid_cell(sw, min_epoch=1)
+        queue = next(r["queue"] for r in sw.ok("status")["queues"]
+                     if r["job"] and r["job"]["id"] == job["id"])
+        sw.ok("stop", queue, "--host", "cluster")
+        last: list[dict[str, Any]] = []
+
+        def shown(want: dict[str, str]) -> bool:
+            last[:] = sw.ok("status")["queues"]
+            got = {r["queue"]: (r["last_job"] or {}).get("state", "") for r in last}
+            return all(got[q].startswith(s) for q, s in want.items())
+
+        wait_for(lambda: shown({queue: "CANCELLED"}), timeout=60, interval=1)
+        row = next(r for r in last if r["queue"] == queue)
+        assert row["live"] is False and row["job"] is None and row["last_job"]["id"] == job["id"], row
+        assert sw.ok("status")["cells"][cell]["state"] != "verified"
+        _, out, _ = cli(sw.proj, "status")
+        assert f"last job of {queue} (sacct): {job['id']} CANCELLED" in out, out
+        other = next(r["queue"] for r in last if r["queue"] != queue)
+        wait_for(lambda: shown({other: "COMPLETED"}), timeout=120, interval=1)
+        assert sw.ok("launch", queue, "--host", "cluster")["status"] == "launched"
+        sw.wait_done()
+        sw.assert_all_verified_once()
+        wait_for(lambda: shown({queue: "COMPLETED", other: "COMPLETED"}), timeout=60, interval=1)
+        assert all(r["last_job"]["exit"] == "0:0" and r["last_job"]["nodes"] in sb.nodes for r in last), last
 
 
 def test_a_node_that_dies_mid_cell_is_requeued_by_slurm_and_its_cell_resumed(

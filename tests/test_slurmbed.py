@@ -10,7 +10,11 @@ requeue and to a node that dies. What Slurm 22.05 does here (SlurmdTimeout=10, J
   MessageTimeout); at that moment its running batch job is requeued, not failed: PENDING,
   Restarts=1, and after its BeginTime it runs on another node;
 - the node's slurmd booted again registers and the node is `idle` at once (ReturnToService=2), with
-  an empty /tmp and its local disk as it was.
+  an empty /tmp and its local disk as it was;
+- with accounting (`SlurmBed(accounting=True)`: slurmdbd and a MariaDB of its own), slurmctld
+  registers its cluster with slurmdbd by itself; an ended job's record is in the database within
+  ~0.1 s, but plain `sacct` (jobs eligible in today's window) lists it 3-5 s later, once slurmctld
+  has sent the job's eligible time as well: tests poll.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.wait import wait_for
-from tests.slurmbed import SlurmBed
+from tests.slurmbed import SlurmBed, missing_requirement
 
 # Time for slurmctld to notice a dead node: SlurmdTimeout (10 s), pings that wait MessageTimeout
 # (10 s) on a refused connection, and slack for a loaded machine.
@@ -42,6 +46,12 @@ def fields(text: str) -> list[dict[str, str]]:
             for line in text.splitlines() if line.startswith("run ")]
 
 
+def sacct(sb: SlurmBed) -> dict[str, list[str]]:
+    """Job id -> [JobName, State, NodeList, ExitCode] as `sacct` (slurmdbd's records) has them."""
+    out = sb.run("sacct", "-X", "-n", "-P", "-o", "JobID,JobName,State,NodeList,ExitCode").stdout
+    return {line.split("|")[0]: line.split("|")[1:] for line in out.splitlines() if line}
+
+
 def alive(pid: str) -> bool:
     """Whether the process runs (a zombie waiting for its new parent to reap it does not)."""
     try:
@@ -53,7 +63,8 @@ def alive(pid: str) -> bool:
 def test_three_nodes_idle_in_the_default_partition(slurm_cluster: SlurmBed) -> None:
     sb = slurm_cluster
     assert sb.sinfo() == {"sn1": "idle", "sn2": "idle", "sn3": "idle"}
-    assert sb.run("sinfo", "-h", "-o", "%P %D %t").stdout.split() == ["main*", "3", "idle"]
+    assert sb.run("sinfo", "-h", "-o", "%P %D %t").stdout.split() == ["main*", "3", "idle",
+                                                                      "urgent", "3", "idle"]
     addrs = {n: sb.node(n)["NodeAddr"] for n in sb.nodes}
     assert addrs == {n: sb.address(n) for n in sb.nodes} and len(set(addrs.values())) == 3
     # Each slurmd has a network, UTS and mount namespace of its own (none is this machine's).
@@ -158,4 +169,42 @@ def test_close_leaves_nothing_behind(slurm_cluster: SlurmBed) -> None:
     assert not [p for p in pids if Path(f"/proc/{p}").exists()]
     assert not [n for n in names if Path(f"/run/netns/{n}").exists() or Path(f"/sys/class/net/{n}").exists()]
     assert not sb.dir.exists()
+    assert str(sb.dir) not in Path("/proc/mounts").read_text()
+
+
+def test_an_accounting_bed_has_sacct_and_close_leaves_nothing_behind(slurm_cluster: SlurmBed) -> None:
+    """`accounting=True`: slurmdbd and its MariaDB run beside slurmctld, `sacct` from here lists a
+    completed and a cancelled job (once slurmctld has sent their records), and teardown removes
+    those daemons and their files as well."""
+    reason = missing_requirement(accounting=True)
+    if reason:
+        pytest.skip(reason)
+    with SlurmBed(3, accounting=True) as sb:
+        assert sb.subnet != slurm_cluster.subnet
+        # slurmctld registered its cluster itself (no `sacctmgr add cluster`).
+        clusters = sb.run("sacctmgr", "-n", "-P", "list", "cluster", "format=Cluster").stdout.split()
+        assert clusters == [sb.cluster]
+        done = sb.sbatch("hostname", "-w", "sn2")
+        assert sb.wait_job(done, "COMPLETED", "FAILED")["JobState"] == "COMPLETED"
+        cancelled = sb.sbatch("sleep 300", "-w", "sn1")
+        sb.wait_job(cancelled, "RUNNING")
+        sb.run("scancel", cancelled)
+        sb.wait_job(cancelled, "CANCELLED")
+
+        def recorded() -> dict[str, list[str]] | None:
+            jobs = sacct(sb)
+            states = [jobs.get(done, ["", ""])[1], jobs.get(cancelled, ["", ""])[1]]
+            return jobs if states[0] == "COMPLETED" and states[1].startswith("CANCELLED") else None
+
+        jobs = wait_for(recorded, 30)
+        assert isinstance(jobs, dict)
+        assert jobs[done] == ["wrap", "COMPLETED", "sn2", "0:0"]
+        name, state, nodes, _ = jobs[cancelled]
+        assert (name, state, nodes) == ("wrap", "CANCELLED by 0", "sn1")  # uid 0: this test, root
+        daemons = sb.pids()
+        assert {"mariadbd", "slurmdbd"} <= set(daemons)
+        names = [*sb.namespaces(), sb.bridge, *(sb.veth(n) for n in sb.nodes), sb.ctl_veth]
+    assert not [p for p in daemons.values() if Path(f"/proc/{p}").exists()]
+    assert not [n for n in names if Path(f"/run/netns/{n}").exists() or Path(f"/sys/class/net/{n}").exists()]
+    assert not sb.dir.exists()  # MariaDB's datadir and socket, slurmdbd.conf and its log were in it
     assert str(sb.dir) not in Path("/proc/mounts").read_text()
