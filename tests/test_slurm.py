@@ -346,6 +346,27 @@ def test_stop_then_launch_again_resumes_the_cut_cell(slurm_cluster: SlurmBed, tm
     assert _resumed(sw, cell), sw.trace(cell)
 
 
+def test_stop_after_current_lets_the_cell_finish_then_the_job_ends(slurm_cluster: SlurmBed,
+                                                                   tmp_path: Path, cli: Cli) -> None:
+    """`stop --after-current` on Slurm, as anywhere: nothing is cancelled; the running cell is
+    published, the queue starts nothing more and its job ends by itself; launched again, the
+    queue runs the rest."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=3, queues=1, epochs=4, step_time=0.5)
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    cell, _ = _mid_cell(sw, min_epoch=1)
+    [queue] = [q["queue"] for q in sw.ok("status")["queues"]]
+    got = sw.ok("stop", queue, "--host", "cluster", "--after-current")
+    assert got["after_current"] is True and got["cell"] == cell, got
+    wait_for(lambda: not sw.jobs(), timeout=90, interval=0.3)
+    done = sw.published()
+    assert cell in done and len(done) < 3 and sw.completed(cell) == 1, (done, sw.explain())
+    assert all(not sw.trace(c) for c in set(sw.cells) - done), "nothing started after the stop"
+    assert sw.ok("launch", queue, "--host", "cluster")["status"] == "launched"
+    sw.wait_done()
+    sw.assert_all_verified_once()
+
+
 def test_the_time_limit_cuts_the_cell_resumable_and_the_job_requeues_itself(
         slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
     """A queue longer than its job's time limit (1 min): Slurm's USR2 (`--signal=B:USR2@50`) makes
