@@ -176,6 +176,17 @@ def _mid_cell(sw: Sweep, min_epoch: int = 1, timeout: float = 120.0) -> tuple[st
     return found[-1]
 
 
+def _launch_and_hold_mid_cell(sw: Sweep, min_epoch: int) -> tuple[str, dict[str, str]]:
+    """Plan and launch; once a cell is past `min_epoch`, its job is requeued and held: Slurm keeps
+    it pending until released, however slow this machine is. (the cell, its job)"""
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    cell, job = _mid_cell(sw, min_epoch=min_epoch)
+    sw.sb.run("scontrol", "requeuehold", job["id"])
+    wait_for(lambda: sw.sb.job(job["id"]).get("JobState") == "PENDING", timeout=30)
+    return cell, job
+
+
 def _resumed(sw: Sweep, cell: str) -> list[dict[str, Any]]:
     return [e for e in sw.trace(cell) if e["ev"] == "start" and e["resume"] == 1 and e["start_epoch"] >= 1]
 
@@ -186,12 +197,7 @@ def test_a_requeued_job_re_enters_its_cell_and_skips_what_is_published(
     the cells it published, re-enters the cut one with {resume}=1 under the new attempt, and every
     cell trains to the end once. Meanwhile the two other queues finish."""
     sw = Sweep(slurm_cluster, tmp_path, cli, cells=6, queues=3, epochs=6, step_time=0.5)
-    sw.ok("plan")
-    sw.ok("launch", "--all")
-    cell, job = _mid_cell(sw, min_epoch=2)
-    # Requeued and held: Slurm keeps it pending until released, however slow this machine is.
-    slurm_cluster.run("scontrol", "requeuehold", job["id"])
-    wait_for(lambda: slurm_cluster.job(job["id"]).get("JobState") == "PENDING", timeout=30)
+    cell, job = _launch_and_hold_mid_cell(sw, min_epoch=2)
     # The cut cell is its queue's to re-enter: status says so, with the job's state, and remediate
     # leaves it alone (one owner of retries).
     st = sw.ok("status")
@@ -221,11 +227,7 @@ def test_two_queues_finish_at_once_while_a_third_is_requeued(
     (its cut cell is claimed, its queue is Slurm's to restart), status and remediate leave it to
     Slurm; released, it resumes its cut cell and runs its other, and every cell trains once."""
     sw = Sweep(slurm_cluster, tmp_path, cli, cells=6, queues=3, epochs=4, step_time=0.5)
-    sw.ok("plan")
-    sw.ok("launch", "--all")
-    cell, job = _mid_cell(sw, min_epoch=1)
-    slurm_cluster.run("scontrol", "requeuehold", job["id"])
-    wait_for(lambda: slurm_cluster.job(job["id"]).get("JobState") == "PENDING", timeout=30)
+    cell, job = _launch_and_hold_mid_cell(sw, min_epoch=1)
     held = [e["queue"] for e in sw.events() if e["ev"] == "queue_start" and e["attempt"] == f"{job['id']}.0"]
     assert len(held) == 1, sw.events()
 
