@@ -114,7 +114,7 @@ def test_plain_progress_is_one_line_per_step_on_stderr_never_on_stdout_and_q_sil
     code, out, err = cli(done_sweep, "deploy", "--json")
     assert code == 0 and json.loads(out)["created"] == []
     files = [ln for ln in err.splitlines() if ln.startswith("deploy [")]
-    assert len(files) == 2 + 2 and all(ln.endswith(": already in place") for ln in files), err
+    assert len(files) == 3 + 2 and all(ln.endswith(": already in place") for ln in files), err
 
     for args in (("pull",), ("reconcile",), ("deploy",)):
         code, out, err = cli(done_sweep, "-q", *args)

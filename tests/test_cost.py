@@ -46,7 +46,10 @@ def estimates(lp: LocalProject) -> tuple[list[str], dict[tuple[str, str], int], 
     split = [r.split("\t") for r in rows]
     hosts = {(f[1], f[2]): int(f[3]) for f in split if f[0] == "host"}
     cells = {f[1]: int(f[2]) for f in split if f[0] == "cell"}
-    assert all(r.startswith(("#", "host\t", "cell\t")) for r in rows)
+    assert all(r.startswith(("#", "host\t", "cell\t", "cost\t")) for r in rows)
+    # Each cell's task and declared units, for the runners' learning (ablate/remote/learn.py).
+    costs = {f[1]: (f[2], float(f[3])) for f in split if f[0] == "cost"}
+    assert set(costs) == set(cells) and all(units > 0 for _, units in costs.values()), rows
     return rows[0].split(), hosts, cells
 
 

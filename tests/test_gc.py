@@ -59,10 +59,11 @@ def test_gc_is_refused_while_an_old_version_runs_and_removes_it_after(
     new_version(monkeypatch)
     cur = deploy(project)
     assert cur.run_queue != old.run_queue and cur.specs["h1"] != old.spec
-    current = {f"wrappers/{cur.run_queue}", f"wrappers/{cur.run_one}",
+    current = {f"wrappers/{cur.run_queue}", f"wrappers/{cur.run_one}", f"wrappers/{cur.learn}",
                *(f"specs/{s}" for s in cur.specs.values())}
     before = files(lp.shared)
-    assert len(before) == 8 and current < set(before)
+    # the learning helper did not change: both versions' specs name the one file
+    assert len(before) == 9 and current < set(before)
     deployed = (lp.shared / "DEPLOYED.json").read_bytes()
 
     with pytest.raises(CheckFailed) as e:
@@ -87,7 +88,7 @@ def test_gc_is_refused_while_an_old_version_runs_and_removes_it_after(
     assert after == {k: v for k, v in before.items() if k in current}  # current: byte for byte
     assert all(stat.S_IMODE((lp.shared / k).stat().st_mode) == 0o444 for k in after)
     assert (lp.shared / "DEPLOYED.json").read_bytes() == deployed
-    assert result.lines()[0] == "removed 4 old file(s), kept 4:"
+    assert result.lines()[0] == "removed 4 old file(s), kept 5:"
 
     code, out, err = cli(lp.root, "deploy", "--gc", "--json")
     assert code == 0, err

@@ -181,6 +181,41 @@ def test_no_steal_when_not_earlier_or_disabled(
     assert [e["cell"] for e in victim if e["ev"] == "end"] == ["long", "t3"]
 
 
+def history(lp: LocalProject, host: str, queue: str, slot: int | None, cells: dict[str, float]) -> None:
+    """Earlier ended cells of this sweep on (host, slot), as their runner recorded them: cell ->
+    seconds, each cell costing its seconds' first digit in declared units (1 or 2)."""
+    rows = [{"t": 1.0, "ev": "queue_start", "host": host, "queue": queue, "slot": slot}]
+    for cell, dur in cells.items():
+        rows += [{"t": 2.0, "ev": "start", "host": host, "queue": queue, "cell": cell, "resume": 0},
+                 {"t": 3.0, "ev": "end", "host": host, "queue": queue, "cell": cell, "rc": 0, "dur": dur}]
+    (lp.shared / "events").mkdir(exist_ok=True)
+    (lp.shared / "events" / f"{host}.{queue}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_drained_runner_steals_by_what_this_sweep_has_learned(
+        local_project: LocalProject, runners: Runners) -> None:
+    """The declared figures say the stealer's slot is 20x slower than the victim's host (the case
+    above where it takes nothing); this sweep's ended cells say it is 10x faster. Draining, the
+    runner fits its figures on the events (ablate/remote/learn.py, shipped with the wrappers) and
+    takes t3, which would wait behind `long` there: the steal event says it was by learned figures,
+    and every cell still runs once."""
+    lp = local_project
+    start_victim(lp, [short(lp, "t3")])
+    history(lp, "h1", "q0", None, {"x1": 10.0, "x2": 20.0})  # 10 s a unit
+    history(lp, "h2", "q9", 1, {"y1": 1.0, "y2": 2.0})  # 1 s a unit
+    costs = {"long": 5.0, "t3": 1.0, "s1": 0.5, "x1": 1.0, "x2": 2.0, "y1": 1.0, "y2": 2.0}
+    estimates(lp, ["host\th1\t-\t1000", "host\th2\t-\t1000", "host\th2\t1\t50",
+                   *(f"cost\t{c}\trecon\t{u}" for c, u in costs.items())], CELLS)
+    own_queue(lp, "q2", [short(lp, "s1")])
+    finish(runners.start("h2", "q2", slot=1))
+    steals = [e for e in events(lp, "h2", "q2") if e["ev"] == "steal"]
+    assert [(e["cell"], e["by"]) for e in steals] == [("t3", "learned")], events(lp, "h2", "q2")
+    assert steals[0]["est"] < 5.0, steals  # about a unit's 1 s here (20 s by the declared figures)
+    victim = victim_drained(lp)
+    assert [e["cell"] for e in victim if e["ev"] == "end"] == ["long"]
+    assert ends(lp) == Counter({c: 1 for c in ("long", "t3", "s1", "x1", "x2", "y1", "y2")})
+
+
 def test_drained_stealers_racing_for_one_cell_run_it_once(
         local_project: LocalProject, runners: Runners, tmp_path: Path) -> None:
     lp = local_project

@@ -588,17 +588,39 @@ stop_after_current() {  # stop_after_current IDX: `ablate stop --after-current` 
 }
 
 # ---- work stealing (see docs/ARCHITECTURE.md, "run_queue", for the policy)
-declare -A EST_CELL=() EST_SPEED=() STEAL_SKIP=()
+declare -A EST_CELL=() EST_SPEED=() EST_OVER=() STEAL_SKIP=()
 EST_DEFAULT=0
-load_estimates() {  # estimates.tsv: `host H SLOT|- SPEED_MILLI`, `cell NAME MS`; 1 when unreadable
-  local kind a b c n=0 sum=0
-  EST_CELL=() EST_SPEED=() EST_DEFAULT=0
-  [[ -r $ESTIMATES ]] || return 1
+LEARNED=  # this steal's learned estimates (learn_now); empty: the controller's estimates.tsv
+learn_now() {  # LEARNED = the estimates ablate/remote/learn.py fits on this sweep's ended cells
+  # (its events, one read); empty while nothing has ended, or when it cannot run (then the
+  # controller's file decides, as before).
+  LEARNED=
+  [[ -n ${ABLATE_LEARN-} && -r $ABLATE_LEARN ]] || return 0
+  LEARNED=$(
+    if [[ -n ${ABLATE_ENV-} ]]; then eval "$ABLATE_ENV" >/dev/null 2>&1 </dev/null || exit 1; fi
+    # shellcheck disable=SC2086  # the profile's python may be a command with arguments
+    ${ABLATE_LEARN_PYTHON:-python3} "$ABLATE_LEARN" "$ROOT" 2>/dev/null </dev/null
+  ) || LEARNED=
+}
+load_estimates() {  # `host H SLOT|- SPEED_MILLI`, `over H SLOT|- MS`, `cell NAME MS`: LEARNED, else
+  # estimates.tsv; 1 when unreadable
+  local kind a b c n=0 sum=0 src
+  EST_CELL=() EST_SPEED=() EST_OVER=() EST_DEFAULT=0
+  if [[ -n $LEARNED ]]; then
+    src=$LEARNED
+  else
+    [[ -r $ESTIMATES ]] || return 1
+    src=$(<"$ESTIMATES") || return 1
+  fi
   while read -r kind a b c || [[ -n $kind ]]; do  # (a last line without its newline counts too)
     case $kind in
       host)
         if [[ $a =~ $NAME_RE && ( $b == - || $b =~ ^[0-9]{1,6}$ ) && $c =~ ^[0-9]{1,9}$ ]] && (( 10#$c > 0 )); then
           EST_SPEED["$a $b"]=$((10#$c))
+        fi ;;
+      over)
+        if [[ $a =~ $NAME_RE && ( $b == - || $b =~ ^[0-9]{1,6}$ ) && $c =~ ^[0-9]{1,9}$ ]]; then
+          EST_OVER["$a $b"]=$((10#$c))
         fi ;;
       cell)
         if [[ $a =~ $NAME_RE && $b =~ ^[0-9]{1,12}$ && -z $c ]]; then
@@ -606,9 +628,14 @@ load_estimates() {  # estimates.tsv: `host H SLOT|- SPEED_MILLI`, `cell NAME MS`
           n=$((n + 1)) sum=$((sum + 10#$b))
         fi ;;
     esac
-  done <"$ESTIMATES" 2>/dev/null || return 1
+  done <<<"$src"
   (( n )) && EST_DEFAULT=$((sum / n))  # a cell without an estimate counts as an average one
   return 0
+}
+over_of() {  # over_of HOST SLOT: REPLY = its fixed ms per cell (host+slot, else host's `-`, else 0)
+  REPLY=${EST_OVER["$1 ${2:--}"]-}
+  [[ -n $REPLY ]] || REPLY=${EST_OVER["$1 -"]-}
+  [[ -n $REPLY ]] || REPLY=0
 }
 speed_of() {  # speed_of HOST SLOT: REPLY = speed x1000 (host+slot line, else host's `-`, else 1000)
   REPLY=${EST_SPEED["$1 ${2:--}"]-}
@@ -635,10 +662,12 @@ S_QUEUE= S_HOST= S_IDX= S_NAME= S_HERE=
 SILENT_REM=$(( 1 << 50 ))  # ms: a silent victim's remaining time (never finishes)
 steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth stealing
   load_estimates || return 1
-  local my_speed fs_now= fresh row mt f q h s i c cs ht spd rem cands j n k m e here entry silent
+  local my_speed my_over fs_now= fresh row mt f q h s i c cs ht spd ov rem cands j n k m e here entry silent
   local -a rows=() lines=() q_name=() q_host=() q_rem=() q_cands=() order=() list=()
   speed_of "$ABLATE_HOST" "$SLOT"
   my_speed=$REPLY
+  over_of "$ABLATE_HOST" "$SLOT"
+  my_over=$REPLY
   # Ages on the FS's clock: write a probe, then one stat for it and every heartbeat.
   printf '%s\n' "$EPOCHREALTIME" >"$CLOCK" 2>/dev/null || return 1
   mapfile -t rows < <(stat -c "$MT_FMT %n" -- "$CLOCK" "$ROOT"/heartbeats/* 2>/dev/null)
@@ -667,6 +696,8 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
       || continue
     speed_of "$h" "$s"
     spd=$REPLY
+    over_of "$h" "$s"
+    ov=$REPLY
     rem=0
     # Its current cell: expected duration there minus the time it has run so far (its own clock
     # from the cell's start to the beat, the FS's clock since the beat).
@@ -678,7 +709,7 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
       if ms_of "$ht"; then
         ht=$REPLY
         est_of "$c"
-        rem=$(( REPLY * 1000 / spd - (ht - cs) - (fs_now - mt) ))
+        rem=$(( ov + REPLY * 1000 / spd - (ht - cs) - (fs_now - mt) ))
         (( rem < 0 )) && rem=0
       fi
     fi
@@ -692,7 +723,7 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
         parse_line "${lines[j]//$'\r'/}" || continue
         [[ -e $CLAIMS/$P_NAME || -e $FINAL/$P_NAME/MANIFEST.json ]] && continue
         est_of "$P_NAME"
-        rem=$(( rem + REPLY * 1000 / spd ))
+        rem=$(( rem + ov + REPLY * 1000 / spd ))
         [[ -n ${STEAL_SKIP["$q:$j"]-} ]] || cands+=" $j:$P_NAME:$P_PRIO:$REPLY"
       done
     fi
@@ -723,7 +754,7 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
     for (( j = ${#list[@]} - 1; j >= 0; j-- )); do
       entry=${list[j]}
       e=${entry##*:}
-      here=$(( e * 1000 / my_speed ))
+      here=$(( my_over + e * 1000 / my_speed ))
       # <=: a tie happens only when the victim's cell is overdue (its remaining time clamped to 0):
       # it is slower than estimated, or gone; taking the line costs nothing if it is not.
       if (( here <= q_rem[k] )); then
@@ -745,6 +776,7 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
 }
 
 steal_once() {  # 0 = ran a stolen cell or lost a race (look again); 1 = nothing worth stealing
+  learn_now  # the figures of this sweep so far (its ended cells), else the controller's
   steal_pick || return 1
   local key=$S_QUEUE:$S_IDX secs
   # Re-read and re-validate the victim's line: only values that pass parse_line are ever used.
@@ -759,7 +791,9 @@ steal_once() {  # 0 = ran a stolen cell or lost a race (look again); 1 = nothing
     return 0
   fi
   printf -v secs '%d.%03d' $((S_HERE / 1000)) $((S_HERE % 1000))
-  ev steal ", \"idx\": $S_IDX, \"cell\": \"$P_NAME\", \"from_queue\": \"$S_QUEUE\", \"from_host\": \"$S_HOST\", \"est\": $secs"
+  local by=estimates  # the figures the pick was made by: the controller's, or learned here
+  [[ -n $LEARNED ]] && by=learned
+  ev steal ", \"idx\": $S_IDX, \"cell\": \"$P_NAME\", \"from_queue\": \"$S_QUEUE\", \"from_host\": \"$S_HOST\", \"est\": $secs, \"by\": \"$by\""
   say "stealing $P_NAME (line $S_IDX of $S_QUEUE on $S_HOST, expected ${secs}s here)"
   run_cell "$S_IDX" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0 "$S_QUEUE"
   return 0

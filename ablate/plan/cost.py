@@ -364,6 +364,9 @@ def estimates_text(project: Project, model: CostModel, cells: Iterable[Cell], no
             rows.append(f"host\t{h.name}\t{'-' if slot is None else slot}\t{milli}")
     for c in sorted(cells, key=lambda c: c.name):
         rows.append(f"cell\t{c.name}\t{max(1, round(model.weight(c) * 1000))}")
+        # What a draining runner learns from (ablate/remote/learn.py): the cell's task and declared
+        # cost in the user's units. run_queue itself reads only host and cell lines.
+        rows.append(f"cost\t{c.name}\t{c.task}\t{model.cost(c):.6g}")
     return "".join(r + "\n" for r in rows)
 
 

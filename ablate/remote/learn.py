@@ -115,3 +115,126 @@ def learn_rates(ended: Sequence[Observation], declared: Mapping[str, float],
         if pooled + work / v < elapsed:
             speed[host] = work / max(OVERDUE * elapsed - pooled, 1e-9)
     return Rates(speed, {h: over[hi[h]] for h in hosts}, scales, pooled_scale, pooled, n)
+
+
+# --------------------------------------------------------------------------- a draining runner's figures
+#
+# `python3 learn.<sha>.py ROOT` (run_queue, before each steal): reads ROOT/estimates.tsv (the
+# controller's: `host H SLOT SPEED_MILLI`, `cell NAME MS`, `cost NAME TASK UNITS`) and the sweep's
+# events (ROOT/events/*.jsonl, one read), fits `learn_rates` on the cells that ended (rc 0, not
+# resumed) with the estimates' speeds as the declared ones, and prints the same format with the
+# learned figures: each runner's speed, `over H SLOT MS` (its fixed seconds per cell) and each
+# cell's MS = UNITS x its task's scale (seconds x 1000 on a speed-1.0 runner). A runner is
+# `H SLOT` (SLOT `-` without one). Exit 3 when nothing has ended yet: run_queue then keeps the
+# controller's file.
+
+
+def runner_key(host: str, slot: object) -> str:
+    return f"{host} {'-' if slot is None or slot == '' else slot}"
+
+
+def read_estimates(text: str) -> tuple[dict[str, float], dict[str, int], dict[str, tuple[str, float]]]:
+    """(runner -> declared speed, cell -> ms, cell -> (task, declared units)) of an estimates file."""
+    speeds: dict[str, float] = {}
+    cells: dict[str, int] = {}
+    costs: dict[str, tuple[str, float]] = {}
+    for line in text.splitlines():
+        f = line.split("\t")
+        try:
+            if f[0] == "host" and len(f) == 4:
+                speeds[f"{f[1]} {f[2]}"] = int(f[3]) / 1000
+            elif f[0] == "cell" and len(f) == 3:
+                cells[f[1]] = int(f[2])
+            elif f[0] == "cost" and len(f) == 4 and float(f[3]) > 0:
+                costs[f[1]] = (f[2], float(f[3]))
+        except ValueError:
+            continue
+    return speeds, cells, costs
+
+
+def ended_cells(events: Sequence[Mapping[str, object]],
+                costs: Mapping[str, tuple[str, float]]) -> list[Observation]:
+    """One observation per cell that ended with rc 0 from a start without resume, on its runner."""
+    slots: dict[tuple[object, object], object] = {}
+    resumed: dict[tuple[object, object, object], object] = {}
+    out: list[Observation] = []
+    for e in events:
+        where = (e.get("host"), e.get("queue"))
+        ev = e.get("ev")
+        if ev == "queue_start":
+            slots[where] = e.get("slot")
+        elif ev == "start":
+            resumed[(*where, e.get("cell"))] = e.get("resume")
+        elif ev == "end" and e.get("rc") == 0:
+            cell, dur = e.get("cell"), e.get("dur")
+            if (not isinstance(cell, str) or cell not in costs or not isinstance(dur, (int, float))
+                    or dur <= 0 or resumed.get((*where, cell)) not in (0, "0")):
+                continue
+            task, units = costs[cell]
+            out.append((runner_key(str(where[0]), slots.get(where)), task, units, float(dur)))
+    return out
+
+
+def learned_text(estimates: str, events: Sequence[Mapping[str, object]], now: float) -> str | None:
+    """The learned estimates file (module section above); None when nothing has ended."""
+    speeds, cells, costs = read_estimates(estimates)
+    ended = ended_cells(events, costs)
+    if not ended or not speeds:
+        return None
+    r = learn_rates(ended, speeds)
+    rows = [f"# ablate estimates {int(now)} learned-by-runner {r.cells}"]
+    for key, declared in speeds.items():
+        host, slot = key.split(" ", 1)
+        rows.append(f"host\t{host}\t{slot}\t{max(1, round(r.speed.get(key, declared) * 1000))}")
+        rows.append(f"over\t{host}\t{slot}\t{round(r.overhead.get(key, r.pooled_overhead) * 1000)}")
+    for name in sorted(set(cells) | set(costs)):
+        if name in costs:
+            task, units = costs[name]
+            ms = max(1, round(units * r.scale.get(task, r.pooled_scale) * 1000))
+        else:
+            ms = cells[name]
+        rows.append(f"cell\t{name}\t{ms}")
+    return "".join(row + "\n" for row in rows)
+
+
+def main(argv: Sequence[str]) -> int:
+    import glob
+    import json
+    import os
+    import sys
+    import time
+
+    if len(argv) != 1:
+        print("usage: learn.py SWEEP_ROOT", file=sys.stderr)
+        return 2
+    root = argv[0]
+    try:
+        with open(os.path.join(root, "estimates.tsv"), encoding="utf-8") as f:
+            estimates = f.read()
+    except OSError as err:
+        print(f"learn: {err}", file=sys.stderr)
+        return 2
+    events: list[Mapping[str, object]] = []
+    for path in sorted(glob.glob(os.path.join(root, "events", "*.jsonl"))):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    try:
+                        e = json.loads(line)
+                    except ValueError:
+                        continue  # a line being appended, or damaged: never fatal
+                    if isinstance(e, dict):
+                        events.append(e)
+        except OSError:
+            continue
+    text = learned_text(estimates, events, time.time())
+    if text is None:
+        return 3
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys as _sys
+
+    raise SystemExit(main(_sys.argv[1:]))

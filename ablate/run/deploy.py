@@ -43,7 +43,12 @@ def packaged_wrappers() -> dict[str, bytes]:
     return {kind: packaged.read("ablate.wrappers", f"{kind}.sh") for kind in WRAPPERS}
 
 
-def render_spec(project: Project, host: Host, run_one_path: str) -> bytes:
+def packaged_learn() -> bytes:
+    """The stdlib-only learning helper a draining run_queue runs (`ablate/remote/learn.py`)."""
+    return packaged.read("ablate.remote", "learn.py")
+
+
+def render_spec(project: Project, host: Host, run_one_path: str, learn_path: str = "") -> bytes:
     """The bash-sourceable run spec of one host (docs/ARCHITECTURE.md, "Run spec")."""
     values = {
         "ABLATE_ROOT": project.sweep_root(host),
@@ -60,6 +65,9 @@ def render_spec(project: Project, host: Host, run_one_path: str) -> bytes:
         "ABLATE_RUN_ONE": run_one_path,
         "ABLATE_HEARTBEAT_SECS": str(project.heartbeat_secs),
         "ABLATE_STEAL": "1" if project.steal else "0",
+        # What a draining runner learns its steal figures with (stdlib only: any python3 runs it).
+        "ABLATE_LEARN": learn_path,
+        "ABLATE_LEARN_PYTHON": host.profile.python,
         **service_spec(project, host),
         **slurm_spec(host),
     }
@@ -114,6 +122,7 @@ class DeployResult:
     run_one: str
     specs: Mapping[str, str]  # host -> file name under specs/
     created: tuple[str, ...] = field(default=())  # paths (relative to root) written by this call
+    learn: str = ""  # the learning helper's file name under wrappers/
 
     def run_queue_path(self, layout: SweepLayout) -> str:
         return posixpath.join(layout.wrappers, self.run_queue)
@@ -123,7 +132,8 @@ class DeployResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "root": self.root, "run_queue": self.run_queue,
-                "run_one": self.run_one, "specs": dict(self.specs), "created": list(self.created)}
+                "run_one": self.run_one, "learn": self.learn, "specs": dict(self.specs),
+                "created": list(self.created)}
 
     def lines(self) -> list[str]:
         state = f"{len(self.created)} new file(s)" if self.created else "already in place"
@@ -146,11 +156,14 @@ def _deploy(project: Project, log: Log | None) -> DeployResult:
     version = sha12(b"".join(wrappers[k] for k in WRAPPERS))
     created: list[str] = []
 
+    learn = packaged_learn()
+    learn_name = f"learn.{sha12(learn)}.py"
     files = [(posixpath.join(layout.wrappers, names[kind]), wrappers[kind]) for kind in WRAPPERS]
+    files.append((posixpath.join(layout.wrappers, learn_name), learn))
     specs: dict[str, str] = {}
     for name, host in project.hosts.items():
         run_one = posixpath.join(project.layout(host).wrappers, names["run_one"])
-        data = render_spec(project, host, run_one)
+        data = render_spec(project, host, run_one, posixpath.join(project.layout(host).wrappers, learn_name))
         specs[name] = f"{sha12(data)}.env"
         files.append((posixpath.join(layout.specs, specs[name]), data))
     # Every file and the read of DEPLOYED.json in one round trip; its write, only when it changes,
@@ -166,11 +179,12 @@ def _deploy(project: Project, log: Log | None) -> DeployResult:
             bar.cell_done(i, len(files), rel, "placed" if new else "already in place")
 
     record = {"version": version, "run_queue": names["run_queue"], "run_one": names["run_one"],
-              "specs": specs}
+              "learn": learn_name, "specs": specs}
     deployed = got[-1]
     if _current(deployed if isinstance(deployed, bytes) else None) != record:
         fs.write_atomic(layout.deployed, (json.dumps({**record, "t": time.time()}) + "\n").encode())
-    return DeployResult(version, layout.root, names["run_queue"], names["run_one"], specs, tuple(created))
+    return DeployResult(version, layout.root, names["run_queue"], names["run_one"], specs, tuple(created),
+                        learn_name)
 
 
 def _current(raw: bytes | None) -> dict[str, Any] | None:
@@ -182,7 +196,7 @@ def _current(raw: bytes | None) -> dict[str, Any] | None:
 
 # --------------------------------------------------------------------------- gc
 
-_OLD_WRAPPER = re.compile(r"^(?:run_queue|run_one)\.[0-9a-f]{12}\.sh$")
+_OLD_WRAPPER = re.compile(r"^(?:(?:run_queue|run_one)\.[0-9a-f]{12}\.sh|learn\.[0-9a-f]{12}\.py)$")
 _OLD_SPEC = re.compile(r"^[0-9a-f]{12}\.env$")
 
 
@@ -214,6 +228,7 @@ def gc(project: Project, log: Log | None = None) -> GcResult:
             raise AblateError(f"nothing is deployed on {layout.root} (no DEPLOYED.json); "
                               "`ablate deploy` first")
         keep = {f"wrappers/{current.get('run_queue')}", f"wrappers/{current.get('run_one')}",
+                f"wrappers/{current.get('learn')}",
                 *(f"specs/{s}" for s in (current.get("specs") or {}).values())}
         old: list[str] = []
         kept: list[str] = []
