@@ -65,7 +65,8 @@ def test_deploy_is_idempotent_and_a_changed_wrapper_is_a_new_file(
     wrappers = local_project.shared / "wrappers"
     old = wrappers / first.run_queue
     old_bytes = old.read_bytes()
-    assert len(first.created) == 5 and old_bytes.startswith(b"#!/usr/bin/env bash")  # 2 wrappers, learn, 2 specs
+    # 2 wrappers, the learning helper, 2 specs
+    assert len(first.created) == 5 and old_bytes.startswith(b"#!/usr/bin/env bash")
     deployed = local_project.shared / "DEPLOYED.json"
     mtime = deployed.stat().st_mtime_ns
     again = deploy(project)

@@ -8,7 +8,7 @@ import posixpath
 from typing import Any
 
 from ablate.config.project import Host, Project
-from ablate.run.deploy import packaged_wrappers
+from ablate.run.deploy import packaged_learn, packaged_wrappers
 from ablate.run.hostcheck import Section
 
 
@@ -16,7 +16,8 @@ def deployed_files(deployed: dict[str, Any] | None, host: str) -> list[str]:
     """Paths (relative to the sweep root) DEPLOYED.json says new launches on `host` use."""
     if not deployed:
         return []
-    files = [f"wrappers/{deployed[k]}" for k in ("run_queue", "run_one") if isinstance(deployed.get(k), str)]
+    files = [f"wrappers/{deployed[k]}" for k in ("run_queue", "run_one", "learn")
+             if isinstance(deployed.get(k), str)]
     spec = (deployed.get("specs") or {}).get(host)
     if isinstance(spec, str):
         files.append(f"specs/{spec}")
@@ -24,14 +25,17 @@ def deployed_files(deployed: dict[str, Any] | None, host: str) -> list[str]:
 
 
 def expected_sha(rel: str) -> str:
-    """The content address in a deployed file's name (`run_one.<sha12>.sh`, `<sha12>.env`), or the
-    full sha256 when it is this package's own wrapper."""
-    for kind, data in packaged_wrappers().items():
+    """The content address in a deployed file's name (`run_one.<sha12>.sh`, `learn.<sha12>.py`,
+    `<sha12>.env`), or the full sha256 when it is this package's own wrapper or learning helper."""
+    own = {**{f"{kind}.{{}}.sh": data for kind, data in packaged_wrappers().items()},
+           "learn.{}.py": packaged_learn()}
+    for name, data in own.items():
         full = hashlib.sha256(data).hexdigest()
-        if rel == f"wrappers/{kind}.{full[:12]}.sh":
+        if rel == f"wrappers/{name.format(full[:12])}":
             return full
     base = posixpath.basename(rel)
-    return base.split(".")[-2] if base.startswith(("run_queue.", "run_one.")) else base.split(".")[0]
+    named = base.startswith(("run_queue.", "run_one.", "learn."))
+    return base.split(".")[-2] if named else base.split(".")[0]
 
 
 def deployed_check(project: Project, host: Host, deployed: dict[str, Any] | None, fs_error: str | None,
