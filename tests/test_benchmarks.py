@@ -74,6 +74,13 @@ def test_bench_overhead_runs_cells_through_the_real_wrappers() -> None:
     assert "ms per cell (target <= 100 ms:" in out
 
 
+def test_bench_learn_times_the_shipped_helper_beside_bare_python() -> None:
+    out = run("bench_learn.py", "--cells", "20,40", "--reps", "1")
+    body = rows(out)
+    assert [r[0] for r in body] == ["20", "40"], out
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in body), out
+
+
 def test_bench_reconcile_verifies_real_checkpoints_and_compares_with_cat() -> None:
     out = run("bench_reconcile.py", "--small", "6", "--large", "2", "--large-mb", "1",
               "--large-format", "torch", "--reps", "1")
