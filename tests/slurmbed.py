@@ -295,7 +295,7 @@ class SlurmBed:
         self.overrides = dict(overrides)
         self._write_conf()
         self.run("scontrol", "reconfigure")
-        want = dict(overrides)
+        want = self.overrides
         deadline = time.monotonic() + 30
         while True:
             conf = dict(re.findall(r"^(\w+)\s*=\s*(\S*)", self.run("scontrol", "show", "config").stdout,

@@ -38,10 +38,11 @@ PROBE_WAIT = float(os.environ.get("ABLATE_SLURM_PROBE_WAIT", "120"))
 Check = tuple[str, bool, str]
 
 
-def client_sections(opts: Sequence[str], name: str) -> list[tuple[str, Sequence[str]]]:
+def client_sections(opts: Sequence[str], name: str, array: bool = False) -> list[tuple[str, Sequence[str]]]:
+    """The client's checks; with `array`, also the cluster's config (its array limits)."""
     return [("slurm", ["sinfo", "--version"]),
             ("request", ["sbatch", "--test-only", f"--job-name={name}", *opts, "--wrap", "true"]),
-            ("config", ["scontrol", "show", "config"])]
+            *([("config", ["scontrol", "show", "config"])] if array else [])]
 
 
 NodeChecks = Callable[[dict[str, Section], str | None], list[Check]]
@@ -58,7 +59,7 @@ def slurm_checks(project: Project, host: Host, t: HostTransport,
     name = f"ablate-doctor-{project.sweep}-{token}".replace(".", "_")
     where = f"ssh {slurm.login}" if slurm.login else "this machine"
     try:
-        got, why = measure(t, client_sections(opts, name))
+        got, why = measure(t, client_sections(opts, name, slurm.array))
     except AblateError as e:
         return [("reachable", False, e.message)]
     out: list[Check] = [("reachable", True, where)]
