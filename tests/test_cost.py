@@ -17,8 +17,9 @@ import ablate.demo.train as demo_train
 from ablate.config.project import load_project
 from ablate.errors import CheckFailed
 from ablate.plan import cost
-from ablate.plan.cost import Observation, fit, glob_match, learn, load_model, write_estimates
+from ablate.plan.cost import glob_match, learn, load_model, write_estimates
 from ablate.plan.planner import plan
+from ablate.remote.learn import learn_rates, learned_text
 from ablate.remote.probe import snapshot
 from ablate.run.append import append
 from ablate.run.launch import launch, launch_all
@@ -46,7 +47,7 @@ def estimates(lp: LocalProject) -> tuple[list[str], dict[tuple[str, str], int], 
     split = [r.split("\t") for r in rows]
     hosts = {(f[1], f[2]): int(f[3]) for f in split if f[0] == "host"}
     cells = {f[1]: int(f[2]) for f in split if f[0] == "cell"}
-    assert all(r.startswith(("#", "host\t", "cell\t", "cost\t")) for r in rows)
+    assert all(r.startswith(("#", "host\t", "over\t", "cell\t", "cost\t")) for r in rows)
     # Each cell's task and declared units, for the runners' learning (ablate/remote/learn.py).
     costs = {f[1]: (f[2], float(f[3])) for f in split if f[0] == "cost"}
     assert set(costs) == set(cells) and all(units > 0 for _, units in costs.values()), rows
@@ -134,22 +135,22 @@ def test_costs_that_is_not_a_list_is_refused(local_project: LocalProject,
 
 
 def test_fit_recovers_known_values_from_noisy_runs() -> None:
+    """The controller's fit is the runners' (`learn_rates`): mean durations, a stuck run left out."""
     rng = random.Random(7)
     spu = {"recon": 2.0, "det": 0.8, "seg": 5.0}
     speed = {"a": 1.0, "b": 0.5, "c": 1.3, "d": 1.0}
     obs = []
-    for i in range(400):
+    for _ in range(400):
         task, host = rng.choice(sorted(spu)), rng.choice(sorted(speed))
         c = rng.choice([1.0, 3.0, 10.0, 25.0])
-        secs = c * spu[task] / speed[host] * math.exp(rng.gauss(0, 0.2))
-        obs.append(Observation(f"x{i}", task, host, c, secs))
-    obs[0] = Observation("x0", obs[0].task, obs[0].host, obs[0].cost, obs[0].seconds * 30)  # a stuck run
-    f = fit(obs, {"a": 1.0, "b": 1.0, "c": 1.3, "d": 1.0})  # b is declared fast: it is learned slow
-    assert f.outliers >= 1 and f.used == 400 - f.outliers
+        obs.append((host, task, c, c * spu[task] / speed[host] * math.exp(rng.gauss(0, 0.2))))
+    obs[0] = (*obs[0][:3], obs[0][3] * 30)  # a stuck run
+    r = learn_rates(obs, {"a": 1.0, "b": 1.0, "c": 1.3, "d": 1.0})  # b is declared fast: learned slow
+    assert r.outliers >= 1 and r.cells == 400 - r.outliers
     for h, s in speed.items():
-        assert math.exp(f.log_speed[h]) == pytest.approx(s, rel=0.06), h
-    for t, s in spu.items():
-        assert math.exp(f.log_spu[t]) == pytest.approx(s, rel=0.06), t
+        assert r.speed[h] == pytest.approx(s, rel=0.06), h
+    for t, s in spu.items():  # the mean of lognormal noise: exp(sigma^2 / 2) above the median
+        assert r.scale[t] == pytest.approx(s * math.exp(0.02), rel=0.06), t
 
 
 def _synthetic_history(lp: LocalProject) -> dict[str, Any]:
@@ -218,9 +219,9 @@ def test_learned_model_recovers_task_and_host_speeds_from_event_files(local_proj
     assert model.seconds(c05, "b") == pytest.approx(8.0)
     assert model.seconds(c05, "c") == pytest.approx(5.0)
     js = model.to_json()
-    assert js["hosts"]["b"] == {"speed": 0.5, "source": "learned", "cells": 8}
+    assert js["hosts"]["b"] == {"speed": 0.5, "source": "learned", "cells": 8, "overhead_seconds": 0.0}
     assert js["hosts"]["d"]["cells"] == 9  # its own eight and the stolen c00
-    assert js["hosts"]["c"] == {"speed": 0.8, "source": "declared", "cells": 0}
+    assert js["hosts"]["c"] == {"speed": 0.8, "source": "declared", "cells": 0, "overhead_seconds": 0.0}
     assert model.describe() == "learned from 23 cell(s), 1 outlier(s) left out"
 
     # A task without history takes the pooled seconds per cost unit.
@@ -285,6 +286,38 @@ def test_estimates_file_declared_and_learned(local_project: LocalProject) -> Non
                     for ln in read_queue(project, q).cells if ln.cell}.items():
         assert cells[name] == round(cost.declared_cost(project, c) * model.spu[c.task] * 1000)
     assert cells["c05"] == 4000  # recon 2 epochs: 2 cost units x 2.0 s on a speed-1.0 machine
+
+
+def test_the_controller_and_a_draining_runner_expect_the_same_seconds(local_project: LocalProject) -> None:
+    """`plan`/`status` ETAs and a runner's steal come from one model: the controller's seconds of
+    every cell on every runner equal what the runners' helper (learn.<sha>.py, run on the same
+    estimates.tsv and events files) writes for run_queue: over + cell ms / speed."""
+    lp = local_project
+    truth = _synthetic_history(lp)
+    for h, q in (("a", "qa"), ("d", "qd")):  # a fixed start-up on a and d: learned as overhead
+        path = lp.shared / "events" / f"{h}.{q}.jsonl"
+        evs = [json.loads(line) for line in path.read_text().splitlines()]
+        for e in evs:
+            if e["ev"] == "end" and e["cell"] != "c03":
+                e["dur"] += 1.5
+        path.write_text("".join(json.dumps(e) + "\n" for e in evs))
+    project = load_project(lp.root)
+    fs = LocalFS(str(lp.shared))
+    model = write_estimates(project, fs).model
+    assert model.learned and model.overhead("a") > 1.0 > model.overhead("b")
+    evs = [json.loads(line) for f in sorted((lp.shared / "events").glob("*.jsonl"))
+           for line in f.read_text().splitlines()]
+    text = learned_text((lp.shared / "estimates.tsv").read_text(), evs, 0.0)
+    assert text is not None
+    rows = [r.split("\t") for r in text.splitlines()[1:]]
+    speed = {f[1]: int(f[3]) / 1000 for f in rows if f[0] == "host"}
+    over = {f[1]: int(f[3]) / 1000 for f in rows if f[0] == "over"}
+    ms = {f[1]: int(f[2]) for f in rows if f[0] == "cell"}
+    assert speed["b"] < 0.7  # declared 1.0: learned slow, the same on both sides
+    for name, c in truth["cells"].items():
+        for host in ("a", "b", "c", "d"):
+            runner = over[host] + ms[name] / 1000 / speed[host]
+            assert model.seconds(c, host) == pytest.approx(runner, rel=2e-3, abs=2e-3), (name, host)
 
 
 # --------------------------------------------------------------------------- a real local sweep

@@ -176,7 +176,7 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
         current = hb.cell if hb is not None and view.state in ("running", "stale") else None
         started = hb.cell_started if hb is not None else None
         elapsed = (state.now - started) if current and started else None
-        eta = _eta(model, host, qname, view.state, names, outcome, snap, known, current, elapsed)
+        eta = _eta(model, host, view.slot, qname, view.state, names, outcome, snap, known, current, elapsed)
         reachable = state.reachable(host) if host else True
         rows.append(QueueRow(
             queue=qname, host=host, slot=view.slot, state=view.state,
@@ -205,7 +205,7 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
     return report
 
 
-def _eta(model: CostModel, host: str | None, queue: str, state: str, names: list[str],
+def _eta(model: CostModel, host: str | None, slot: int | None, queue: str, state: str, names: list[str],
          outcome: Mapping[Any, Any], snap: Snapshot, known: Mapping[str, Cell], current: str | None,
          elapsed: float | None) -> float | None:
     """Remaining seconds of a running queue: its cells with no outcome here, no durable result and
@@ -225,7 +225,7 @@ def _eta(model: CostModel, host: str | None, queue: str, state: str, names: list
 
     left = [known[n] for n in names
             if n in known and n not in outcome and n not in snap.results and n != current and ours(n)]
-    return queue_eta(model, host, left, cur, elapsed)
+    return queue_eta(model, host, left, cur, elapsed, slot)
 
 
 def _views(state: SweepState) -> dict[str, dict[str, Any]]:

@@ -6,38 +6,37 @@ repo root; `*` stays inside a directory, `**` as a whole component crosses any n
 gives `cost`, or `cost_per_epoch x epochs`; else `tasks[task].cost_per_epoch x epochs`. A declared
 cost has no time unit: it plans (only ratios matter) but gives no ETA.
 
-**Learned.** Every cell whose latest successful run is recorded on the FS (an `end` event with
-rc 0 and a positive `dur`, from a run that was not a resume: its `start` had `resume` 0; the host
-is the one whose events file holds it, the thief for a stolen cell) is one observation of
-`seconds = cost x spu[task] / speed[host]`. The fit is least squares in log space (alternating
-means, exact on exact data), refitted once without outliers (a residual beyond 3 robust sigma and a
-factor 2), and its free scale is pinned to the declared speeds: the median over the hosts with
-history of (learned / declared) is 1, so when most hosts run as declared they keep their declared
-speed and the odd one out is learned (and a host without history keeps its declared speed on the
-same scale). A task without history takes the pooled seconds per cost unit. When two parts of the
-history share no task or host, their relative speed is not identifiable: the declared ratio is kept.
+**Learned.** The same code as the runners' (`ablate.remote.learn`, shipped to the instances as
+`learn.<sha>.py`), on the same inputs: every cell that ENDED with rc 0 from a start that was not a
+resume (the runner that ran it: host and slot, the thief for a stolen cell) is one observation of
+`seconds = overhead[runner] + cost x scale[task] / speed[runner]`, fitted by `learn_rates` (mean
+durations, outliers left out, the free scale pinned to the declared speeds: a host without history
+keeps its declared speed on the same scale; a task without history takes the pooled scale). So
+`plan` and `status` ETAs and a draining runner's steal are one model and cannot disagree.
 
 **estimates.tsv** (`<root>/estimates.tsv`, atomic replace by launch / launch --all / append /
 remediate --launch): `# ablate estimates <t> <declared|learned>`, then one tab-separated line per
-machine `host <host> <slot|-> <speed_milli>` and per roster cell `cell <name> <ms>`: the expected
-milliseconds on a speed-1.0 machine (declared: cost x 1000, only ratios matter then). All integers.
+machine `host <host> <slot|-> <speed_milli>` (and, once learned, `over <host> <slot|-> <ms>`: its
+fixed time per cell), per roster cell `cell <name> <ms>`: the expected milliseconds on a speed-1.0
+machine beyond the overhead (declared: cost x 1000, only ratios matter then), and `cost <name>
+<task> <units>`, what the runners learn from. All integers but the units.
 """
 
 from __future__ import annotations
 
-import math
 import posixpath
 import re
 import statistics
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from ablate.config.project import Project
 from ablate.errors import AblateError
 from ablate.remote.layout import SweepLayout
+from ablate.remote.learn import DECLARED, Observation, Rates, ended_cells, learn_rates, runner_key
 from ablate.sweep.cells import Cell, parse_queue_text, read_all_queues
 from ablate.sweep.snapshot import Snapshot
 from ablate.transport import SharedFS
@@ -45,9 +44,6 @@ from ablate.transport.base import WriteAtomic
 from ablate.util.fmt import Log, duration
 
 ESTIMATES_FILE = "estimates.tsv"
-MAX_SWEEPS = 2000  # alternating-means iterations; converges in a few dozen on real histories
-_TOL = 1e-12
-_MIN_OUTLIER = math.log(2.0)  # never call a run an outlier for being within 2x of the model
 
 
 # --------------------------------------------------------------------------- declared
@@ -107,15 +103,6 @@ def declared_cost(project: Project, cell: Cell) -> float:
 # --------------------------------------------------------------------------- learning
 
 
-@dataclass(frozen=True)
-class Observation:
-    name: str
-    task: str
-    host: str
-    cost: float  # declared
-    seconds: float
-
-
 def known_cells(project: Project, snapshot: Snapshot | None = None,
                 extra: Iterable[Cell] = ()) -> dict[str, Cell]:
     """name -> cell over the local queue files, the FS copies in `snapshot` (queues another
@@ -136,86 +123,22 @@ def known_cells(project: Project, snapshot: Snapshot | None = None,
     return out
 
 
+def runner_speeds(project: Project) -> dict[str, float]:
+    """runner (`host slot`, slot `-` without one) -> declared speed: the `host` lines of estimates.tsv."""
+    return {runner_key(h.name, slot): h.speed for h in project.hosts.values() for slot in h.slots}
+
+
 def observations(project: Project, snapshot: Snapshot, cells: Mapping[str, Cell]) -> list[Observation]:
-    """One observation per cell: its latest successful, non-resumed run in the events."""
-    latest: dict[str, tuple[float, Observation]] = {}
-    for key, events in sorted(snapshot.events.items()):
-        resumed: dict[str, bool] = {}
-        for e in events:
-            cell = e.cell
-            if cell is None:
-                continue
-            if e.ev == "start":
-                resumed[cell] = e.resume
-                continue
-            dur = e.dur
-            if e.ev != "end" or e.rc != 0 or resumed.get(cell, False) or dur is None or not dur > 0 \
-                    or cell not in cells:
-                continue
-            host = e.host if e.host is not None else key.split(".", 1)[0]
-            c = cells[cell]
-            t = e.t if e.t is not None else 0.0
-            obs = Observation(cell, c.task, host, declared_cost(project, c), dur)
-            if cell not in latest or t >= latest[cell][0]:
-                latest[cell] = (t, obs)
-    return [latest[n][1] for n in sorted(latest)]
-
-
-@dataclass(frozen=True)
-class Fit:
-    log_spu: Mapping[str, float]  # per task with history
-    log_speed: Mapping[str, float]  # per host with history
-    used: int  # observations kept
-    outliers: int
-    task_cells: Mapping[str, int]
-    host_cells: Mapping[str, int]
-
-
-def fit(obs: Sequence[Observation], declared_speed: Mapping[str, float]) -> Fit:
-    """The multiplicative model, robustly (see the module docstring). Pure arithmetic."""
-    first = _ls(obs, declared_speed)
-    resid = [math.log(o.seconds / o.cost) - (first.log_spu[o.task] - first.log_speed[o.host]) for o in obs]
-    kept = list(obs)
-    if len(obs) >= 3:
-        med = statistics.median(resid)
-        mad = statistics.median(abs(r - med) for r in resid) * 1.4826
-        limit = max(3 * mad, _MIN_OUTLIER)
-        kept = [o for o, r in zip(obs, resid, strict=True) if abs(r - med) <= limit]
-    if len(kept) == len(obs) or not kept:
-        return first
-    again = _ls(kept, declared_speed)
-    return Fit(again.log_spu, again.log_speed, len(kept), len(obs) - len(kept),
-               again.task_cells, again.host_cells)
-
-
-def _ls(obs: Sequence[Observation], declared_speed: Mapping[str, float]) -> Fit:
-    y = [math.log(o.seconds / o.cost) for o in obs]
-    tasks = sorted({o.task for o in obs})
-    hosts = sorted({o.host for o in obs})
-    by_task: dict[str, list[int]] = {t: [] for t in tasks}
-    by_host: dict[str, list[int]] = {h: [] for h in hosts}
-    for i, o in enumerate(obs):
-        by_task[o.task].append(i)
-        by_host[o.host].append(i)
-    # Start from the declared speeds, so a part of the history that no task links to the rest
-    # keeps the declared ratio.
-    b = {h: math.log(declared_speed.get(h, 1.0)) for h in hosts}
-    a = {t: 0.0 for t in tasks}
-    for _ in range(MAX_SWEEPS):
-        a = {t: sum(y[i] + b[obs[i].host] for i in ix) / len(ix) for t, ix in by_task.items()}
-        nb = {h: sum(a[obs[i].task] - y[i] for i in ix) / len(ix) for h, ix in by_host.items()}
-        moved = max(abs(nb[h] - b[h]) for h in hosts)
-        b = nb
-        if moved < _TOL:
-            break
-    a = {t: sum(y[i] + b[obs[i].host] for i in ix) / len(ix) for t, ix in by_task.items()}
-    pinned = [h for h in hosts if h in declared_speed]
-    if pinned:  # the typical host with history keeps its declared speed (module docstring)
-        shift = statistics.median(math.log(declared_speed[h]) - b[h] for h in pinned)
-        b = {h: v + shift for h, v in b.items()}
-        a = {t: v + shift for t, v in a.items()}
-    return Fit(a, b, len(obs), 0, {t: len(ix) for t, ix in by_task.items()},
-               {h: len(ix) for h, ix in by_host.items()})
+    """What the runners' helper reads from the events files, read from the snapshot instead: one
+    (runner, task, declared cost, seconds) per cell that ended (`ended_cells`)."""
+    events: list[dict[str, object]] = []
+    for key, evs in sorted(snapshot.events.items()):  # the files in name order, as the helper reads them
+        for e in evs:
+            events.append({"ev": e.ev, "host": e.host if e.host is not None else key.split(".", 1)[0],
+                           "queue": e.queue, "slot": e.slot, "cell": e.cell, "rc": e.rc, "dur": e.dur,
+                           "resume": 1 if e.resume else 0})
+    costs = {name: (c.task, declared_cost(project, c)) for name, c in cells.items()}
+    return ended_cells(events, costs)
 
 
 # --------------------------------------------------------------------------- the model
@@ -223,45 +146,72 @@ def _ls(obs: Sequence[Observation], declared_speed: Mapping[str, float]) -> Fit:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Declared costs and, when history exists, seconds. `weight(cell)` is what the planner
-    balances: expected seconds on a speed-1.0 machine when learned, else the declared cost."""
+    """Declared costs and, once a cell has ended, the learned rates (`ablate.remote.learn`).
+    `weight(cell)` is what the planner balances: expected seconds on a speed-1.0 machine beyond the
+    fixed overhead when learned, else the declared cost."""
 
     project: Project
-    spu: Mapping[str, float] = field(default_factory=dict)  # seconds per cost unit, tasks with history
-    global_spu: float | None = None  # pooled; None: nothing learned
-    speeds: Mapping[str, float] = field(default_factory=dict)  # learned host speeds
-    cells: int = 0  # observations the model was learned from
-    outliers: int = 0
-    task_cells: Mapping[str, int] = field(default_factory=dict)
-    host_cells: Mapping[str, int] = field(default_factory=dict)
+    rates: Rates = DECLARED
     note: str | None = None  # why no history was read, when it could not be
 
     @property
     def learned(self) -> bool:
-        return self.global_spu is not None
+        return self.rates.cells > 0
 
     @property
     def source(self) -> str:
         return "learned" if self.learned else "declared"
 
+    @property
+    def cells(self) -> int:
+        return self.rates.cells
+
+    @property
+    def outliers(self) -> int:
+        return self.rates.outliers
+
+    @property
+    def global_spu(self) -> float | None:
+        """Pooled seconds per declared unit (a task without history); None: nothing learned."""
+        return self.rates.pooled_scale if self.learned else None
+
+    @property
+    def spu(self) -> Mapping[str, float]:
+        return self.rates.scale
+
     def cost(self, cell: Cell) -> float:
         return declared_cost(self.project, cell)
 
-    def speed(self, host: str) -> float:
-        if host in self.speeds:
-            return self.speeds[host]
+    def declared_speed(self, host: str) -> float:
         return self.project.hosts[host].speed if host in self.project.hosts else 1.0
 
-    def weight(self, cell: Cell) -> float:
-        if self.global_spu is None:
-            return self.cost(cell)
-        return self.cost(cell) * self.spu.get(cell.task, self.global_spu)
+    def speed(self, host: str, slot: object = None) -> float:
+        """The runner's learned speed; for a host's slots taken together (`slot` None on a host
+        with slots), the median of the learned ones; else declared."""
+        key = runner_key(host, slot)
+        if key in self.rates.speed:
+            return self.rates.speed[key]
+        if slot is None:
+            mine = [v for k, v in self.rates.speed.items() if k.split(" ", 1)[0] == host]
+            if mine:
+                return statistics.median(mine)
+        return self.declared_speed(host)
 
-    def seconds(self, cell: Cell, host: str) -> float | None:
-        """Expected wall-clock seconds of `cell` on `host`; None before any history."""
-        if self.global_spu is None:
+    def overhead(self, host: str, slot: object = None) -> float:
+        """Fixed seconds per cell on this runner (0 before any history)."""
+        return self.rates.overhead.get(runner_key(host, slot), self.rates.pooled_overhead)
+
+    def weight(self, cell: Cell) -> float:
+        if not self.learned:
+            return self.cost(cell)
+        return self.cost(cell) * self.rates.scale.get(cell.task, self.rates.pooled_scale)
+
+    def seconds(self, cell: Cell, host: str, slot: object = None) -> float | None:
+        """Expected wall-clock seconds of `cell` on a runner (`Rates.seconds`, the runners' own
+        figure); None before any history."""
+        if not self.learned:
             return None
-        return self.weight(cell) / self.speed(host)
+        return self.overhead(host, slot) + self.weight(cell) / self.speed(host, slot)
 
     def describe(self) -> str:
         if not self.learned:
@@ -271,16 +221,20 @@ class CostModel:
         return f"learned from {self.cells} cell(s){extra}"
 
     def to_json(self) -> dict[str, Any]:
+        r = self.rates
         hosts = {}
         for h in self.project.hosts:
-            hosts[h] = {"speed": _r(self.speed(h)), "source": "learned" if h in self.speeds else "declared",
-                        "cells": self.host_cells.get(h, 0)}
+            mine = [k for k in r.speed if k.split(" ", 1)[0] == h]
+            hosts[h] = {"speed": _r(self.speed(h)), "source": "learned" if mine else "declared",
+                        "cells": sum(r.host_cells.get(k, 0) for k in mine),
+                        "overhead_seconds": _r(self.overhead(h, None if not mine else mine[0].split(" ")[1]))
+                        if self.learned else None}
         tasks = {}
         for t in self.project.tasks:
-            spu = self.spu.get(t, self.global_spu)
+            spu = r.scale.get(t, self.global_spu)
             tasks[t] = {"seconds_per_cost": None if spu is None else _r(spu),
-                        "source": "learned" if t in self.spu else ("pooled" if self.learned else "declared"),
-                        "cells": self.task_cells.get(t, 0)}
+                        "source": "learned" if t in r.scale else ("pooled" if self.learned else "declared"),
+                        "cells": r.task_cells.get(t, 0)}
         return {"source": self.source, "cells": self.cells, "outliers": self.outliers,
                 "unit": "seconds" if self.learned else "cost", "hosts": hosts, "tasks": tasks,
                 "note": self.note}
@@ -301,15 +255,7 @@ def learn(project: Project, snapshot: Snapshot | None,
         return declared_model(project)
     known = dict(cells) if cells is not None else known_cells(project, snapshot)
     obs = observations(project, snapshot, known)
-    if not obs:
-        return declared_model(project)
-    declared = {h.name: h.speed for h in project.hosts.values()}
-    f = fit(obs, declared)
-    spu = {t: math.exp(v) for t, v in f.log_spu.items()}
-    n = sum(f.task_cells.values())
-    pooled = math.exp(sum(f.log_spu[t] * k for t, k in f.task_cells.items()) / n)
-    return CostModel(project, spu, pooled, {h: math.exp(v) for h, v in f.log_speed.items()},
-                     f.used, f.outliers, dict(f.task_cells), dict(f.host_cells))
+    return CostModel(project, learn_rates(obs, runner_speeds(project))) if obs else declared_model(project)
 
 
 def read_snapshot(fs: SharedFS) -> Snapshot:
@@ -332,16 +278,16 @@ def load_model(project: Project, extra: Iterable[Cell] = ()) -> CostModel:
 
 
 def queue_eta(model: CostModel, host: str, remaining: Iterable[Cell], current: Cell | None,
-              elapsed: float | None) -> float | None:
+              elapsed: float | None, slot: object = None) -> float | None:
     """Seconds until a running queue drains: its remaining cells' expected time plus what the
     current cell is expected to have left (never below zero). None before any history."""
     if not model.learned:
         return None
     total = 0.0
     for c in remaining:
-        total += model.seconds(c, host) or 0.0
+        total += model.seconds(c, host, slot) or 0.0
     if current is not None:
-        total += max(0.0, (model.seconds(current, host) or 0.0) - (elapsed or 0.0))
+        total += max(0.0, (model.seconds(current, host, slot) or 0.0) - (elapsed or 0.0))
     return total
 
 
@@ -359,9 +305,11 @@ def eta_line(model: CostModel, eta: float | None, what: str = "sweep") -> str:
 def estimates_text(project: Project, model: CostModel, cells: Iterable[Cell], now: float) -> str:
     rows = [f"# ablate estimates {int(now)} {model.source}"]
     for h in project.hosts.values():
-        milli = max(1, round(model.speed(h.name) * 1000))
         for slot in h.slots:
-            rows.append(f"host\t{h.name}\t{'-' if slot is None else slot}\t{milli}")
+            where = f"{h.name}\t{'-' if slot is None else slot}"
+            rows.append(f"host\t{where}\t{max(1, round(model.speed(h.name, slot) * 1000))}")
+            if model.learned:
+                rows.append(f"over\t{where}\t{round(model.overhead(h.name, slot) * 1000)}")
     for c in sorted(cells, key=lambda c: c.name):
         rows.append(f"cell\t{c.name}\t{max(1, round(model.weight(c) * 1000))}")
         # What a draining runner learns from (ablate/remote/learn.py): the cell's task and declared

@@ -87,6 +87,8 @@ class PlannedQueue:
     def finish(self) -> float:
         """When it drains, in the model's unit: declared cost / speed before any history, seconds
         once learned (then equal to `eta_seconds`)."""
+        if self.eta_seconds is not None:
+            return self.eta_seconds
         return (self.cost if self.load is None else self.load) / self.machine.speed
 
     def text(self) -> str:
@@ -285,9 +287,10 @@ def plan(project: Project, hosts: Sequence[str] | None = None, write: bool = Tru
     # Balanced on the model: declared costs and speeds, or, once history exists, expected seconds
     # on a speed-1.0 machine and the learned host speeds.
     model = load_model(project, todo)
-    mach = [replace(m, speed=model.speed(m.host)) for m in mach]
+    mach = [replace(m, speed=model.speed(m.host, m.slot)) for m in mach]
     costs = [model.cost(c) for c in todo]
-    weights = [model.weight(c) for c in todo]
+    # The fixed time per cell (learned: start-up, data load, sync) is balanced as work at speed 1.0.
+    weights = [model.weight(c) + model.rates.pooled_overhead for c in todo]
     speeds = [m.speed for m in mach]
     where = balance(weights, speeds)
     per: list[list[int]] = [[] for _ in mach]
@@ -299,7 +302,7 @@ def plan(project: Project, hosts: Sequence[str] | None = None, write: bool = Tru
         PlannedQueue(m, tuple(todo[i] for i in sorted(idx, key=lambda i: (
             -todo[i].priority, -weights[i], todo[i].cfg, todo[i].task, todo[i].epochs))),
                      sum(costs[i] for i in idx), sum(weights[i] for i in idx),
-                     sum(weights[i] for i in idx) / m.speed if model.learned else None)
+                     _seconds(model, m, [todo[i] for i in idx]))
         for m, idx in zip(mach, per, strict=True))
     makespan = max(q.finish for q in queues)
 
@@ -311,6 +314,11 @@ def plan(project: Project, hosts: Sequence[str] | None = None, write: bool = Tru
             _apply(project, queues, snap, changes, log)
     return PlanResult(queues, makespan, lower_bound(weights, speeds), tuple(changes), write, project.dir,
                       model)
+
+
+def _seconds(model: CostModel, m: Machine, cells: Sequence[Cell]) -> float | None:
+    """Expected seconds to run `cells` on `m` (the runners' own figures); None before any history."""
+    return sum(model.seconds(c, m.host, m.slot) or 0.0 for c in cells) if model.learned else None
 
 
 def _is_plan_written(qf: QueueFile) -> bool:

@@ -16,16 +16,25 @@ Contract. learn_rates(ended, declared_speeds, running=()) -> Rates
   An unseen host: its declared speed (on the learned scale) and the pooled overhead; an unseen
   task: the pooled scale (geometric mean over the cells seen).
 
-Fit: least squares on relative errors (weights 1/seconds^2: the noise is multiplicative), by
-alternating closed forms, LEARN_ROUNDS rounds from overhead 0 and the declared speeds:
+Fit: the mean duration, by iteratively reweighted least squares with weights 1 / predicted^2 (the
+noise is multiplicative: a Gamma-type quasi-likelihood, whose fixed point is unbiased for the MEAN
+of lognormal noise, where weighting by the observed 1 / seconds^2 would sit exp(1.5 sigma^2) below
+the median), by alternating closed forms, at most LEARN_ROUNDS rounds from overhead 0 and the
+declared speeds (stopping once no figure moves by 1e-7 relative):
   1. per task: scale = sum(w x (y - o_h)) / sum(w x^2), x = cost / speed_h (through the origin);
   2. per host: intercept o_h and slope 1/speed_h of y on x = cost * scale_t, the intercept pulled
      towards the pooled overhead by OVERHEAD_PRIOR pseudo-observations (so a host with one cell,
      or cells of one size, keeps the pooled overhead), o_h within [0, 0.9 x its shortest cell];
-  3. pooled overhead = weighted mean of y - x / speed_h, within [0, 0.9 x the shortest cell].
-Then the free scale (every speed and scale times the same k) is pinned as in cost.py: the median
-over the hosts seen of learned / declared speed is 1. O(LEARN_ROUNDS x cells), no iteration to
-convergence (more rounds change nothing measurable here): a draining runner fits once per steal.
+  3. pooled overhead = weighted mean of y - x / speed_h, within [0, 0.9 x the shortest cell];
+  4. w = 1 / (o_h + x / speed_h)^2 for the next round.
+Outliers (a stuck run, a cell killed and restarted by hand): with 3 or more cells, a cell whose
+log(seconds / predicted) is beyond 3 robust sigma (1.4826 x MAD) of the median and a factor 2 is
+left out and the rest refitted; the residuals of all cells are taken again against the refit (a
+cell the skewed first fit left out comes back), at most OUTLIER_PASSES refits. Then the free
+scale (every speed and scale times the same k) is pinned: the median over the hosts seen of
+learned / declared speed is 1, so when most hosts run as declared they keep their declared speed
+and the odd one out is learned. O(rounds x cells): a draining runner fits once per steal, the
+controller (`ablate.plan.cost`: plan, status, estimates.tsv) once per command.
 """
 
 from __future__ import annotations
@@ -33,10 +42,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-LEARN_ROUNDS = 8
+LEARN_ROUNDS = 30  # an upper bound: the fit stops when it has converged (a few rounds)
 OVERHEAD_PRIOR = 2.0
+OUTLIER_PASSES = 3  # refits at most, each on the cells the last fit does not call outliers
 OVERDUE = 1.25  # a cell already past its prediction: expected to take this x its elapsed time
 
 Observation = tuple[str, str, float, float]  # (host, task, declared cost, seconds)
@@ -50,6 +60,9 @@ class Rates:
     pooled_scale: float
     pooled_overhead: float
     cells: int  # ended cells used; 0 = the declared figures
+    outliers: int = 0  # ended cells left out of the fit
+    host_cells: Mapping[str, int] = field(default_factory=dict)  # cells used, per host
+    task_cells: Mapping[str, int] = field(default_factory=dict)  # cells used, per task
 
     def seconds(self, host: str, task: str, cost: float, declared_speed: float) -> float:
         return (self.overhead.get(host, self.pooled_overhead)
@@ -57,64 +70,98 @@ class Rates:
 
 
 DECLARED = Rates({}, {}, {}, 1.0, 0.0, 0)
+_MIN_OUTLIER = math.log(2.0)  # never call a run an outlier for being within 2x of the fit
+_TOL = 1e-7
 
 
 def learn_rates(ended: Sequence[Observation], declared: Mapping[str, float],
                 running: Sequence[Observation] = (), rounds: int = LEARN_ROUNDS) -> Rates:
     if not ended:
         return DECLARED
-    hosts = sorted({o[0] for o in ended})
-    tasks = sorted({o[1] for o in ended})
-    hi = {h: k for k, h in enumerate(hosts)}
-    ti = {t: k for k, t in enumerate(tasks)}
-    oh = [hi[o[0]] for o in ended]
-    ot = [ti[o[1]] for o in ended]
-    c = [o[2] for o in ended]
-    y = [o[3] for o in ended]
-    w = [1.0 / (v * v) for v in y]
-    n = len(ended)
-    by_host: list[list[int]] = [[] for _ in hosts]
-    by_task: list[list[int]] = [[] for _ in tasks]
-    for i in range(n):
-        by_host[oh[i]].append(i)
-        by_task[ot[i]].append(i)
-    inv = [1.0 / declared.get(h, 1.0) for h in hosts]  # 1 / speed
-    over = [0.0] * len(hosts)
-    cap = [0.9 * min(y[i] for i in ix) for ix in by_host]
-    pooled, pooled_cap = 0.0, 0.9 * min(y)
-    scale = [1.0] * len(tasks)
-    for _ in range(rounds):
-        for t, ix in enumerate(by_task):
-            num = sum(w[i] * c[i] * inv[oh[i]] * (y[i] - over[oh[i]]) for i in ix)
-            scale[t] = num / sum(w[i] * (c[i] * inv[oh[i]]) ** 2 for i in ix)
-        for h, ix in enumerate(by_host):
-            x = [c[i] * scale[ot[i]] for i in ix]
-            sw = sum(w[i] for i in ix)
-            lam = OVERHEAD_PRIOR * sw / len(ix)
-            sx = sum(w[i] * xi for i, xi in zip(ix, x, strict=True))
-            sxx = sum(w[i] * xi * xi for i, xi in zip(ix, x, strict=True))
-            sy = sum(w[i] * y[i] for i in ix) + lam * pooled
-            sxy = sum(w[i] * xi * y[i] for i, xi in zip(ix, x, strict=True))
-            det = (sw + lam) * sxx - sx * sx
-            o = (sy * sxx - sx * sxy) / det if det > 1e-12 * (sw + lam) * sxx else pooled
-            over[h] = o = min(max(o, 0.0), cap[h])
-            inv[h] = sum(w[i] * xi * (y[i] - o) for i, xi in zip(ix, x, strict=True)) / sxx
-        pooled = sum(w[i] * (y[i] - c[i] * scale[ot[i]] * inv[oh[i]]) for i in range(n)) / sum(w)
-        pooled = min(max(pooled, 0.0), pooled_cap)
-    pinned = [1.0 / (inv[hi[h]] * declared[h]) for h in hosts if h in declared]
+    fit, kept = _Fit(ended, declared, rounds), list(ended)
+    for _ in range(OUTLIER_PASSES if len(ended) >= 3 else 0):
+        # Residuals of every cell against the current fit: a cell left out by a fit that the
+        # outlier itself had skewed comes back once the refit no longer is.
+        resid = [math.log(o[3] / fit.predict(o)) if o[0] in fit.hi and o[1] in fit.ti else math.inf
+                 for o in ended]
+        med = statistics.median(resid)
+        limit = max(3 * 1.4826 * statistics.median(abs(r - med) for r in resid), _MIN_OUTLIER)
+        now = [o for o, r in zip(ended, resid, strict=True) if abs(r - med) <= limit]
+        if not now or now == kept:
+            break
+        fit, kept = _Fit(now, declared, rounds), now
+    hosts, tasks, n = fit.hosts, fit.tasks, len(kept)
+    pinned = [1.0 / (fit.inv[k] * declared[h]) for k, h in enumerate(hosts) if h in declared]
     k = statistics.median(pinned) if pinned else 1.0
-    counts = [len(ix) for ix in by_task]
-    pooled_scale = math.exp(sum(math.log(s / k) * m for s, m in zip(scale, counts, strict=True)) / n)
-    speed = {h: 1.0 / (inv[hi[h]] * k) for h in hosts}
-    scales = {t: scale[ti[t]] / k for t in tasks}
+    counts = [len(ix) for ix in fit.by_task]
+    pooled_scale = math.exp(sum(math.log(s / k) * m for s, m in zip(fit.scale, counts, strict=True)) / n)
+    speed = {h: 1.0 / (fit.inv[i] * k) for i, h in enumerate(hosts)}
+    scales = {t: fit.scale[i] / k for i, t in enumerate(tasks)}
     for host, task, cost, elapsed in running:
-        if host in hi:
+        if host in fit.hi:
             continue
         work = cost * scales.get(task, pooled_scale)
         v = speed.get(host, declared.get(host, 1.0))
-        if pooled + work / v < elapsed:
-            speed[host] = work / max(OVERDUE * elapsed - pooled, 1e-9)
-    return Rates(speed, {h: over[hi[h]] for h in hosts}, scales, pooled_scale, pooled, n)
+        if fit.pooled + work / v < elapsed:
+            speed[host] = work / max(OVERDUE * elapsed - fit.pooled, 1e-9)
+    return Rates(speed, {h: fit.over[i] for i, h in enumerate(hosts)}, scales, pooled_scale, fit.pooled, n,
+                 len(ended) - n, {h: len(ix) for h, ix in zip(hosts, fit.by_host, strict=True)},
+                 dict(zip(tasks, counts, strict=True)))
+
+
+class _Fit:
+    """The alternating fit of the module docstring on one set of cells (unpinned)."""
+
+    def __init__(self, ended: Sequence[Observation], declared: Mapping[str, float], rounds: int) -> None:
+        self.hosts = hosts = sorted({o[0] for o in ended})
+        self.tasks = tasks = sorted({o[1] for o in ended})
+        self.hi = hi = {h: k for k, h in enumerate(hosts)}
+        self.ti = ti = {t: k for k, t in enumerate(tasks)}
+        oh = [hi[o[0]] for o in ended]
+        ot = [ti[o[1]] for o in ended]
+        c = [o[2] for o in ended]
+        y = [o[3] for o in ended]
+        w = [1.0 / (v * v) for v in y]
+        n = len(ended)
+        by_host: list[list[int]] = [[] for _ in hosts]
+        by_task: list[list[int]] = [[] for _ in tasks]
+        self.by_host, self.by_task = by_host, by_task
+        for i in range(n):
+            by_host[oh[i]].append(i)
+            by_task[ot[i]].append(i)
+        self.inv = inv = [1.0 / declared.get(h, 1.0) for h in hosts]  # 1 / speed
+        self.over = over = [0.0] * len(hosts)
+        cap = [0.9 * min(y[i] for i in ix) for ix in by_host]
+        pooled, pooled_cap = 0.0, 0.9 * min(y)
+        self.scale = scale = [1.0] * len(tasks)
+        for _ in range(rounds):
+            before = [*scale, *inv, *over]
+            for t, ix in enumerate(by_task):
+                num = sum(w[i] * c[i] * inv[oh[i]] * (y[i] - over[oh[i]]) for i in ix)
+                scale[t] = num / sum(w[i] * (c[i] * inv[oh[i]]) ** 2 for i in ix)
+            for h, ix in enumerate(by_host):
+                x = [c[i] * scale[ot[i]] for i in ix]
+                sw = sum(w[i] for i in ix)
+                lam = OVERHEAD_PRIOR * sw / len(ix)
+                sx = sum(w[i] * xi for i, xi in zip(ix, x, strict=True))
+                sxx = sum(w[i] * xi * xi for i, xi in zip(ix, x, strict=True))
+                sy = sum(w[i] * y[i] for i in ix) + lam * pooled
+                sxy = sum(w[i] * xi * y[i] for i, xi in zip(ix, x, strict=True))
+                det = (sw + lam) * sxx - sx * sx
+                o = (sy * sxx - sx * sxy) / det if det > 1e-12 * (sw + lam) * sxx else pooled
+                over[h] = o = min(max(o, 0.0), cap[h])
+                inv[h] = sum(w[i] * xi * (y[i] - o) for i, xi in zip(ix, x, strict=True)) / sxx
+            pooled = sum(w[i] * (y[i] - c[i] * scale[ot[i]] * inv[oh[i]]) for i in range(n)) / sum(w)
+            pooled = min(max(pooled, 0.0), pooled_cap)
+            w = [1.0 / max(over[oh[i]] + c[i] * scale[ot[i]] * inv[oh[i]], 1e-9) ** 2 for i in range(n)]
+            if all(abs(a - b) <= _TOL * max(abs(a), abs(b), 1e-9)
+                   for a, b in zip(before, [*scale, *inv, *over], strict=True)):
+                break
+        self.pooled = pooled
+
+    def predict(self, o: Observation) -> float:
+        h, t = self.hi[o[0]], self.ti[o[1]]
+        return max(self.over[h] + o[2] * self.scale[t] * self.inv[h], 1e-9)
 
 
 # --------------------------------------------------------------------------- a draining runner's figures
