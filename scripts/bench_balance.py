@@ -64,9 +64,39 @@ Variants and references, in the same run:
                       earlier place in the queue).
   ..., true medians   min-max stealing by each cell's true median time on each host (d at sigma=0):
                       what a perfect learner would know; a limit, not something a runner can do
+With --candidates, issue 13's candidates (every one steals by learned min-max once it has nothing of
+its own) and references, in the same run:
+  clairvoyant         knows every cell's realized d[i][h]: the best of three list schedules (cells by
+                      their shortest, their longest, their time on the fastest host, largest first, each
+                      onto the host that would end it earliest), each improved by local search (move one
+                      cell off the host that ends last, or swap it with a cell of another host, whichever
+                      lowers the pair's later end most, until none does). An upper bound on the optimum:
+                      what the lower bound leaves to any policy
+  medians plan, true  the clairvoyant's schedule of the true MEDIAN times (d at sigma=0), queues longest
+                      first, min-max stealing by the true medians: everything known but the noise
+  hedged plan 0.5     `balance` on the declared speeds shrunk towards their geometric mean g:
+                      v' = g * (v / g) ** 0.5 (a hedge against wrong declared speeds)
+  shortest first      today's plan, each queue with its shortest cell moved to the front (a calibration
+                      cell, so that every runner has ended a cell when the first drains)
+  shared head         the cells of at least half the largest declared cost (the large ones) form a shared
+                      head, largest first; the rest stay in today's plan's queues (longest first). A free
+                      runner takes the head's first cell while the head has one (at t=0 the runners
+                      declared fastest first), then runs its own queue, then steals
+  ..., lpt rest       the rest is planned knowing the head: the head dealt out on the declared figures
+                      (each cell to the runner that frees first, declared fastest first at t=0), then each
+                      rest cell, longest first, onto the host that would end it earliest
+  shortest first, shared head, lpt rest: each runner first runs one short cell (the m shortest of the
+                      sweep, the shortest to the runner declared fastest), then pulls from the head
+  ..., gate 1.5       a free runner deals the head out in its head (by the declared figures: each other
+                      runner free when its current cell is expected to end, the runner itself now; each
+                      head cell, largest first, to the runner that would end it earliest, another
+                      runner's time counted 1.5 x) and takes the first cell dealt to itself; with none,
+                      it runs its own queue, then steals; a runner that can do none of these exits (and
+                      is left out of later deals), unless it is the last one running
+  shared head, gate, true medians: the gate at 1 x and the stealing by the true median times (a limit)
 
     python3 scripts/bench_balance.py [--sweeps 2000] [--seed 4] [--sigmas 0,0.3,0.6] [--jobs N]
-                                     [--no-write]
+                                     [--no-write] [--candidates]
 """
 
 from __future__ import annotations
@@ -336,15 +366,45 @@ def true_medians(sw: Sweep) -> Estimate:
 Knowledge = str  # "declared" | "learned" | "true"
 
 
-def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: bool = True) -> Policy:
+@dataclass(frozen=True)
+class Plan:
+    """What the runners read at launch. Runner j runs first[j] (its calibration cells), then takes the
+    shared head's next cell while there is one, then its own queue, then steals."""
+    queues: list[list[int]]  # each host's queue in file order
+    head: list[int]  # the shared head, in pull order (largest declared cost first)
+    first: list[list[int]]  # per host: cells run before the shared head
+
+
+# A planner: (sweep) -> the plan the runners read.
+Planner = Callable[[Sweep], Plan]
+
+
+def planned(longest: bool = True) -> Planner:
+    """Today's plan: `balance` on the declared figures, no shared head."""
+    return lambda sw: Plan(queues_of(sw, longest), [], [[] for _ in sw.speeds])
+
+
+def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: bool = True,
+                  planner: Planner | None = None, gate: float = 0.0,
+                  gate_knowledge: Knowledge = "") -> Policy:
+    """A plan (queues, and a shared head if the planner makes one) run by the runners, each stealing
+    by `rule` once it has nothing of its own. gate > 0: a free runner takes the head cell it would be
+    dealt (head_pick) by the figures of gate_knowledge (default: those it steals by), where another
+    runner's time counts `gate` times its estimate."""
+    plan_of = planner or planned(longest)
+
     def run(sw: Sweep, d: Durations) -> float:
         m = len(sw.speeds)
-        pending = queues_of(sw, longest)
+        plan = plan_of(sw)
+        pending = [list(q) for q in plan.queues]
+        head, first = list(plan.head), [list(q) for q in plan.first]
         current: Current = [None] * m
         ends: list[tuple[float, int]] = []
         ended: list[Observation] = []
+        stopped: set[int] = set()
         makespan = 0.0
         fixed = true_medians(sw) if knowledge == "true" else declared_estimate(sw)
+        gate_fixed = true_medians(sw) if gate_knowledge == "true" else declared_estimate(sw)
 
         def estimate(now: float) -> Estimate:
             if knowledge != "learned" or not ended:
@@ -357,18 +417,47 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
             current[j] = (cell, now)
             heapq.heappush(ends, (now + d[cell][j], j))
 
+        def head_pick(j: int, now: float) -> int | None:
+            """The head cell runner j takes: the first; with the gate, the first that j gets when the
+            head is dealt out by the figures at hand, each cell to the runner that would end it
+            earliest (each runner free when its current cell is expected to end)."""
+            if not gate:
+                return 0
+            t = estimate(now) if not gate_knowledge or gate_knowledge == knowledge else gate_fixed
+            free = [now + (max(0.0, t(cur[0], i) - (now - cur[1])) if cur else 0.0)
+                    + sum(t(c, i) for c in first[i]) for i, cur in enumerate(current)]
+            free[j] = now
+            live = [i for i in range(m) if i not in stopped]
+            for k, c in enumerate(head):
+                i = min(live, key=lambda i: (free[i] + t(c, i) * (gate if i != j else 1.0), i != j))
+                if i == j:
+                    return k
+                free[i] += t(c, i)
+            return None
+
         def next_cell(j: int, now: float) -> None:
+            if first[j]:
+                start(j, first[j].pop(0), now)
+                return
+            if head:  # the shared head: whoever is free takes its largest cell
+                k = head_pick(j, now)
+                if k is not None:
+                    start(j, head.pop(k), now)
+                    return
             if pending[j]:
                 start(j, pending[j].pop(0), now)
                 return
-            if not any(pending):
-                return
-            pick = rule(j, now, estimate(now), pending, current)
+            pick = rule(j, now, estimate(now), pending, current) if any(pending) else None
             if pick is not None:
                 start(j, pending[pick[0]].pop(pick[1]), now)
-            # else: this host's runner exits (queue_end) and never comes back
+            elif head and not any(current[i] for i in range(m) if i != j):
+                start(j, head.pop(0), now)  # the gate said no, but nobody else is left
+            else:
+                stopped.add(j)  # this host's runner exits (queue_end) and never comes back
 
-        for j in range(m):
+        # At t=0 the runners start in host order; with a shared head, the one declared fastest first.
+        order = sorted(range(m), key=lambda j: (-sw.declared[j], j)) if plan.head else range(m)
+        for j in order:
             next_cell(j, 0.0)
         while ends:
             now, j = heapq.heappop(ends)
@@ -381,6 +470,162 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
         return makespan
 
     return run
+
+
+def hedged(alpha: float) -> Planner:
+    """`balance` on the declared speeds shrunk towards their geometric mean: v' = g * (v / g) ** alpha
+    (alpha = 1: as declared, 0: all alike), each queue longest first."""
+    def plan(sw: Sweep) -> Plan:
+        g = math.exp(mean([math.log(v) for v in sw.declared]))
+        assign = balance(sw.est, [g * (v / g) ** alpha for v in sw.declared])
+        qs: list[list[int]] = [[] for _ in sw.speeds]
+        for i, j in enumerate(assign):
+            qs[j].append(i)
+        return Plan([longest_first(q, sw.est) for q in qs], [], [[] for _ in sw.speeds])
+
+    return plan
+
+
+HeadSize = Callable[[Sweep], int]
+
+
+def head_of_large(frac: float = 0.5) -> HeadSize:
+    """The cells of at least `frac` x the largest declared cost (within a task's units as declared)."""
+    return lambda sw: sum(e >= frac * max(sw.est) for e in sw.est)
+
+
+def shared_head(size: HeadSize, rest: str = "plan", calibrate: bool = False) -> Planner:
+    """The `size` largest cells (declared cost) in a shared head; the rest in per-host queues,
+    longest first: rest="plan": today's plan less the head cells; rest="lpt": each rest cell
+    (longest first) onto the host that would end it earliest by the declared figures, after the head
+    dealt out on them the same way (runners declared fastest first at t=0). calibrate: each host
+    first runs one short cell (the m shortest of the sweep, the shortest to the host declared
+    fastest), taken from its queue, before it pulls from the head."""
+    def plan(sw: Sweep) -> Plan:
+        m, n = len(sw.speeds), len(sw.est)
+        order = longest_first(range(n), sw.est)
+        k = min(n, size(sw))
+        head, tail = order[:k], order[k:]
+        by_speed = sorted(range(m), key=lambda j: (-sw.declared[j], j))
+        first: list[list[int]] = [[] for _ in range(m)]
+        if rest == "plan":
+            taken = set(head)
+            qs = [[c for c in q if c not in taken] for q in queues_of(sw)]
+            if calibrate:
+                for j, q in enumerate(qs):
+                    if q:
+                        first[j].append(q.pop())
+            return Plan(qs, head, first)
+        if calibrate:
+            for j, c in zip(by_speed, reversed(tail), strict=False):
+                first[j].append(c)
+        cal = {c for f in first for c in f}
+        t = declared_estimate(sw)
+        free = [(sum(t(c, j) for c in first[j]), r, j) for r, j in enumerate(by_speed)]
+        heapq.heapify(free)
+        load = [0.0] * m
+        for c in head:
+            at, r, j = heapq.heappop(free)
+            load[j] = at + t(c, j)
+            heapq.heappush(free, (load[j], r, j))
+        for at, _r, j in free:
+            load[j] = max(load[j], at)
+        qs = [[] for _ in range(m)]
+        for c in tail:
+            if c in cal:
+                continue
+            j = min(by_speed, key=lambda j: load[j] + t(c, j))
+            qs[j].append(c)
+            load[j] += t(c, j)
+        return Plan(qs, head, first)
+
+    return plan
+
+
+def medians_plan(sw: Sweep) -> Plan:
+    """The clairvoyant's schedule of the true median times (d at sigma=0), each queue longest first:
+    the best plan that knows every figure but the noise (a reference, not a planner)."""
+    d0 = sw.durations(0.0)
+    n, fastest = len(d0), max(range(len(sw.speeds)), key=lambda j: sw.speeds[j])
+    best: tuple[float, list[int]] | None = None
+    for key in (lambda i: -min(d0[i]), lambda i: -max(d0[i]), lambda i: -d0[i][fastest]):
+        host = list_schedule(d0, sorted(range(n), key=key))
+        span = improve(d0, host)
+        if best is None or span < best[0]:
+            best = (span, host)
+    assert best is not None
+    qs: list[list[int]] = [[] for _ in sw.speeds]
+    for i, j in enumerate(best[1]):
+        qs[j].append(i)
+    return Plan([sorted(q, key=lambda i: -d0[i][j]) for j, q in enumerate(qs)], [], [[] for _ in sw.speeds])
+
+
+def calibrated(sw: Sweep) -> Plan:
+    """Today's plan, each queue with its shortest cell moved to the front (a quick first fit)."""
+    qs = queues_of(sw)
+    return Plan([q[-1:] + q[:-1] for q in qs], [], [[] for _ in sw.speeds])
+
+
+# --------------------------------------------------------------------------- clairvoyant
+
+
+def list_schedule(d: Durations, order: Sequence[int]) -> list[int]:
+    """Each cell in `order` onto the host that would end it earliest (true durations)."""
+    m = len(d[0])
+    load, host = [0.0] * m, [0] * len(d)
+    for i in order:
+        j = min(range(m), key=lambda h: load[h] + d[i][h])
+        host[i] = j
+        load[j] += d[i][j]
+    return host
+
+
+def improve(d: Durations, host: list[int]) -> float:
+    """Local search on an assignment (in place): move one cell off the host that ends last, or swap
+    it for a cell of another host, whichever lowers the later end of the pair most; until none does.
+    Returns the makespan."""
+    m = len(d[0])
+    cells: list[list[int]] = [[] for _ in range(m)]
+    load = [0.0] * m
+    for i, j in enumerate(host):
+        cells[j].append(i)
+        load[j] += d[i][j]
+    while True:
+        last = max(range(m), key=lambda j: load[j])
+        top = load[last]
+        eps = 1e-9 * top
+        best: tuple[float, int, int, int] | None = None  # (new pair max, cell, to, swapped cell or -1)
+        for i in cells[last]:
+            rest = top - d[i][last]
+            for j in range(m):
+                if j == last:
+                    continue
+                into = load[j] + d[i][j]
+                v = max(rest, into)
+                if v < top - eps and (best is None or v < best[0]):
+                    best = (v, i, j, -1)
+                for k in cells[j]:
+                    v = max(rest + d[k][last], into - d[k][j])
+                    if v < top - eps and (best is None or v < best[0]):
+                        best = (v, i, j, k)
+        if best is None:
+            return top
+        _, i, j, k = best
+        for c, src, dst in ((i, last, j), (k, j, last)):
+            if c >= 0:
+                cells[src].remove(c)
+                cells[dst].append(c)
+                load[src] -= d[c][src]
+                load[dst] += d[c][dst]
+                host[c] = dst
+
+
+def clairvoyant(sw: Sweep, d: Durations) -> float:
+    """The best of three list schedules on the true durations, each improved by local search."""
+    n, fastest = len(d), max(range(len(sw.speeds)), key=lambda j: sw.speeds[j])
+    keys: list[Callable[[int], float]] = [lambda i: -min(d[i]), lambda i: -max(d[i]),
+                                          lambda i: -d[i][fastest]]
+    return min(improve(d, list_schedule(d, sorted(range(n), key=key))) for key in keys)
 
 
 POLICIES: dict[str, Policy] = {
@@ -401,7 +646,32 @@ LEARNED: dict[str, Policy] = {
     "learned: plan+steal, min-max": with_stealing(rule_min_max, "learned"),
 }
 ORACLE = "reference: plan+steal, min-max, true medians"
+CLAIRVOYANT = "reference: clairvoyant"
+SHARED_HEAD = shared_head(head_of_large())
+SHARED_HEAD_LPT = shared_head(head_of_large(), "lpt")
+GATE = 1.5
+CLAIRVOYANT = "reference: clairvoyant"
+BEST = "variant: shared head, gate 1.5, learned min-max"
+# Issue 13's candidates and references (printed with --candidates).
+EXTRA: dict[str, Policy] = {
+    CLAIRVOYANT: clairvoyant,
+    "reference: medians plan, min-max, true medians": with_stealing(rule_min_max, "true",
+                                                                    planner=medians_plan),
+    "variant: hedged plan 0.5, learned min-max": with_stealing(rule_min_max, "learned", planner=hedged(0.5)),
+    "variant: shortest first, learned min-max": with_stealing(rule_min_max, "learned", planner=calibrated),
+    "variant: shared head, learned min-max": with_stealing(rule_min_max, "learned", planner=SHARED_HEAD),
+    "variant: shared head, lpt rest, learned min-max": with_stealing(rule_min_max, "learned",
+                                                                     planner=SHARED_HEAD_LPT),
+    "variant: shortest first, shared head, lpt rest, learned min-max": with_stealing(
+        rule_min_max, "learned", planner=shared_head(head_of_large(), "lpt", calibrate=True)),
+    BEST: with_stealing(rule_min_max, "learned", planner=SHARED_HEAD, gate=GATE, gate_knowledge="declared"),
+    "variant: shared head, lpt rest, gate 1.5, learned min-max": with_stealing(
+        rule_min_max, "learned", planner=SHARED_HEAD_LPT, gate=GATE, gate_knowledge="declared"),
+    "reference: shared head, gate, true medians": with_stealing(rule_min_max, "true", planner=SHARED_HEAD,
+                                                                gate=1.0),
+}
 ALL: dict[str, Policy] = {**POLICIES, **VARIANTS, **LEARNED, ORACLE: with_stealing(rule_min_max, "true")}
+EVERY: dict[str, Policy] = {**ALL, **EXTRA}
 
 
 # =========================================================================== report
@@ -417,13 +687,14 @@ def run(sweeps: Sequence[Sweep], sigmas: Sequence[float], names: Sequence[str]) 
             d = sw.durations(s)
             lb = lower_bound(sw, s, d)
             for name in names:
-                out[name][s].append(ALL[name](sw, d) / lb)
+                out[name][s].append(EVERY[name](sw, d) / lb)
     return out
 
 
-def run_parallel(sweeps: list[Sweep], sigmas: Sequence[float], jobs: int) -> Results:
-    """`run` over every policy, the sweeps split in `jobs` contiguous chunks (same figures as one)."""
-    names = list(ALL)
+def run_parallel(sweeps: list[Sweep], sigmas: Sequence[float], jobs: int, extra: bool = False) -> Results:
+    """`run` over every policy (with extra: and issue 13's candidates), the sweeps split in `jobs`
+    contiguous chunks (same figures as one)."""
+    names = list(EVERY if extra else ALL)
     if jobs <= 1 or len(sweeps) < 2 * jobs or "fork" not in mp.get_all_start_methods():
         return run(sweeps, sigmas, names)
     bounds = [len(sweeps) * k // jobs for k in range(jobs + 1)]
@@ -491,7 +762,7 @@ def misspecified_verdicts(res: Results, sweeps: Sequence[Sweep]) -> list[str]:
     out = []
     for name in LEARNED:
         m, q = mean(res[name][0.3]), p90(res[name][0.3])
-        behind = [p for p in res if p not in (name, ORACLE) and mean(res[p][0.3]) <= m]
+        behind = [p for p in res if p not in (name, ORACLE, *EXTRA) and mean(res[p][0.3]) <= m]
         ok = m <= 1.08 and q <= 1.15 and not behind
         out.append(f"{name} at sigma=0.3: mean {m:.3f}, p90 {q:.3f}; mean ahead of every other policy: "
                    f"{'yes' if not behind else 'no, not of ' + ', '.join(behind)} (target mean <= 1.08, "
@@ -508,6 +779,30 @@ def misspecified_verdicts(res: Results, sweeps: Sequence[Sweep]) -> list[str]:
     return out
 
 
+def candidate_verdicts(res: Results, sweeps: Sequence[Sweep], sigmas: Sequence[float]) -> list[str]:
+    """Issue 13's target for each candidate, against the other policies a runner can follow (not the
+    references), and the clairvoyant's figures (what the lower bound leaves to any policy)."""
+    out = []
+    if 0.3 in sigmas:
+        rivals = [p for p in res if not p.startswith("reference:") or p == "reference: pull, fastest first"]
+        for name in (p for p in EXTRA if p.startswith("variant:")):
+            m, q = mean(res[name][0.3]), p90(res[name][0.3])
+            behind = [p for p in rivals if p != name and mean(res[p][0.3]) <= m]
+            ok = m <= 1.08 and q <= 1.15 and not behind
+            out.append(f"{name} at sigma=0.3: mean {m:.3f}, p90 {q:.3f}; ahead of every other policy: "
+                       f"{'yes' if not behind else 'no, not of ' + ', '.join(behind)} (target mean <= 1.08, "
+                       f"p90 <= 1.15, ahead: {'met' if ok else 'MISSED'})")
+    for s in sigmas:
+        c = res[CLAIRVOYANT][s]
+        b = [x / y for x, y in zip(res[BEST][s], c, strict=True)]
+        out.append(f"sigma={s:g}: clairvoyant mean {mean(c):.3f}, p90 {p90(c):.3f}; {BEST} / clairvoyant "
+                   f"per sweep: mean {mean(b):.3f}, p90 {p90(b):.3f}")
+    names = [BEST, "variant: shared head, learned min-max", "learned: plan+steal, min-max",
+             "reference: pull, fastest first", CLAIRVOYANT]
+    out += [by_cells_per_host(res, sweeps, names, s) for s in sigmas]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweeps", type=int, default=2000, help="random sweeps per world (default 2000)")
@@ -516,6 +811,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="worker processes (default: one per CPU; the figures do not depend on it)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md alone")
+    ap.add_argument("--candidates", action="store_true",
+                    help="also issue 13's candidate rules and the clairvoyant references (slower)")
     args = ap.parse_args(argv)
     sigmas = [float(s) for s in args.sigmas.split(",") if s.strip()]
     n = max(1, args.sweeps)
@@ -523,10 +820,12 @@ def main(argv: list[str] | None = None) -> int:
     exact = [exact_sweep(rng) for _ in range(n)]
     rng = random.Random(f"{args.seed}/misspecified")
     mis = [misspecified_sweep(rng) for _ in range(n)]
-    res_exact = run_parallel(exact, sigmas, args.jobs)
-    res_mis = run_parallel(mis, sigmas, args.jobs)
+    res_exact = run_parallel(exact, sigmas, args.jobs, args.candidates)
+    res_mis = run_parallel(mis, sigmas, args.jobs, args.candidates)
     rows_exact, rows_mis = table(res_exact, sigmas), table(res_mis, sigmas)
     notes_exact, notes_mis = exact_verdicts(res_exact), misspecified_verdicts(res_mis, mis)
+    if args.candidates:
+        notes_mis += candidate_verdicts(res_mis, mis, sigmas)
     print(f"exact world: {n} random sweeps, seed {args.seed}: makespan / lower bound")
     print("\n".join([*rows_exact, *notes_exact]))
     print(f"\nmisspecified world: {n} random sweeps, seed {args.seed}: makespan / lower bound")

@@ -23,18 +23,57 @@ costs, before any noise.
 
     sudo python3 scripts/bench_testbed.py [--cells 30] [--scale 1] [--sigma 0.3] [--seed 4]
                                           [--speeds 0.6,1.0,1.4] [--reps 1] [--no-write]
+
+`--peer parallel` (issue 13) measures ablate against GNU parallel's pull queue instead, in a world
+whose declared figures are wrong; its own section of docs/BENCHMARKS.md (`bench_testbed_peer`):
+    hosts         declared speeds --speeds (default 1.0,0.6,1.4); the true emulated speed of each
+                  is declared x U(--misspeed, default 0.6,1.6), drawn per repetition
+    tasks         a, b, c with `cost_per_epoch` 1, 1.5, 2.5 (arbitrary units); the true seconds per
+                  unit of each task on a speed-1 host = base x a factor log-uniform on [1/2, 2], base
+                  = --train / the mean declared units of the drawn cells
+    cells         --cells (default 24) of a uniform task and epochs 1-4 (declared cost = cost_per_epoch
+                  x epochs), noise z ~ N(0, 1) each
+    trainer       a real small PyTorch trainer (TRAINER below): `import torch`, a small model, 5 SGD
+                  steps (by hand; with --torch-optim through torch.optim, whose first use imports
+                  torch._dynamo: ~1.1 s more CPU per start), the real start-up, scaled by no speed;
+                  then it sleeps units x task scale x exp(sigma z) / true speed of its host in
+                  `epochs` parts and `torch.save`s a real checkpoint; each invocation appends
+                  `<cell> <host>` to runs.log, and its start, end of start-up and end to times.log
+    ablate        `ablate.plan.planner.plan` + `ablate.run.launch.launch_all`, `steal: true`, hosts
+                  declared with the wrong speeds; makespan = last `end` - first `queue_start`; wall =
+                  just before launch_all to the moment the poll (every 50 ms) sees the last cell's
+                  final_ckpts/<cell>/MANIFEST.json (published)
+    parallel      `parallel --sshlogin 1/h1,1/h2,1/h3 --ssh 'ssh -F <bed config>' --joblog`, fed the
+                  same cells longest declared first, each job: the trainer on that host into its local
+                  disk, then cp to the shared dir + rename (published); makespan = last job end - first
+                  job start (joblog); wall = the parallel command's own
+Both run the same cells, noise and speeds in each repetition, one after the other, their order
+alternating; a repetition fails unless every cell ran exactly once on each side (runs.log). The
+notes say where each side's time went (times.log); --keep DIR keeps the events, queues, joblogs and
+trainer logs of every run for a closer look.
+
+    sudo python3 scripts/bench_testbed.py --peer parallel [--cells 24] [--sigma 0.4] [--train 2.5]
+                                          [--speeds 1.0,0.6,1.4] [--misspeed 0.6,1.6] [--reps 5]
+                                          [--torch-optim] [--keep DIR] [--no-write]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
+import os
 import random
+import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +83,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from benchlib import measured_line, median, write_section  # noqa: E402
+from benchlib import ablate_version, measured_line, median, write_section  # noqa: E402
 
 from ablate.config.project import load_project  # noqa: E402  (after the sys.path lines above)
 from ablate.plan.planner import plan  # noqa: E402
@@ -184,23 +223,437 @@ def table(runs: dict[str, list[Run]]) -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------------
+# --peer parallel: ablate against GNU parallel's pull queue, the declared figures wrong (issue 13)
+
+TASK_UNITS = {"a": 1.0, "b": 1.5, "c": 2.5}  # declared cost_per_epoch (arbitrary units)
+EPOCHS = (1, 2, 3, 4)
+POLL = 0.05  # seconds between two looks for published results
+
+TRAINER = '''"""Bench trainer: the real PyTorch start-up, emulated training time, a real checkpoint."""
+import time
+t_start = time.time()
+import json, math, os, socket, sys
+cfg_path, out = sys.argv[1], sys.argv[2]
+here = os.path.dirname(os.path.abspath(__file__))
+with open(cfg_path) as f:
+    cfg = json.load(f)  # JSON is YAML too
+host = socket.gethostname()
+with open(os.path.join(here, "runs.log"), "a") as f:  # one line per invocation: exactly once?
+    f.write(f"{cfg['name']} {host} {t_start:.3f}\\n")
+import torch
+torch.set_num_threads(1)
+torch.manual_seed(cfg["seed"])
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+x, y = torch.randn(256, 32), torch.randint(0, 4, (256,))
+opt = torch.optim.SGD(model.parameters(), lr=0.1) if cfg["torch_optim"] else None
+for _ in range(5):
+    model.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    if opt is not None:
+        opt.step()
+    else:  # the same SGD step by hand: torch.optim's first use imports torch._dynamo (~1.1 s of CPU)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(p.grad, alpha=-0.1)
+t_ready = time.time()
+with open(os.path.join(here, "speeds.json")) as f:
+    speed = json.load(f)[host]
+per_epoch = cfg["units"] * cfg["scale"] * math.exp(cfg["sigma"] * cfg["z"]) / speed / cfg["epochs"]
+for e in range(cfg["epochs"]):
+    time.sleep(per_epoch)
+    print(f"epoch {e + 1}/{cfg['epochs']} loss={loss.item():.4f}", flush=True)
+os.makedirs(out, exist_ok=True)
+torch.save({"model": model.state_dict(), "epochs": cfg["epochs"]}, os.path.join(out, "model.pt"))
+with open(os.path.join(here, "times.log"), "a") as f:  # start, start-up done, checkpoint saved
+    f.write(f"{cfg['name']} {host} {t_start:.3f} {t_ready:.3f} {time.time():.3f}\\n")
+'''
+
+
+@dataclass(frozen=True)
+class PeerCell:
+    name: str
+    task: str
+    epochs: int
+    z: float
+
+    @property
+    def units(self) -> float:  # the declared cost: cost_per_epoch x epochs
+        return TASK_UNITS[self.task] * self.epochs
+
+
+@dataclass(frozen=True)
+class World:
+    """One repetition's draws: what the hosts and tasks really are, and the cells."""
+    declared: dict[str, float]  # host -> declared speed (ablate.yaml)
+    true: dict[str, float]  # host -> emulated speed
+    scale: dict[str, float]  # task -> true seconds per declared unit on a speed-1 host
+    cells: tuple[PeerCell, ...]
+    sigma: float
+    torch_optim: bool  # the trainer's steps through torch.optim (else the same SGD step by hand)
+
+    def train_seconds(self, cell: PeerCell, host: str) -> float:
+        return cell.units * self.scale[cell.task] * math.exp(self.sigma * cell.z) / self.true[host]
+
+
+def draw_world(declared: dict[str, float], n: int, train: float, sigma: float, seed: int,
+               misspeed: tuple[float, float], torch_optim: bool, task_spread: float = 2.0) -> World:
+    rng = random.Random(seed)
+    true = {h: round(s * rng.uniform(*misspeed), 3) for h, s in declared.items()}
+    cells = []
+    for i in range(n):
+        task, epochs = rng.choice(sorted(TASK_UNITS)), rng.choice(EPOCHS)
+        cells.append(PeerCell(f"c{i:02d}-{task}-e{epochs}", task, epochs, rng.gauss(0.0, 1.0)))
+    base = train / statistics.fmean(c.units for c in cells)
+    spread = math.log(task_spread)
+    scale = {t: round(base * math.exp(rng.uniform(-spread, spread)), 4) for t in sorted(TASK_UNITS)}
+    return World(dict(declared), true, scale, tuple(cells), sigma, torch_optim)
+
+
+def peer_workdir(tb: Testbed, name: str, world: World) -> Path:
+    """The trainer, its configs and the true speeds in the shared dir (shared_path/bench/<name>)."""
+    work = tb.shared_dir / "bench" / name
+    (work / "configs").mkdir(parents=True)
+    (work / "train.py").write_text(TRAINER)
+    (work / "speeds.json").write_text(json.dumps({tb.hostname(h): s for h, s in world.true.items()}))
+    for i, c in enumerate(world.cells):
+        body = {"name": c.name, "epochs": c.epochs, "units": c.units, "scale": world.scale[c.task],
+                "z": c.z, "sigma": world.sigma, "seed": i, "torch_optim": world.torch_optim}
+        (work / "configs" / f"{c.name}.yaml").write_text(json.dumps(body) + "\n")
+    return work
+
+
+Trace = tuple[str, float, float, float]  # host, trainer start, its start-up done, checkpoint saved
+
+
+def trainer_runs(work: Path, world: World, way: str, t0: float) -> dict[str, Trace]:
+    """cell -> what its one trainer run did (seconds from t0), from the trainer's own runs.log and
+    times.log; fails loudly unless every cell ran exactly once."""
+    runs = [line.split() for line in (work / "runs.log").read_text().splitlines() if line.strip()]
+    counts = Counter(r[0] for r in runs)
+    wrong = {c.name: counts.get(c.name, 0) for c in world.cells if counts.get(c.name, 0) != 1}
+    strays = sorted(set(counts) - {c.name for c in world.cells})
+    if wrong or strays:
+        raise SystemExit(f"bench_testbed: {way}: every cell must run exactly once; runs per cell "
+                         f"{wrong}, unknown {strays} (runs.log in {work})")
+    done = [line.split() for line in (work / "times.log").read_text().splitlines() if line.strip()]
+    return {d[0]: (d[1], float(d[2]) - t0, float(d[3]) - t0, float(d[4]) - t0) for d in done}
+
+
+def busy_cpu() -> float:
+    """CPU seconds this machine has spent so far outside idle and niced work (/proc/stat)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (f[0] + f[2] + f[5] + f[6]) / os.sysconf("SC_CLK_TCK")  # user, system, irq, softirq
+
+
+@dataclass
+class Side:
+    way: str  # ablate | parallel
+    makespan: float  # ablate: first queue_start to last end; parallel: first job start to last job end
+    wall: float  # ablate: launch_all to the last published result; parallel: its command
+    launch: float  # ablate: launch_all's own time; parallel: its start to the first job's start
+    runs: dict[str, Trace]  # cell -> its trainer run, seconds from the side's t0
+    cpu: float  # busy CPU seconds of the machine during the side (every process, not niced)
+    steals: list[str] = field(default_factory=list)  # one line per steal
+    learned: str = ""  # the learned figures at the end, against the truth
+
+
+def run_ablate_peer(tb: Testbed, base: Path, name: str, world: World, timeout: float,
+                    dest: Path | None) -> Side:
+    work = peer_workdir(tb, name, world)
+    proj = base / name
+    (proj / "profiles").mkdir(parents=True)
+    shutil.copytree(work / "configs", proj / "configs")
+    (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
+        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt/{name}",
+        "python": sys.executable}))
+    ssh_config = tb.write_ssh_config(base / f"{name}.ssh_config", extra="\nHost *\n  ConnectTimeout 5\n")
+    kinds = sorted({(c.task, c.epochs) for c in world.cells})
+    (proj / "ablate.yaml").write_text(yaml.safe_dump({
+        "profile": "tb", "sweep": name, "workdir": f"{tb.shared_path}/bench/{name}",
+        "train": f"{sys.executable} train.py {{cfg}} {{ckpt_dir}}",
+        "artifacts": {"checkpoint": "model.pt"},
+        "tasks": {t: {"epochs": 1, "cost_per_epoch": u} for t, u in TASK_UNITS.items()},
+        "cells": [{"glob": f"configs/*-{t}-e{e}.yaml", "task": t, "epochs": e} for t, e in kinds],
+        "steal": True, "ssh_config": str(ssh_config),
+        "hosts": {h: {"speed": s} for h, s in world.declared.items()}}, sort_keys=False))
+    project = load_project(proj)
+    planned = plan(project)
+    queues = {q.queue for q in planned.queues if q.cells}
+    root = tb.shared_dir / "ablate" / name
+    waiting = {c.name: root / "final_ckpts" / c.name / "MANIFEST.json" for c in world.cells}
+    cpu0, t0, t0_wall = busy_cpu(), time.monotonic(), time.time()
+    results = launch_all(project)
+    launch = time.monotonic() - t0
+    bad = [r for r in results if r.status != "launched" and r.queue in queues]
+    if bad:
+        raise SystemExit(f"bench_testbed: {name}: launch --all failed: {bad}")
+    deadline = t0 + timeout
+    while waiting:
+        waiting = {c: m for c, m in waiting.items() if not m.exists()}
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench_testbed: {name}: {sorted(waiting)} not published in {timeout:g}s")
+        if waiting:
+            time.sleep(POLL)
+    wall, cpu = time.monotonic() - t0, busy_cpu() - cpu0
+    while not queues <= {e["queue"] for e in read_events(root) if e["ev"] in ("queue_end", "queue_stop")}:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench_testbed: {name}: queues did not end in {timeout:g}s")
+        time.sleep(0.2)
+    close_all()
+    keep(dest, name, [p for p in root.iterdir() if p.name != "final_ckpts"]
+         + [work / "runs.log", work / "times.log"]
+         + [f for f in (root / "final_ckpts").glob("*/*") if f.suffix in (".json", ".log")], root)
+    evs = read_events(root)
+    ends = [e for e in evs if e["ev"] == "end"]
+    if sorted(e["cell"] for e in ends if e["rc"] == 0) != sorted(c.name for c in world.cells):
+        raise SystemExit(f"bench_testbed: {name}: every cell must end once with rc 0; ends: "
+                         f"{[(e['cell'], e['rc']) for e in ends]}")
+    runs = trainer_runs(work, world, f"ablate {name}", t0_wall)
+    first = min(e["t"] for e in evs if e["ev"] == "queue_start")
+    steals = [f"{e['t'] - t0_wall:.1f} s {e['host']} took {e['cell']} from {e['from_host']} (est "
+              f"{e['est']:.1f} s, by {e.get('by', '?')})"
+              for e in sorted((e for e in evs if e["ev"] == "steal"), key=lambda e: e["t"])]
+    return Side("ablate", max(e["t"] for e in ends) - first, wall, launch, runs, cpu, steals,
+                learned_figures(world, ends))
+
+
+def learned_figures(world: World, ends: list[dict[str, Any]]) -> str:
+    """What this sweep's learning (ablate.remote.learn) makes of all its ended cells: per host the
+    learned speed / the true one on the same scale (the median of true / declared pinned to 1, as
+    learn pins its own) and the learned fixed seconds per cell."""
+    try:
+        from ablate.remote.learn import learn_rates
+
+        cells = {c.name: c for c in world.cells}
+        rates = learn_rates([(e["host"], cells[e["cell"]].task, cells[e["cell"]].units, e["dur"])
+                             for e in ends], world.declared)
+        k = statistics.median(world.true[h] / world.declared[h] for h in world.declared)
+        return ", ".join(f"{h} {rates.speed.get(h, float('nan')):.2f}/{world.true[h] / k:.2f} "
+                         f"+{rates.overhead.get(h, float('nan')):.1f} s" for h in world.declared)
+    except Exception as e:  # the learning code is being worked on: the figures are a note only
+        return f"(not available: {type(e).__name__}: {e})"
+
+
+def run_parallel_peer(tb: Testbed, base: Path, name: str, world: World, timeout: float,
+                      dest: Path | None) -> Side:
+    work = peer_workdir(tb, name, world)
+    local, shared = f"{tb.local_path}/peer/{name}", f"{tb.shared_path}/bench/{name}"
+    order = sorted(world.cells, key=lambda c: (-c.units, c.name))  # longest declared first
+    jobs = "".join(f"cd {shared} && {sys.executable} train.py configs/{c.name}.yaml {local}/{c.name} "
+                   f"&& mkdir -p out && cp -r {local}/{c.name} out/.{c.name}.part "
+                   f"&& mv out/.{c.name}.part out/{c.name}\n" for c in order)
+    joblog = base / f"{name}.joblog"
+    argv = ["parallel", "--will-cite", "--sshlogin", ",".join(f"1/{h}" for h in tb.hosts),
+            "--ssh", f"ssh -F {tb.ssh_config}", "--joblog", str(joblog)]
+    cpu0, t0, t0_wall = busy_cpu(), time.monotonic(), time.time()
+    p = subprocess.run(argv, input=jobs, capture_output=True, text=True, timeout=timeout)
+    wall, cpu = time.monotonic() - t0, busy_cpu() - cpu0
+    (base / f"{name}.out").write_text(p.stdout + p.stderr)
+    keep(dest, name, [joblog, base / f"{name}.out", work / "runs.log", work / "times.log"])
+    rows = [line.split("\t") for line in joblog.read_text().splitlines()[1:] if line.strip()]
+    failed = [r for r in rows if r[6] != "0" or r[7] != "0"]
+    if p.returncode != 0 or failed or len(rows) != len(order):
+        raise SystemExit(f"bench_testbed: parallel {name}: exit {p.returncode}, {len(failed)} failed "
+                         f"of {len(rows)} jobs: {p.stderr[-2000:]}")
+    missing = [c.name for c in order if not (work / "out" / c.name / "model.pt").exists()]
+    if missing:
+        raise SystemExit(f"bench_testbed: parallel {name}: no published checkpoint for {missing}")
+    runs = trainer_runs(work, world, f"parallel {name}", t0_wall)
+    starts = [float(r[2]) for r in rows]
+    makespan = max(float(r[2]) + float(r[3]) for r in rows) - min(starts)
+    return Side("parallel", makespan, wall, min(starts) - t0_wall, runs, cpu)
+
+
+def keep(dest: Path | None, name: str, paths: list[Path], under: Path | None = None) -> None:
+    """Copy what tells what happened out of the bed (which removes its dir at the end): each path
+    to dest/name/, at its place relative to `under` when it is there."""
+    if dest is None:
+        return
+    for p in paths:
+        to = dest / name / (p.relative_to(under) if under and p.is_relative_to(under) else p.name)
+        if p.is_dir():
+            shutil.copytree(p, to, dirs_exist_ok=True)
+        elif p.exists():
+            to.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(p, to)
+
+
+def breakdown(world: World, side: Side) -> str:
+    """Where a side's time went, from the trainer's own clock (seconds from the side's t0)."""
+    runs = side.runs
+    last = max(r[3] for r in runs.values())
+    gaps, hosts = [], []
+    for h in world.declared:
+        mine = sorted((r for r in runs.values() if r[0] == h), key=lambda r: r[1])
+        gaps += [b[1] - a[3] for a, b in itertools.pairwise(mine)]
+        train = sum(world.train_seconds(c, h) for c in world.cells if runs[c.name][0] == h)
+        hosts.append(f"{h} {len(mine)} cells, training {train:.1f} s, idle at the end "
+                     f"{last - max((r[3] for r in mine), default=0.0):.1f} s")
+    return (f"first trainer start {min(r[1] for r in runs.values()):.1f} s; start-up median "
+            f"{median([r[2] - r[1] for r in runs.values()]):.2f} s; between a host's trainer runs median "
+            f"{median(gaps):.2f} s (sum {sum(gaps):.1f} s); last trainer end {last:.1f} s, its result "
+            f"published by {side.wall:.1f} s; CPU {side.cpu:.0f} s; {'; '.join(hosts)}")
+
+
+def peer_tables(worlds: list[World], pairs: list[tuple[Side, Side]], first: list[str]) -> list[str]:
+    out = ["| rep | first | true speeds | ablate makespan (s) | parallel makespan (s) | makespan ablate / "
+           "parallel | ablate wall (s) | parallel wall (s) | wall ablate / parallel | steals | launch "
+           "(s, ablate / parallel) |", "|--:|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for i, (w, (a, p)) in enumerate(zip(worlds, pairs, strict=True)):
+        speeds = "/".join(f"{w.true[h]:.2f}" for h in w.declared)
+        out.append(f"| {i} | {first[i]} | {speeds} | {a.makespan:.1f} | {p.makespan:.1f} | "
+                   f"{a.makespan / p.makespan:.3f} | {a.wall:.1f} | {p.wall:.1f} | {a.wall / p.wall:.3f} | "
+                   f"{len(a.steals)} | {a.launch:.2f} / {p.launch:.2f} |")
+
+    def med(f: Callable[[Side, Side], float], fmt: str) -> str:
+        return format(median([f(a, p) for a, p in pairs]), fmt)
+
+    out.append(f"| **median** | | | **{med(lambda a, p: a.makespan, '.1f')}** | "
+               f"**{med(lambda a, p: p.makespan, '.1f')}** | "
+               f"**{med(lambda a, p: a.makespan / p.makespan, '.3f')}** | "
+               f"**{med(lambda a, p: a.wall, '.1f')}** | **{med(lambda a, p: p.wall, '.1f')}** | "
+               f"**{med(lambda a, p: a.wall / p.wall, '.3f')}** | {med(lambda a, p: len(a.steals), 'g')} | "
+               f"{med(lambda a, p: a.launch, '.2f')} / {med(lambda a, p: p.launch, '.2f')} |")
+    return out
+
+
+def peer_notes(worlds: list[World], pairs: list[tuple[Side, Side]]) -> list[str]:
+    out = []
+    for i, (w, (a, p)) in enumerate(zip(worlds, pairs, strict=True)):
+        scale = ", ".join(f"{t} {s:.2f}" for t, s in w.scale.items())
+        out += [f"- rep {i} (task seconds per unit {scale})", f"  - ablate: {breakdown(w, a)}",
+                f"  - steals: {'; '.join(a.steals) or 'none'}",
+                f"  - learned at the end, speed / true speed on the same scale and fixed seconds per "
+                f"cell: {a.learned}", f"  - parallel: {breakdown(w, p)}"]
+    return out
+
+
+def run_peer(args: argparse.Namespace) -> int:
+    declared_list = [float(s) for s in args.speeds.split(",") if s.strip()]
+    lo, hi = (float(x) for x in args.misspeed.split(","))
+    worlds: list[World] = []
+    pairs: list[tuple[Side, Side]] = []
+    first: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="ablate-bench-peer-") as tmp, \
+            Testbed(len(declared_list)) as tb:
+        base = Path(tmp)
+        os.environ["ABLATE_SSH_CONTROL_DIR"] = str(base / "ssh-control")  # this run's masters only
+        try:
+            for rep in range(max(1, args.reps)):
+                world = draw_world(dict(zip(tb.hosts, declared_list, strict=True)), args.cells,
+                                   args.train, args.sigma, args.seed + rep, (lo, hi), args.torch_optim)
+                print(f"rep {rep}: true speeds {world.true} (declared {world.declared}), task scales "
+                      f"{world.scale}", file=sys.stderr)
+                order = ("ablate", "parallel") if rep % 2 == 0 else ("parallel", "ablate")
+                got: dict[str, Side] = {}
+                for way in order:
+                    run = run_ablate_peer if way == "ablate" else run_parallel_peer
+                    s = got[way] = run(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep)
+                    print(f"  {way}: makespan {s.makespan:.1f} s, wall {s.wall:.1f} s, launch {s.launch:.2f} "
+                          f"s; {breakdown(world, s)}", file=sys.stderr)
+                    for line in s.steals:
+                        print(f"    steal {line}", file=sys.stderr)
+                worlds.append(world)
+                pairs.append((got["ablate"], got["parallel"]))
+                first.append(order[0])
+        finally:
+            close_all()
+            for sock in (base / "ssh-control").rglob("*"):  # end this run's ControlMasters
+                if sock.is_socket() and not sock.name.endswith(".a"):
+                    subprocess.run(["ssh", "-S", str(sock), "-O", "exit", "x"], capture_output=True,
+                                   timeout=10, check=False)
+    rows = peer_tables(worlds, pairs, first)
+    mk = median([a.makespan / p.makespan for a, p in pairs])
+    wl = median([a.wall / p.wall for a, p in pairs])
+    verdicts = [f"makespan ablate / parallel {mk:.3f} (median of the repetitions' ratios; target <= 0.95: "
+                f"{'met' if mk <= 0.95 else 'MISSED'})",
+                f"wall from `launch --all` to the last result published, ablate / parallel {wl:.3f} "
+                f"(target <= 1.0: {'met' if wl <= 1.0 else 'MISSED'})",
+                f"every cell completed exactly once on each side in each repetition: yes "
+                f"({args.cells} cells x {len(pairs)} repetitions x 2)"]
+    cmd = (f"sudo python3 scripts/bench_testbed.py --peer parallel --cells {args.cells} "
+           f"--sigma {args.sigma:g} --train {args.train:g} --seed {args.seed} --speeds {args.speeds} "
+           f"--misspeed {args.misspeed} --reps {args.reps}{' --torch-optim' if args.torch_optim else ''}")
+    steps = ("5 `torch.optim.SGD` steps (its first use imports torch._dynamo, ~1.1 s of CPU)"
+             if args.torch_optim else "5 SGD steps (forward, backward, update by hand: `torch.optim`'s "
+             "first use would import torch._dynamo, another ~1.1 s of CPU per start on these shared cores)")
+    lines = [
+        "## Real makespan on the test bed against GNU parallel, declared figures wrong (issue 13)", "",
+        measured_line(cmd) + f" ablate at {ablate_version(('ablate', 'wrappers'))}.", "",
+        f"{args.cells} cells on {len(declared_list)} test-bed instances (tests/testbed.py), declared speeds "
+        f"{args.speeds}; each host's true emulated speed is declared x U({lo:g}, {hi:g}), drawn per "
+        "repetition. Tasks a, b, c declare `cost_per_epoch` 1, 1.5, 2.5 (arbitrary units); each cell "
+        "has a uniform task and 1-4 epochs; a task's true seconds per unit (speed 1) is a base x a "
+        f"factor log-uniform on [1/2, 2], the base making a mean cell {args.train:g} s at speed 1 before "
+        f"that factor. The trainer is real PyTorch: `import torch`, a small model, {steps}, scaled by "
+        f"no speed; then it sleeps units x task scale x exp({args.sigma:g} Z) / true speed in `epochs` "
+        "parts and `torch.save`s its checkpoint. **ablate**: `ablate plan` + `ablate launch --all` "
+        "with `steal: true` and the declared (wrong) speeds; makespan = last `end` - first "
+        "`queue_start`; wall = just before `launch --all` to the moment a 50 ms poll saw the last "
+        "`final_ckpts/<cell>/MANIFEST.json`. **parallel**: `parallel --sshlogin 1/tb-h1,1/tb-h2,1/tb-h3 "
+        "--ssh 'ssh -F <bed config>' --joblog`, fed the same cells longest declared first, each job "
+        "the trainer into the host's local disk, then `cp -r` to the shared dir and a rename; "
+        "makespan = last job end - first job start (joblog); wall = the command's. Each repetition r "
+        f"draws its world with seed {args.seed} + r, runs both sides on it one after the other (order "
+        "alternating) and checks that each side ran every cell exactly once (the trainer's own "
+        f"runs.log). {len(pairs)} repetitions; the machine's 2 cores are every instance's CPU.", "",
+        *rows, "", *(f"- {v}" for v in verdicts), "",
+        "Where the time went, per repetition, from the trainer's own clock (seconds from the side's "
+        "start: `launch --all` or the parallel command): start-up = the trainer's start to the end of "
+        "its steps; between a host's trainer runs = one run's checkpoint saved to the next one's "
+        "first line (ablate: run_one's publishing and run_queue's next claim, a steal's learning "
+        "step; parallel: the copy, the job's end, the next ssh and login shell); CPU = the machine's "
+        "busy CPU seconds during the side (niced work excluded, other users' not).", "",
+        *peer_notes(worlds, pairs), ""]
+    print("\n".join(lines))
+    if not args.no_write:
+        path = write_section("bench_testbed_peer", lines)
+        print(f"wrote {path.relative_to(REPO)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cells", type=int, default=30, help="cells (default 30)")
+    ap.add_argument("--peer", choices=["parallel"], help="measure ablate against GNU parallel's pull "
+                    "queue, the declared figures wrong (its own section; see above)")
+    ap.add_argument("--cells", type=int, help="cells (default 30; with --peer 24)")
     ap.add_argument("--scale", type=float, default=1.0, help="seconds per unit of cost (default 1)")
-    ap.add_argument("--sigma", type=float, default=0.3, help="lognormal duration noise (default 0.3)")
+    ap.add_argument("--sigma", type=float, help="lognormal duration noise (default 0.3; with --peer 0.4)")
     ap.add_argument("--seed", type=int, default=4, help="seed of the costs and draws of the first "
                     "repetition; repetition r uses seed + r (default 4)")
-    ap.add_argument("--speeds", default="0.6,1.0,1.4", help="emulated host speeds (default 0.6,1.0,1.4)")
+    ap.add_argument("--speeds", help="emulated host speeds (default 0.6,1.0,1.4); with --peer the declared "
+                    "ones (default 1.0,0.6,1.4)")
+    ap.add_argument("--misspeed", default="0.6,1.6", help="--peer: true speed = declared x U(lo, hi) "
+                    "(default 0.6,1.6)")
+    ap.add_argument("--train", type=float, default=2.5, help="--peer: mean training seconds of a cell at "
+                    "speed 1 before the task factor (default 2.5)")
+    ap.add_argument("--torch-optim", action="store_true", help="--peer: the trainer's steps through "
+                    "torch.optim (imports torch._dynamo: ~1.1 s more CPU per start)")
+    ap.add_argument("--keep", type=Path, help="--peer: copy each run's events, queues, joblog and the "
+                    "trainer's runs.log / times.log into this directory")
+    ap.add_argument("--timeout", type=float, default=300,
+                    help="--peer: seconds a side may take (default 300)")
     ap.add_argument("--reps", type=int, default=1, help="repetitions; the median is kept (default 1)")
     ap.add_argument("--policies", default="steal,nosteal",
                     help="steal (steal: true) and/or nosteal (steal: false); default both")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md alone")
     args = ap.parse_args(argv)
+    peer = args.peer is not None
+    args.cells = max(1, args.cells or (24 if peer else 30))
+    args.sigma = args.sigma if args.sigma is not None else (0.4 if peer else 0.3)
+    args.speeds = args.speeds or ("1.0,0.6,1.4" if peer else "0.6,1.0,1.4")
     reason = missing_requirement()
     if reason:
         print(f"bench_testbed: {reason}", file=sys.stderr)
         return 2
+    if peer:
+        if shutil.which("parallel") is None:
+            print("bench_testbed: --peer parallel needs GNU parallel (apt-get install parallel)",
+                  file=sys.stderr)
+            return 2
+        return run_peer(args)
     speed_list = [float(s) for s in args.speeds.split(",") if s.strip()]
     wanted = [(name, steal) for key, name, steal in (("steal", "plan + stealing", True),
                                                      ("nosteal", "plan, no stealing", False))

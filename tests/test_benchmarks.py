@@ -5,6 +5,9 @@ never below its lower bound, every cell is verified, the table has its rows."""
 
 from __future__ import annotations
 
+import importlib.util
+import math
+import statistics
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -105,6 +108,41 @@ def test_bench_testbed_plans_launches_and_measures() -> None:
     assert 0 < bound <= makespan and ratio >= 1.0
     assert (makespan - 0.05) / (bound + 0.05) - 0.001 <= ratio <= (makespan + 0.05) / (bound - 0.05) + 0.001
     assert "plan + stealing: makespan / lower bound" in out
+
+
+def test_bench_testbed_peer_mode_draws_its_world_and_tabulates_without_a_bed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pure parts of `bench_testbed.py --peer parallel` (the bed and GNU parallel are too slow
+    for a smoke test: each side runs 24 real PyTorch start-ups)."""
+    spec = importlib.util.spec_from_file_location("bench_testbed", REPO / "scripts" / "bench_testbed.py")
+    assert spec is not None and spec.loader is not None
+    bt = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_testbed", bt)  # its dataclasses look their module up
+    spec.loader.exec_module(bt)
+    declared = {"h1": 1.0, "h2": 0.6, "h3": 1.4}
+    world = bt.draw_world(declared, 24, 2.5, 0.4, 7, (0.6, 1.6), False)
+    assert world == bt.draw_world(declared, 24, 2.5, 0.4, 7, (0.6, 1.6), False)  # seeded
+    assert world != bt.draw_world(declared, 24, 2.5, 0.4, 8, (0.6, 1.6), False)
+    assert all(0.6 * declared[h] - 1e-3 <= s <= 1.6 * declared[h] + 1e-3 for h, s in world.true.items())
+    base = 2.5 / statistics.fmean(c.units for c in world.cells)
+    assert all(base / 2 - 1e-3 <= s <= base * 2 + 1e-3 for s in world.scale.values())
+    assert len({c.name for c in world.cells}) == 24
+    assert all(c.name.endswith(f"-{c.task}-e{c.epochs}") for c in world.cells)
+    c = world.cells[0]
+    assert world.train_seconds(c, "h2") == pytest.approx(
+        c.units * world.scale[c.task] * math.exp(0.4 * c.z) / world.true["h2"])
+    compile(bt.TRAINER, "train.py", "exec")  # the trainer the instances run is valid Python
+
+    def side(way: str, makespan: float, wall: float) -> object:
+        return bt.Side(way, makespan, wall, 0.5, {}, 10.0, ["x"] if way == "ablate" else [])
+
+    pairs = [(side("ablate", 45.0, 46.0), side("parallel", 50.0, 50.0)),
+             (side("ablate", 60.0, 61.0), side("parallel", 50.0, 50.0)),
+             (side("ablate", 40.0, 41.0), side("parallel", 50.0, 50.0))]
+    body = rows("\n".join(bt.peer_tables([world] * 3, pairs, ["ablate", "parallel", "ablate"])))
+    assert [r[0] for r in body] == ["0", "1", "2", "median"]
+    assert [r[5] for r in body] == ["0.900", "1.200", "0.800", "0.900"]  # makespan ratios, median
+    assert [r[8] for r in body] == ["0.920", "1.220", "0.820", "0.920"]  # wall ratios, median
 
 
 def test_bench_slurm_runs_the_sweep_both_ways_on_the_slurm_bed() -> None:
