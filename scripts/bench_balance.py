@@ -36,19 +36,24 @@ the exact world); a queue file lists its cells longest declared cost first, as `
                 knows nothing of speeds: at t=0 the hosts take cells in host order (a random order)
   static plan   `ablate.plan.balance.balance` (the real planner) on the declared costs and speeds
   plan+steal    the static plan, and a host whose queue drains steals by run_queue.sh's rule
-                (steal_pick) on the declared figures (estimates.tsv as written at launch): with
-                t(c, h) = cost(c) / declared_speed(h), for every other host j with a not-started
-                cell, remaining_j = max(0, t(current_j, j) - elapsed_j) + sum(t(c, j) of j's
-                not-started cells); hosts by remaining, largest first; from the first that has one,
-                its LAST not-started cell c (scanning back from the end) with t(c, me) < remaining_j;
-                run it and repeat; with no steal the host stops for good. (Declared units are taken
-                as seconds when the elapsed time is subtracted, as the runner does: the most
-                favourable reading, since a guessed task is right on average.)
+                (steal_pick, min-max below) on the declared figures (estimates.tsv as written at
+                launch): with t(c, h) = cost(c) / declared_speed(h), for every other host j with a
+                not-started cell, remaining_j = max(0, t(current_j, j) - elapsed_j) + sum(t(c, j) of
+                j's not-started cells); hosts by remaining, largest first; from the first that has a
+                not-started cell c with t(c, me) < its finish there, counted at its place (max(0,
+                t(current_j, j) - elapsed_j) + sum(t(., j) of j's not-started cells up to and
+                including c)), the one that minimises max(remaining_j - t(c, j), t(c, me)), the later
+                of the victim's new finish and the thief's (ties: the later place, which the victim
+                reaches last); run it and repeat; with no steal the host stops for good. (Declared
+                units are taken as seconds when the elapsed time is subtracted, as the runner does:
+                the most favourable reading, since a guessed task is right on average.) The runner
+                also puts a higher `priority=` first; the sweeps here have none.
 Variants and references, in the same run:
   first fit           the same victims in the same order; the candidate is the FIRST of j's
-                      not-started cells (queue order) with t(c, me) < its finish there, counted at
-                      its place: max(0, t(current_j, j) - elapsed_j) + sum(t(., j) of j's not-started
-                      cells up to and including c). For the last cell that is remaining_j.
+                      not-started cells (queue order) that finishes here before it would there, at
+                      its place
+  last fit            the rule before issue 13: from the first victim with one, its LAST not-started
+                      cell c (scanning back from the end) with t(c, me) < remaining_j
   cfg order           the wrappers' rule on queue files in cfg-path order (uncorrelated with cost)
   pull, fastest first the pull queue, but at t=0 the hosts DECLARED fastest take the longest cells
                       (exact world: an idealised queue that knows the speeds; misspecified: what a
@@ -56,12 +61,8 @@ Variants and references, in the same run:
   learned, <rule>     plan+steal where t(c, h) comes from `learn_rates` (section "learned figures"
                       below), fitted when the queue drains to the cells that have ended by then
                       (their true durations, the host that ran them) and the cells running then
-                      (elapsed so far); declared figures while no cell has ended. Rules: last fit
-                      (the wrappers'), first fit (above), min-max: the same victims in the same
-                      order; from the first that has a cell c that finishes here before it would
-                      there (as in first fit), the one that minimises max(remaining_j - t(c, j),
-                      t(c, me)), the later of the victim's new finish and the thief's (ties: the
-                      earlier place in the queue).
+                      (elapsed so far); declared figures while no cell has ended. Rules: last fit,
+                      first fit (above), min-max (plan+steal's; what a draining runner does).
   ..., true medians   min-max stealing by each cell's true median time on each host (d at sigma=0):
                       what a perfect learner would know; a limit, not something a runner can do
 With --candidates, issue 13's candidates (every one steals by learned min-max once it has nothing of
@@ -329,14 +330,15 @@ def rule_first_fit(me: int, now: float, t: Estimate, pending: list[list[int]],
 def rule_min_max(me: int, now: float, t: Estimate, pending: list[list[int]],
                  current: Current) -> tuple[int, int] | None:
     """The same victims; of the first one's cells that finish here before they would there, the
-    one that minimises the later of the victim's new finish and the thief's (ties: queue order)."""
+    one that minimises the later of the victim's new finish and the thief's (ties: the later place,
+    which the victim reaches last). run_queue.sh's steal_pick (issue 13)."""
     for j, rem, left in victims(me, now, t, pending, current):
         there, best = left, None
         for k, c in enumerate(pending[j]):
             tj = t(c, j)
             there += tj
             here = t(c, me)
-            if here < there and (best is None or max(rem - tj, here) < best[0]):
+            if here < there and (best is None or max(rem - tj, here) <= best[0]):
                 best = (max(rem - tj, here), k)
         if best is not None:
             return j, best[1]
@@ -633,11 +635,12 @@ POLICIES: dict[str, Policy] = {
     "waves": waves,
     "pull queue": pull_queue(fastest_first=False),
     "static plan": static_plan,
-    "plan+steal": with_stealing(rule_last_fit),
+    "plan+steal": with_stealing(rule_min_max),
 }
 VARIANTS: dict[str, Policy] = {
     "variant: plan+steal, first fit": with_stealing(rule_first_fit),
-    "variant: plan+steal, cfg order": with_stealing(rule_last_fit, longest=False),
+    "variant: plan+steal, last fit": with_stealing(rule_last_fit),
+    "variant: plan+steal, cfg order": with_stealing(rule_min_max, longest=False),
     "reference: pull, fastest first": pull_queue(fastest_first=True),
 }
 LEARNED: dict[str, Policy] = {
@@ -866,9 +869,10 @@ def section(cmd: str, n: int, seed: int, rows_exact: list[str], notes_exact: lis
         "last row knows each cell's true median time on each host (a limit, not a policy).", "",
         *rows_mis, "", *(f"- {x}" for x in notes_mis), "",
         "Reading the misspecified world. Learning recovers part of what the wrong declared figures cost"
-        " the stealing runners (`plan+steal` against `learned: plan+steal, last fit`), a better rule "
-        "another part, and the true-medians row shows how little is left in the figures: even knowing "
-        "every cell's true median time, stealing from this plan does not reach the target's p90. The "
+        " the stealing runners (`plan+steal` against `learned: plan+steal, min-max`, the same rule), "
+        "a better rule than the last fit another part, and the true-medians row shows how little is "
+        "left in the figures: even knowing every cell's true median time, stealing from this plan "
+        "does not reach the target's p90. The "
         "plan is made from the declared figures before anything has run, each runner works through its "
         "own queue (longest first) until it drains, and only then does anyone steal: on sweeps of few "
         "cells per host every large cell has been started by the first drain, wherever the wrong "

@@ -43,7 +43,8 @@ def rows(out: str) -> list[list[str]]:
 
 
 BALANCE_ROWS = ["round-robin", "waves", "pull queue", "static plan", "plan+steal",
-                "variant: plan+steal, first fit", "variant: plan+steal, cfg order",
+                "variant: plan+steal, first fit", "variant: plan+steal, last fit",
+                "variant: plan+steal, cfg order",
                 "reference: pull, fastest first", "learned: plan+steal, last fit",
                 "learned: plan+steal, first fit", "learned: plan+steal, min-max",
                 "reference: plan+steal, min-max, true medians"]

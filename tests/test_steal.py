@@ -157,6 +157,26 @@ def test_drained_queue_steals_the_tail_of_the_slow_one(local_project: LocalProje
     assert {p.name for p in (lp.shared / "final_ckpts").iterdir()} == set(CELLS)
 
 
+@pytest.mark.parametrize("order", [["big", "small"], ["small", "big"]])
+def test_a_drained_runner_takes_the_cell_that_minimises_the_later_finish(
+        local_project: LocalProject, runners: Runners, order: list[str]) -> None:
+    """The min-max rule (scripts/bench_balance.py, rule_min_max): q1 runs `long` (5 s) and then has
+    `big` (3 s) and `small` (1 s) waiting; a drained h2 of the same speed takes `big`, which leaves q1
+    finishing at ~6 s and h2 at 3 s, whichever order q1 lists them in. The rule before it (the last
+    line that fits) took `small` from [big, small]; the first line that fits, `small` from
+    [small, big]: both leave q1 finishing at ~8 s."""
+    lp = local_project
+    lines = {"big": lp.cfg("cfgs/v/big.yaml", step_time=0.5) + " recon 4", "small": short(lp, "small")}
+    start_victim(lp, [lines[c] for c in order])
+    estimates(lp, ["host\th1\t-\t1000", "host\th2\t-\t1000"], {"long": 5000, "big": 3000, "small": 1000})
+    own_queue(lp, "q2", ["# drains at once"])
+    finish(runners.start("h2", "q2"))
+    steals = [e for e in events(lp, "h2", "q2") if e["ev"] == "steal"]
+    assert (steals[0]["cell"], steals[0]["from_queue"], steals[0]["est"]) == ("big", "q1", 3.0), steals
+    victim_drained(lp)
+    assert ends(lp) == Counter({"long": 1, "big": 1, "small": 1})  # every cell ran exactly once
+
+
 @pytest.mark.parametrize("case", ["slow_slot", "steal_off"])
 def test_no_steal_when_not_earlier_or_disabled(
         local_project: LocalProject, runners: Runners, case: str) -> None:

@@ -723,15 +723,15 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
         parse_line "${lines[j]//$'\r'/}" || continue
         [[ -e $CLAIMS/$P_NAME || -e $FINAL/$P_NAME/MANIFEST.json ]] && continue
         est_of "$P_NAME"
-        rem=$(( rem + ov + REPLY * 1000 / spd ))
-        [[ -n ${STEAL_SKIP["$q:$j"]-} ]] || cands+=" $j:$P_NAME:$P_PRIO:$REPLY"
+        e=$(( ov + REPLY * 1000 / spd ))  # this line's expected time there
+        rem=$(( rem + e ))  # when it would finish there, at its place
+        [[ -n ${STEAL_SKIP["$q:$j"]-} ]] || cands+=" $j:$P_NAME:$P_PRIO:$REPLY:$rem:$e"
       done
     fi
     (( silent )) && rem=$SILENT_REM
     q_name+=("$q") q_host+=("$h") q_rem+=("$rem") q_cands+=("$cands")
   done
-  # Queues by remaining time, largest first (ties: queue name); from the first one that has a
-  # cell worth taking, its last such line: expected to finish here before that queue would.
+  # Victims by remaining time, largest first (ties: queue name).
   n=${#q_name[@]}
   for (( k = 0; k < n; k++ )); do order+=("$k"); done
   for (( k = 1; k < n; k++ )); do  # insertion sort: a handful of queues
@@ -745,26 +745,43 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
     done
     order[j + 1]=$e
   done
-  # Priorities (`priority=N` on a line) come first: the highest-priority cell that would finish
-  # here sooner, from any queue; among equals, that rule's pick (the first queue, its last such line).
-  local best= best_prio= p
+  # A line qualifies when it would finish here no later than at its place there (first fit: its
+  # victim's remaining time up to and including it). Priorities (`priority=N`) come first: the
+  # highest priority that qualifies anywhere; then, from the first victim in that order with such a
+  # line, the one that minimises the later of the victim's new finish (R minus the line) and this
+  # runner's (min-max; ties: the later line, which the victim reaches last).
+  # scripts/bench_balance.py simulates this rule (rule_min_max).
+  local best= best_prio= best_obj= p th tj obj
+  local -a f=()
   for k in "${order[@]}"; do
     (( q_rem[k] > 0 )) || break
     read -r -a list <<<"${q_cands[k]}"
-    for (( j = ${#list[@]} - 1; j >= 0; j-- )); do
-      entry=${list[j]}
-      e=${entry##*:}
-      here=$(( my_over + e * 1000 / my_speed ))
+    for entry in "${list[@]}"; do
+      IFS=: read -r -a f <<<"$entry"
+      p=${f[2]} th=${f[4]}
+      (( q_rem[k] == SILENT_REM )) && th=$SILENT_REM
+      (( my_over + f[3] * 1000 / my_speed <= th )) || continue
+      if [[ -z $best_prio ]] || (( p > best_prio )); then best_prio=$p; fi
+    done
+  done
+  [[ -n $best_prio ]] || return 1
+  for k in "${order[@]}"; do
+    (( q_rem[k] > 0 )) || break
+    read -r -a list <<<"${q_cands[k]}"
+    for entry in "${list[@]}"; do
+      IFS=: read -r -a f <<<"$entry"
+      p=${f[2]} th=${f[4]} tj=${f[5]}
+      (( q_rem[k] == SILENT_REM )) && th=$SILENT_REM
+      here=$(( my_over + f[3] * 1000 / my_speed ))
       # <=: a tie happens only when the victim's cell is overdue (its remaining time clamped to 0):
       # it is slower than estimated, or gone; taking the line costs nothing if it is not.
-      if (( here <= q_rem[k] )); then
-        p=${entry%:*}
-        p=${p##*:}
-        if [[ -z $best ]] || (( p > best_prio )); then
-          best=$k:$here:$entry best_prio=$p
-        fi
+      (( p == best_prio && here <= th )) || continue
+      obj=$(( q_rem[k] - tj > here ? q_rem[k] - tj : here ))
+      if [[ -z $best_obj ]] || (( obj <= best_obj )); then
+        best_obj=$obj best=$k:$here:${f[0]}:${f[1]}
       fi
     done
+    [[ -n $best ]] && break
   done
   [[ -n $best ]] || return 1
   k=${best%%:*} entry=${best#*:}
