@@ -437,7 +437,7 @@ def learned_figures(world: World, ends: list[dict[str, Any]]) -> str:
 
 
 def run_parallel_peer(tb: Testbed, base: Path, name: str, world: World, timeout: float,
-                      dest: Path | None) -> Side:
+                      dest: Path | None, share: bool = False) -> Side:
     work = peer_workdir(tb, name, world)
     local, shared = f"{tb.local_path}/peer/{name}", f"{tb.shared_path}/bench/{name}"
     order = sorted(world.cells, key=lambda c: (-c.units, c.name))  # longest declared first
@@ -446,7 +446,7 @@ def run_parallel_peer(tb: Testbed, base: Path, name: str, world: World, timeout:
                    f"&& mv out/.{c.name}.part out/{c.name}\n" for c in order)
     joblog = base / f"{name}.joblog"
     argv = ["parallel", "--will-cite", "--sshlogin", ",".join(f"1/{h}" for h in tb.hosts),
-            "--ssh", f"ssh -F {tb.ssh_config}", "--joblog", str(joblog)]
+            "--ssh", f"ssh -F {tb.ssh_config}", "--joblog", str(joblog), *(["-M"] if share else [])]
     cpu0, t0, t0_wall = busy_cpu(), time.monotonic(), time.time()
     p = subprocess.run(argv, input=jobs, capture_output=True, text=True, timeout=timeout)
     wall, cpu = time.monotonic() - t0, busy_cpu() - cpu0
@@ -549,8 +549,12 @@ def run_peer(args: argparse.Namespace) -> int:
                 order = ("ablate", "parallel") if rep % 2 == 0 else ("parallel", "ablate")
                 got: dict[str, Side] = {}
                 for way in order:
-                    run = run_ablate_peer if way == "ablate" else run_parallel_peer
-                    s = got[way] = run(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep)
+                    if way == "ablate":
+                        s = run_ablate_peer(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep)
+                    else:
+                        s = run_parallel_peer(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep,
+                                              args.controlmaster)
+                    got[way] = s
                     print(f"  {way}: makespan {s.makespan:.1f} s, wall {s.wall:.1f} s, launch {s.launch:.2f} "
                           f"s; {breakdown(world, s)}", file=sys.stderr)
                     for line in s.steals:
@@ -575,7 +579,8 @@ def run_peer(args: argparse.Namespace) -> int:
                 f"({args.cells} cells x {len(pairs)} repetitions x 2)"]
     cmd = (f"sudo python3 scripts/bench_testbed.py --peer parallel --cells {args.cells} "
            f"--sigma {args.sigma:g} --train {args.train:g} --seed {args.seed} --speeds {args.speeds} "
-           f"--misspeed {args.misspeed} --reps {args.reps}{' --torch-optim' if args.torch_optim else ''}")
+           f"--misspeed {args.misspeed} --reps {args.reps}{' --torch-optim' if args.torch_optim else ''}"
+           f"{' --controlmaster' if args.controlmaster else ''}")
     steps = ("5 `torch.optim.SGD` steps (its first use imports torch._dynamo, ~1.1 s of CPU)"
              if args.torch_optim else "5 SGD steps (forward, backward, update by hand: `torch.optim`'s "
              "first use would import torch._dynamo, another ~1.1 s of CPU per start on these shared cores)")
@@ -593,7 +598,9 @@ def run_peer(args: argparse.Namespace) -> int:
         "with `steal: true` and the declared (wrong) speeds; makespan = last `end` - first "
         "`queue_start`; wall = just before `launch --all` to the moment a 50 ms poll saw the last "
         "`final_ckpts/<cell>/MANIFEST.json`. **parallel**: `parallel --sshlogin 1/tb-h1,1/tb-h2,1/tb-h3 "
-        "--ssh 'ssh -F <bed config>' --joblog`, fed the same cells longest declared first, each job "
+        f"--ssh 'ssh -F <bed config>' --joblog{' -M' if args.controlmaster else ''}`"
+        f"{' (-M: one ssh ControlMaster per host, reused by every job)' if args.controlmaster else ''}"
+        ", fed the same cells longest declared first, each job "
         "the trainer into the host's local disk, then `cp -r` to the shared dir and a rename; "
         "makespan = last job end - first job start (joblog); wall = the command's. Each repetition r "
         f"draws its world with seed {args.seed} + r, runs both sides on it one after the other (order "
@@ -631,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
                     "speed 1 before the task factor (default 2.5)")
     ap.add_argument("--torch-optim", action="store_true", help="--peer: the trainer's steps through "
                     "torch.optim (imports torch._dynamo: ~1.1 s more CPU per start)")
+    ap.add_argument("--controlmaster", action="store_true", help="--peer: GNU parallel with -M (one ssh "
+                    "ControlMaster per host, reused by its jobs: the peer without a new connection per job)")
     ap.add_argument("--keep", type=Path, help="--peer: copy each run's events, queues, joblog and the "
                     "trainer's runs.log / times.log into this directory")
     ap.add_argument("--timeout", type=float, default=300,
