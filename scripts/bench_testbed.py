@@ -452,7 +452,9 @@ def run_parallel_peer(tb: Testbed, base: Path, name: str, world: World, timeout:
     wall, cpu = time.monotonic() - t0, busy_cpu() - cpu0
     (base / f"{name}.out").write_text(p.stdout + p.stderr)
     keep(dest, name, [joblog, base / f"{name}.out", work / "runs.log", work / "times.log"])
-    rows = [line.split("\t") for line in joblog.read_text().splitlines()[1:] if line.strip()]
+    # One row per job of ours (with -M, parallel may log more: only rows running the trainer count).
+    rows = [r for r in (line.split("\t") for line in joblog.read_text().splitlines()[1:] if line.strip())
+            if len(r) >= 9 and "train.py" in r[8]]
     failed = [r for r in rows if r[6] != "0" or r[7] != "0"]
     if p.returncode != 0 or failed or len(rows) != len(order):
         raise SystemExit(f"bench_testbed: parallel {name}: exit {p.returncode}, {len(failed)} failed "
