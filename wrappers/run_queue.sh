@@ -751,37 +751,24 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
   # line, the one that minimises the later of the victim's new finish (R minus the line) and this
   # runner's (min-max; ties: the later line, which the victim reaches last).
   # scripts/bench_balance.py simulates this rule (rule_min_max).
-  local best= best_prio= best_obj= p th tj obj
+  local best= best_prio= best_k= best_obj= p th obj
   local -a f=()
   for k in "${order[@]}"; do
     (( q_rem[k] > 0 )) || break
     read -r -a list <<<"${q_cands[k]}"
     for entry in "${list[@]}"; do
-      IFS=: read -r -a f <<<"$entry"
+      IFS=: read -r -a f <<<"$entry"  # idx:name:priority:est:finish there:time there
       p=${f[2]} th=${f[4]}
-      (( q_rem[k] == SILENT_REM )) && th=$SILENT_REM
-      (( my_over + f[3] * 1000 / my_speed <= th )) || continue
-      if [[ -z $best_prio ]] || (( p > best_prio )); then best_prio=$p; fi
-    done
-  done
-  [[ -n $best_prio ]] || return 1
-  for k in "${order[@]}"; do
-    (( q_rem[k] > 0 )) || break
-    read -r -a list <<<"${q_cands[k]}"
-    for entry in "${list[@]}"; do
-      IFS=: read -r -a f <<<"$entry"
-      p=${f[2]} th=${f[4]} tj=${f[5]}
       (( q_rem[k] == SILENT_REM )) && th=$SILENT_REM
       here=$(( my_over + f[3] * 1000 / my_speed ))
       # <=: a tie happens only when the victim's cell is overdue (its remaining time clamped to 0):
       # it is slower than estimated, or gone; taking the line costs nothing if it is not.
-      (( p == best_prio && here <= th )) || continue
-      obj=$(( q_rem[k] - tj > here ? q_rem[k] - tj : here ))
-      if [[ -z $best_obj ]] || (( obj <= best_obj )); then
-        best_obj=$obj best=$k:$here:${f[0]}:${f[1]}
+      (( here <= th )) || continue
+      obj=$(( q_rem[k] - f[5] > here ? q_rem[k] - f[5] : here ))
+      if [[ -z $best ]] || (( p > best_prio )) || (( p == best_prio && k == best_k && obj <= best_obj )); then
+        best_prio=$p best_k=$k best_obj=$obj best=$k:$here:${f[0]}:${f[1]}
       fi
     done
-    [[ -n $best ]] && break
   done
   [[ -n $best ]] || return 1
   k=${best%%:*} entry=${best#*:}

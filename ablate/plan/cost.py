@@ -186,20 +186,23 @@ class CostModel:
         return self.project.hosts[host].speed if host in self.project.hosts else 1.0
 
     def speed(self, host: str, slot: object = None) -> float:
-        """The runner's learned speed; for a host's slots taken together (`slot` None on a host
-        with slots), the median of the learned ones; else declared."""
-        key = runner_key(host, slot)
-        if key in self.rates.speed:
-            return self.rates.speed[key]
-        if slot is None:
-            mine = [v for k, v in self.rates.speed.items() if k.split(" ", 1)[0] == host]
-            if mine:
-                return statistics.median(mine)
-        return self.declared_speed(host)
+        """The runner's learned speed (see `_learned`); else its declared speed."""
+        v = self._learned(self.rates.speed, host, slot)
+        return self.declared_speed(host) if v is None else v
 
     def overhead(self, host: str, slot: object = None) -> float:
-        """Fixed seconds per cell on this runner (0 before any history)."""
-        return self.rates.overhead.get(runner_key(host, slot), self.rates.pooled_overhead)
+        """The runner's fixed seconds per cell; else the pooled one (0 before any history)."""
+        v = self._learned(self.rates.overhead, host, slot)
+        return self.rates.pooled_overhead if v is None else v
+
+    def _learned(self, table: Mapping[str, float], host: str, slot: object) -> float | None:
+        """A runner's figure in `table`; for a host's slots taken together (`slot` None on a host
+        with slots), the median of its learned ones; None when none is learned."""
+        key = runner_key(host, slot)
+        if key in table:
+            return table[key]
+        mine = [v for k, v in table.items() if k.split(" ", 1)[0] == host] if slot is None else []
+        return statistics.median(mine) if mine else None
 
     def weight(self, cell: Cell) -> float:
         if not self.learned:
@@ -227,8 +230,7 @@ class CostModel:
             mine = [k for k in r.speed if k.split(" ", 1)[0] == h]
             hosts[h] = {"speed": _r(self.speed(h)), "source": "learned" if mine else "declared",
                         "cells": sum(r.host_cells.get(k, 0) for k in mine),
-                        "overhead_seconds": _r(self.overhead(h, None if not mine else mine[0].split(" ")[1]))
-                        if self.learned else None}
+                        "overhead_seconds": _r(self.overhead(h)) if self.learned else None}
         tasks = {}
         for t in self.project.tasks:
             spu = r.scale.get(t, self.global_spu)
