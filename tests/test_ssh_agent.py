@@ -4,6 +4,7 @@ cannot be used: commands still run, each exactly once."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from ablate.remote.agent import HELLO
 from ablate.transport.agentlink import AgentLive, AgentLost, agent_code, remote_socket, request
 from ablate.transport.shellhost import Live
 from ablate.transport.ssh import SSHHost
+from ablate.transport.sshfs import probe_command, probe_lib
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
@@ -123,6 +125,69 @@ def test_no_hello_means_nothing_was_sent(tmp_path: Path) -> None:
     assert request(str(tmp_path / "absent.sock"), "true", timeout=5, hello_within=5) is None
 
 
+def _lib(tmp_path: Path) -> str:
+    """The probe's library as a host holds it (`lib/<sha12>/` on the FS)."""
+    lib = tmp_path / "lib"
+    for rel, data in probe_lib().items():
+        (lib / rel).parent.mkdir(parents=True, exist_ok=True)
+        (lib / rel).write_bytes(data)
+    return str(lib)
+
+
+def _py(lib: str, entry: str, *argv: str) -> dict[str, object]:
+    return {"dir": lib, "entry": entry, "argv": list(argv), "needs": "ablate/remote/probe.py", "min": [3, 8]}
+
+
+# what the entry prints: whether it runs inside the agent's process image (forked, never exec'd:
+# the agent's `python -I -S` command line, where the shell form runs `python -S -c`)
+INSIDE = ("import sys; print('-I' in open('/proc/self/cmdline').read().split('\\0'), sys.argv[1:], "
+          "sys.path[0])\n")
+
+
+def test_a_python_entry_runs_in_the_agent_itself_with_stdin_output_and_exit_code(
+        agent: str, tmp_path: Path) -> None:
+    """`py` beside a command: the agent runs the entry in a forked child of its own (the command,
+    here a different one on purpose, does not run), with stdin, both streams and the exit code."""
+    lib = _lib(tmp_path)
+    entry = INSIDE + "data = sys.stdin.read(); print(len(data)); print('err', file=sys.stderr); sys.exit(5)"
+    got = request(agent, "exit 42", timeout=10, hello_within=5, stdin=b"x" * 200_000,
+                  py=_py(lib, entry, "a", "b c"))
+    assert got == (5, f"True ['a', 'b c'] {lib}\n200000\n".encode(), b"err\n")
+    got = request(agent, "exit 42", timeout=10, hello_within=5, py=_py(lib, "raise ValueError('no')"))
+    assert got is not None and got[0] == 1 and got[2].rstrip().endswith(b"ValueError: no")
+    assert request(agent, "exit 42", timeout=10, hello_within=5, py=_py(lib, "pass")) == (0, b"", b"")
+
+
+def test_a_python_entry_the_agent_cannot_run_goes_the_usual_way(agent: str, tmp_path: Path) -> None:
+    lib = _lib(tmp_path)
+    for py in (_py(str(tmp_path / "absent"), INSIDE), {**_py(lib, INSIDE), "min": [99, 0]},
+               {**_py(lib, INSIDE), "argv": [1]}, {"dir": lib}):
+        assert request(agent, "echo usual; exit 3", timeout=10, hello_within=5, py=py) == (3, b"usual\n", b"")
+
+
+def test_a_probe_answers_the_same_in_the_agent_as_through_its_command(agent: str, tmp_path: Path) -> None:
+    lib = _lib(tmp_path)
+    root = tmp_path / "sweep"
+    (root / "queues").mkdir(parents=True)
+    (root / "queues" / "q1.txt").write_text("# ablate: host=h1\nconfigs/a.yaml t\n")
+    command, py = probe_command(lib, "", sys.executable, "queues", json.dumps({"root": str(root)}))
+    assert py is not None
+    usual = request(agent, command, timeout=20, hello_within=5)
+    inside = request(agent, "exit 42", timeout=20, hello_within=5, py=py)
+    assert usual == inside and usual is not None and usual[0] == 0
+    assert json.loads(usual[1])["queues"]
+    assert probe_command(lib, "", sys.executable, "verify", "{}")[1] is None  # site-packages: a command
+
+
+def test_a_python_entry_past_its_timeout_is_ended_with_its_process_group(agent: str, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    entry = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    got = request(agent, "exit 42", timeout=1, hello_within=5, py=_py(_lib(tmp_path), entry))
+    assert got is not None and got[0] == 124
+    pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10))  # type: ignore[arg-type]
+    wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 10)
+
+
 # --------------------------------------------------------------------------- over ssh, on the test bed
 
 
@@ -193,6 +258,50 @@ def test_a_new_connection_uses_the_agent_still_running_there(testbed: Testbed, f
     chain = third.run(["sh", "-c", CHAIN]).check().stdout
     assert third.master_pid() not in (None, old)  # a new connection...
     assert "ablate_agent" in chain and "sshd" not in chain  # ...and still no login shell
+
+
+def test_over_ssh_a_probe_runs_inside_the_host_agent_once_one_answers(
+        testbed: Testbed, fresh: Path, no_agents: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `py` form goes with the command through the ssh transport: the host's agent runs the
+    entry itself (the command, a different one on purpose, does not run); before any agent
+    answers, and with ABLATE_SSH_AGENT_PY=0, the command runs."""
+    lib = _lib(testbed.shared_dir / "agentpy")  # the shared dir: the host sees it at shared_path
+    on_host = lib.replace(str(testbed.shared_dir), testbed.shared_path)
+    host = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    py = {**_py(on_host, INSIDE, "x"), "python": host.python}  # the one the agent runs on
+    assert not host.agent_ready()  # nothing says an agent is there: a view stays in the script
+    assert host.exec("echo usual; exit 42", py=py)[:2] == (42, b"usual\n")  # a login shell (it boots one)
+    assert host.agent_ready()
+    assert host.exec("exit 42", py=py)[:2] == (0, f"True ['x'] {on_host}\n".encode())
+    other = {**py, "python": "/opt/other/python3"}  # the probe asks for another interpreter
+    assert host.exec("echo usual; exit 42", py=other)[:2] == (42, b"usual\n")
+    monkeypatch.setenv("ABLATE_SSH_AGENT_PY", "0")
+    assert host.exec("echo usual; exit 42", py=py)[:2] == (42, b"usual\n")
+    host.close()
+
+
+def test_a_command_sent_while_another_starts_the_agent_goes_to_it(
+        testbed: Testbed, fresh: Path, no_agents: None, tmp_path: Path) -> None:
+    """First contact, two commands at once (status's FS probe and its host query): the second waits
+    for the first to start, the agent's news with it, then goes to the agent; never a second login
+    shell, and never the first command's end (it still runs when the second is done)."""
+    import threading
+
+    marker = f"/tmp/abl-first-{os.getpid()}"
+    host = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    first: list[str] = []
+    t = threading.Thread(target=lambda: first.append(host.run(
+        ["sh", "-c", CHAIN + f"; sleep 3; touch {marker}"], timeout=60).check().stdout))
+    t.start()
+    wait_for(lambda: host._agent_booted, 20)  # the first command carries the agent's start
+    second = host.run(["sh", "-c", CHAIN + f"; test ! -e {marker} && echo first-still-running"],
+                      timeout=60).check().stdout
+    t.join(60)
+    _on(testbed, "tb-h1", f"rm -f {marker}")
+    assert "sshd" in first[0] and "ablate_agent" not in first[0]
+    assert "ablate_agent" in second and "sshd" not in second
+    assert "first-still-running" in second
+    host.close()
 
 
 def _read_until(live: Live, text: bytes, timeout: float = 20.0) -> bytes:

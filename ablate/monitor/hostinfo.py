@@ -100,11 +100,16 @@ def host_live(project: Project, host: str, nbytes: int = TAIL_BYTES, timeout: fl
     """Ask one host, in one command. Raises the transport's error when the host cannot be reached."""
     h = project.host(host)
     t = host_transport(project, h)
+    view = hostview.view_args(project, host)
+    split = hostview.split_view(t, view)  # then the view is a request of its own, run by the agent
     argv = ["bash", "-c", SCRIPT, "bash", h.ckpt_root, str(nbytes), project.layout(h).heartbeats, h.name,
-            *hostview.view_args(project, host), *t.tmux_argv()]
+            *(["", "", "", ""] if split else view), *t.tmux_argv()]
     r = t.run(argv, timeout=timeout)
     r.check()
-    return parse_output(host, r.stdout)
+    live = parse_output(host, r.stdout)
+    if split:
+        live.view, live.view_error = hostview.ask_view(t, view, timeout)
+    return live
 
 
 def parse_output(host: str, text: str) -> HostLive:

@@ -12,6 +12,11 @@ One connection, one command: the agent says hello first (so the controller knows
 reach it before sending it: no hello, nothing was sent, and the command goes the usual way), reads a
 JSON header line and the command's stdin, runs `/bin/sh -c CMD` in the user's home in a process
 group of its own, and streams frames back (`o`/`e` + length + bytes, then `x` + the exit code). A
+header may also carry `py`: the stdlib-only Python entry that CMD would start (`dir` put first on
+sys.path and made the working directory, `entry` run as `-c` with `argv`, `needs` a file that must be
+readable under `dir`, `min` the Python it needs). When this interpreter can run it, a forked child of
+the agent does, with the same pipes, process group and exit code: no shell, no interpreter start,
+the common stdlib already imported (~30 ms less per probe); else CMD runs as usual. A
 controller that goes away (time-out, Ctrl-C, lost link) ends the command's process group. Only the
 agent's own user may connect; it exits after `idle` seconds without a request, or when its socket
 is taken from it. Stdlib only, Python >= 3.7: it runs on the host's interpreter.
@@ -36,6 +41,12 @@ import sys
 import threading
 import time
 
+TYPE_CHECKING = False  # typing costs the agent's start ~5 ms: never imported on a host
+if TYPE_CHECKING:
+    from typing import Any
+
+# What a probe imports of the stdlib, imported once here: a forked child finds it loaded.
+PRELOAD = ("base64", "hashlib", "posixpath", "re")
 HELLO = b"ablate-agent 1\n"
 MAX_HEADER = 1 << 20
 CHUNK = 1 << 16
@@ -74,7 +85,7 @@ def _same_user(conn: socket.socket) -> bool:
     return bool(uid == os.getuid())
 
 
-def _end(proc: subprocess.Popen[bytes], stream: bool = False) -> None:
+def _end(proc: Forked | subprocess.Popen[bytes], stream: bool = False) -> None:
     """The controller went away mid-command: TERM the command's group, KILL it 3 s later. A
     command reading a streamed stdin first gets its EOF, and 3 s to end on it (as when an ssh
     session closes: a held lock's holder cleans up and lets go)."""
@@ -94,12 +105,95 @@ def _end(proc: subprocess.Popen[bytes], stream: bool = False) -> None:
             return
 
 
-def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
+def _feed(proc: Forked | subprocess.Popen[bytes], data: bytes) -> None:
     assert proc.stdin is not None
     with contextlib.suppress(OSError, ValueError):
         proc.stdin.write(data)
     with contextlib.suppress(OSError, ValueError):
         proc.stdin.close()
+
+
+def _exit_code(status: int) -> int:
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+
+
+def _servable(py: object) -> bool:
+    """Whether this interpreter can run a request's `py` entry itself (the handle doc)."""
+    if not isinstance(py, dict) or not hasattr(os, "fork"):
+        return False
+    try:
+        return bool(sys.version_info[:2] >= tuple(py["min"]) and isinstance(py["entry"], str)
+                    and all(isinstance(a, str) for a in py["argv"])
+                    and os.access(os.path.join(py["dir"], py["needs"]), os.R_OK))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+class Forked:
+    """`py`'s entry in a forked child (`_run_entry`), with what `handle` uses of a Popen: pid (its
+    own process group), stdin/stdout/stderr pipes, poll, wait."""
+
+    def __init__(self, py: dict[str, Any], home: str, with_stdin: bool) -> None:
+        (r0, w0), (r1, w1), (r2, w2) = os.pipe(), os.pipe(), os.pipe()
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:
+            _run_entry(py, home, r0 if with_stdin else os.open(os.devnull, os.O_RDONLY), w1, w2)
+        for fd in (r0, w1, w2):
+            os.close(fd)
+        self.stdin = open(w0, "wb") if with_stdin else None  # noqa: SIM115 (closed by handle)
+        if not with_stdin:
+            os.close(w0)
+        self.stdout, self.stderr = open(r1, "rb"), open(r2, "rb")  # noqa: SIM115
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = _exit_code(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = _exit_code(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+
+def _run_entry(py: dict[str, Any], home: str, stdin: int, stdout: int, stderr: int) -> None:
+    """In the child: what `cd DIR && PYTHONPATH=DIR python -S -c ENTRY ARGV...` would do, then exit
+    with its code (an uncaught exception: the traceback on stderr, 1). Never returns."""
+    rc = 1
+    try:
+        os.setsid()
+        for fd, to in ((stdin, 0), (stdout, 1), (stderr, 2)):
+            os.dup2(fd, to)
+        os.closerange(3, 1 << 16)  # the listener and the other requests' connections
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        sys.stdin, sys.stdout, sys.stderr = open(0), open(1, "w"), open(2, "w")  # noqa: SIM115
+        os.chdir(py["dir"])
+        sys.path.insert(0, py["dir"])
+        user_home = os.environ.get("HOME")
+        cache = os.environ.get("XDG_CACHE_HOME") or (user_home + "/.cache" if user_home else "")
+        if cache:  # as the shell form's PYTHONPYCACHEPREFIX (ablate.transport.sshfs.PYC)
+            sys.pycache_prefix = os.path.join(cache, "ablate", "pyc")
+        else:
+            sys.dont_write_bytecode = True
+        sys.argv = ["-c", *py["argv"]]
+        exec(compile(py["entry"], "<string>", "exec"), {"__name__": "__main__"})
+        rc = 0
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                f.flush()
+        os._exit(rc & 0xFF)
 
 
 def handle(conn: socket.socket, home: str) -> None:
@@ -112,9 +206,13 @@ def handle(conn: socket.socket, home: str) -> None:
     n = req.get("stdin")
     stream = n == "stream"
     data = None if n is None or stream else read_exact(conn, int(n))
-    proc = subprocess.Popen(["/bin/sh", "-c", str(req["cmd"])], cwd=home, start_new_session=True,
-                            stdin=subprocess.PIPE if n is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc: Forked | subprocess.Popen[bytes]
+    if not stream and _servable(req.get("py")):
+        proc = Forked(req["py"], home, n is not None)
+    else:
+        proc = subprocess.Popen(["/bin/sh", "-c", str(req["cmd"])], cwd=home, start_new_session=True,
+                                stdin=subprocess.PIPE if n is not None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     if data is not None:
         threading.Thread(target=_feed, args=(proc, data), daemon=True).start()
     sel = selectors.DefaultSelector()
@@ -151,7 +249,7 @@ def handle(conn: socket.socket, home: str) -> None:
                     f.close()
 
 
-def _from_controller(conn: socket.socket, proc: subprocess.Popen[bytes], stream: bool) -> bool:
+def _from_controller(conn: socket.socket, proc: Forked | subprocess.Popen[bytes], stream: bool) -> bool:
     """One frame of the controller's (stdin, or its end); False when it closed the connection."""
     kind = conn.recv(1)
     if not kind:
@@ -279,6 +377,9 @@ def main(argv: list[str]) -> int:
     # that shell's commands: a `bash -c` of theirs is then no top-level shell run by sshd, and
     # does not read ~/.bashrc again (as under sshd, where the login shell is level 1).
     os.environ["SHLVL"] = "1"
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            __import__(name)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # hold no pipe of the caller's open
         os.dup2(null, fd)

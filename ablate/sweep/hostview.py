@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ablate.config.project import Project
+from ablate.errors import AblateError
 from ablate.remote.layout import SweepLayout
 from ablate.transport import fan_out, host_transport
-from ablate.transport.shellhost import NO_TMUX_SERVER
-from ablate.transport.sshfs import PROBE_RUN, PYC, lib_digest
+from ablate.transport.base import HostTransport
+from ablate.transport.shellhost import NO_TMUX_SERVER, ShellHost
+from ablate.transport.sshfs import PROBE_RUN, PYC, lib_digest, probe_command
 
 MARK = "\x1eablate"  # a record separator no log line (and no JSON document) carries
 # tmux: "$@" is the host's tmux command line; its sessions come first, the rc after them.
@@ -114,27 +116,55 @@ def parse(text: str) -> tuple[tuple[set[str] | None, str | None], tuple[dict[str
     return tmux, view
 
 
-def ask_one(project: Project, host: str, timeout: float = 20.0) -> str:
+def split_view(t: HostTransport, args: Sequence[str]) -> bool:
+    """Whether to read the view in a request of its own (`ask_view`), out of the host's script:
+    when a host agent will answer, which runs it in its own interpreter, no Python started; not
+    before (two commands would be two login shells)."""
+    return bool(args[0]) and isinstance(t, ShellHost) and t.agent_ready()
+
+
+def ask_view(t: HostTransport, args: Sequence[str], timeout: float) -> tuple[dict[str, Any] | None,
+                                                                           str | None]:
+    """The `mine` probe of `view_args` as a command of its own (what `VIEW` runs in the script)."""
+    assert isinstance(t, ShellHost)
+    command, py = probe_command(args[0], args[1], args[2], "mine", args[3])
+    try:
+        rc, out, _ = t.exec(command, timeout=timeout, py=py)
+    except AblateError as e:
+        return None, str(e).splitlines()[0]
+    return view_answer(out.decode(errors="replace").split("\n"), str(rc))
+
+
+Answer = tuple[tuple[set[str] | None, str | None], tuple[dict[str, Any] | None, str | None]]
+
+
+def ask_one(project: Project, host: str, timeout: float = 20.0) -> Answer:
+    """(tmux answer, view answer) of one host, as `parse` gives them."""
     h = project.host(host)
     t = host_transport(project, h)
-    r = t.run(["bash", "-c", SCRIPT, "bash", *view_args(project, host), *t.tmux_argv()], timeout=timeout)
+    args = view_args(project, host)
+    split = split_view(t, args)
+    r = t.run(["bash", "-c", SCRIPT, "bash", *(["", "", "", ""] if split else args), *t.tmux_argv()],
+              timeout=timeout)
     r.check()
-    return r.stdout
+    tmux, view = parse(r.stdout)
+    return (tmux, ask_view(t, args, timeout)) if split else (tmux, view)
 
 
 def ask_hosts(project: Project, hosts: Sequence[str] | None = None) -> Asked:
-    """Every host (or those named) in parallel: one command each (`SCRIPT`)."""
+    """Every host (or those named) in parallel: one command each (`SCRIPT`; the view a second one
+    where a host agent runs it: `split_view`)."""
     names = list(project.hosts) if hosts is None else list(hosts)
     answers = fan_out(names, lambda n: ask_one(project, n))
     asked = Asked()
     for name in project.hosts:
         got = answers.get(name)
-        if not isinstance(got, str):
+        if not isinstance(got, tuple):
             asked.sessions[name] = None
             text = str(got) if got is not None else "not asked"
             asked.unreachable[name] = text.splitlines()[0] if text else type(got).__name__
             continue
-        (sessions, why), (view, vwhy) = parse(got)
+        (sessions, why), (view, vwhy) = got
         asked.sessions[name] = sessions
         if sessions is None:
             asked.unreachable[name] = (why or "tmux did not answer").splitlines()[0]
@@ -145,5 +175,5 @@ def ask_hosts(project: Project, hosts: Sequence[str] | None = None) -> Asked:
     return asked
 
 
-__all__ = ["MARK", "SCRIPT", "TMUX", "VIEW", "Asked", "ask_hosts", "ask_one", "parse",
-           "tmux_answer", "view_answer", "view_args"]
+__all__ = ["MARK", "SCRIPT", "TMUX", "VIEW", "Answer", "Asked", "ask_hosts", "ask_one", "ask_view", "parse",
+           "split_view", "tmux_answer", "view_answer", "view_args"]

@@ -21,7 +21,9 @@ import socket
 import struct
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ablate import resources as packaged
 from ablate.errors import AblateError
@@ -176,16 +178,21 @@ def _send(s: socket.socket, data: bytes) -> None:
 
 
 def request(local_socket: str, command: str, *, timeout: float, hello_within: float,
-            stdin: bytes | None = None, sink: Sink | None = None) -> tuple[int, bytes, bytes] | None:
+            stdin: bytes | None = None, sink: Sink | None = None,
+            py: Mapping[str, Any] | None = None) -> tuple[int, bytes, bytes] | None:
     """Run `command` through the agent behind `local_socket`: (rc, stdout, stderr), rc 124 when it
     outlived `timeout` (ended on the host); None when no agent answered (nothing sent). With a
-    sink, stdout goes there and each chunk restarts the time-out. Raises AgentSilent, AgentLost."""
+    sink, stdout goes there and each chunk restarts the time-out. `py`: the Python entry `command`
+    starts, for the agent to run itself when it can (`ablate.remote.agent`). Raises AgentSilent,
+    AgentLost."""
     s = _connect(local_socket, hello_within)
     if s is None:
         return None
     try:
         s.settimeout(timeout)
-        header = {"cmd": command, "stdin": None if stdin is None else len(stdin)}
+        header: dict[str, Any] = {"cmd": command, "stdin": None if stdin is None else len(stdin)}
+        if py is not None and os.environ.get("ABLATE_SSH_AGENT_PY") != "0":
+            header["py"] = dict(py)
         _send(s, (json.dumps(header) + "\n").encode() + (stdin or b""))
         return _replies(s, timeout, sink)
     finally:

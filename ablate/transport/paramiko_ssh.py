@@ -25,6 +25,7 @@ import select
 import shlex
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import fabric
@@ -265,7 +266,7 @@ class ParamikoHost(ShellHost):
     # ------------------------------------------------------------------ commands
 
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
-             sink: Sink | None = None) -> tuple[int, bytes, bytes]:
+             sink: Sink | None = None, py: Mapping[str, Any] | None = None) -> tuple[int, bytes, bytes]:
         """Run one remote shell command line; (rc, stdout, stderr). rc 124 on time-out.
 
         With `sink`, stdout is streamed into it (and returned empty) and `timeout` counts from the

@@ -14,7 +14,7 @@ import shlex
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ablate.errors import AblateError, RemoteError
 from ablate.transport.base import CommandResult
@@ -92,10 +92,12 @@ class ShellHost(ABC):
 
     @abstractmethod
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
-             sink: Sink | None = None) -> tuple[int, bytes, bytes]:
+             sink: Sink | None = None, py: Mapping[str, Any] | None = None) -> tuple[int, bytes, bytes]:
         """Run one remote shell command line; (rc, stdout, stderr); rc 124 on time-out. With
         `sink`, stdout goes there as it arrives (returned empty) and `timeout` counts from the last
-        data received, so a long transfer that keeps moving never times out."""
+        data received, so a long transfer that keeps moving never times out. `py`: the stdlib-only
+        Python entry `command` starts (`ablate.remote.agent`), which a host agent may run in its
+        own interpreter instead, with the same output and exit code; other clients ignore it."""
         raise NotImplementedError
 
     @abstractmethod
@@ -106,6 +108,11 @@ class ShellHost(ABC):
 
     def close(self) -> None:
         raise NotImplementedError
+
+    def agent_ready(self) -> bool:
+        """Whether a command now would likely go to a host agent, not through a login shell (one
+        answered or started recently): then two small commands cost less than one shell."""
+        return False
 
     @abstractmethod
     def target(self) -> str:

@@ -44,8 +44,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from ablate.errors import AblateError, RemoteError
 from ablate.transport.agentlink import (
@@ -71,12 +71,12 @@ from ablate.transport.shellhost import (
 )
 from ablate.transport.sshproc import (
     DROPPED,
-    MARK,
     MARK_CMD,
     MASTER_FAILED,
     TIMED_OUT,
     ProcLive,
     control_dir,
+    explain,
     last_lines,
     persist_seconds,
 )
@@ -117,6 +117,8 @@ class SSHHost(ShellHost):
         self.python = python  # the host's interpreter, for the agent
         self._agent_up = False  # the agent answered in this process
         self._agent_booted = False  # this process tried to start it (before one of its commands)
+        self._booting = threading.Event()  # set once that command started (the agent's news is in)
+        self._booting.set()
 
     def __enter__(self) -> SSHHost:
         return self
@@ -274,35 +276,9 @@ class SSHHost(ShellHost):
             return None
 
     def _explain(self, err: str) -> RemoteError:
-        """Classify a connection failure from ssh's own words."""
-        text = err.replace(MARK.decode(), "").strip()
-        tail = last_lines(text)
-        if "REVOKED" in text or "revoked" in text:
-            return HostKeyError(f"{self.name}: the host key of {self._where()} is marked @revoked in "
-                                f"known_hosts; refusing to connect, whatever the config says: {tail}")
-        if "IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested" in text:
-            fix = re.search(r"^\s*(ssh-keygen -f .+ -R .+?)\s*$", text, re.M)
-            how = (f"`{fix.group(1)}`" if fix else f"`ssh-keygen -R` on the entry ssh names ({tail})")
-            return HostKeyError(
-                f"{self.name}: the host key of {self._where()} CHANGED; refusing to connect. If the "
-                f"instance was re-created, remove the old key with {how}, then run "
-                f"`{self._hint_ssh()}` once and check the fingerprint")
-        if "host key is known for" in text or "Host key verification failed" in text:
-            return HostKeyError(
-                f"{self.name}: unknown host key for {self._where()}; refusing to connect. To trust "
-                f"it, run `{self._hint_ssh(ask=True)}` once and check the fingerprint, or pass "
-                f"--accept-new-host-keys ({tail})")
-        if "Permission denied" in text or "Too many authentication failures" in text:
-            return AuthFailed(f"{self._where()}: authentication failed: {tail}; check IdentityFile, "
-                              f"the ssh agent and CertificateFile for this host (`{self._hint_ssh()} "
-                              "-v` shows what was offered)")
-        if re.search(r"Bad configuration option|bad configuration options|Unsupported option|"
-                     r"Can't open user config|garbage at end of line|no argument after keyword", text):
-            return SSHConfigError(f"{self.name}: ssh config rejected by OpenSSH: {tail}")
-        if re.search(r"timed out|Operation timed out", text):
-            return HostUnreachable(f"{self._where()}: no answer within the {self.connect_timeout:g}s "
-                                   f"connect time-out (host down or network unreachable): {tail}")
-        return HostUnreachable(f"{self._where()}: cannot connect: {tail}")
+        """Classify a connection failure from ssh's own words (`sshproc.explain`)."""
+        return explain(err, self.name, self._where(), self._hint_ssh(), self._hint_ssh(ask=True),
+                       self.connect_timeout)
 
     def _stale_socket(self) -> None:
         """A socket file with no master behind it (a master killed hard): removed, so that the
@@ -363,10 +339,12 @@ class SSHHost(ShellHost):
         return self._spawn(self._command(command, pre), stdin, keep_stdin)
 
     def _wait(self, live: ProcLive, timeout: float, sink: Sink | None,
-              parts: tuple[list[bytes], list[bytes]] | None, *, start_only: bool = False) -> int | None:
+              parts: tuple[list[bytes], list[bytes]] | None, *, start_only: bool = False,
+              on_start: Callable[[bytes], None] | None = None) -> int | None:
         """Pump `live` until it exits (its rc, or `TIMED_OUT`), or until it has started when
         `start_only` (None; stdout read so far stays in `live.pending`). Raises the connection's
-        failure when it ends, or does not start in time, before the command started."""
+        failure when it ends, or does not start in time, before the command started. `on_start`
+        gets the preamble once the command started."""
         t0 = time.monotonic()
         # through a live master a command starts within its own time-out (a loaded host may take
         # seconds; a dead link ends the master within ~15 s); a new connection adds the connect
@@ -387,6 +365,9 @@ class SSHHost(ShellHost):
                     parts[0].append(out)
             if err and parts is not None:
                 parts[1].append(err)
+            if live.started and on_start is not None:
+                on_start(live.preamble)
+                on_start = None
             if live.started and start_only:
                 return None
             if live.started and kept:
@@ -438,6 +419,9 @@ class SSHHost(ShellHost):
         remote = remote_socket(self.options().get("user", ""))
         return (f"{self._socket()}.a", remote) if remote else None
 
+    def agent_ready(self) -> bool:
+        return (link := self._agent_link()) is not None and (self._agent_up or Marks(link[0]).seen())
+
     def _via_agent(self, command: str, timeout: float, call: Callable[[str, float], R | None]) -> R | None:
         """`call(local socket, hello_within)` to the agent, when one may be there (a kept master,
         an agent that answered or started in this process, or `.seen`); None when none answered
@@ -475,31 +459,43 @@ class SSHHost(ShellHost):
         return got
 
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
-             sink: Sink | None = None) -> tuple[int, bytes, bytes]:
+             sink: Sink | None = None, py: Mapping[str, Any] | None = None) -> tuple[int, bytes, bytes]:
+        # A command sent while another one of this process starts the agent waits for its news
+        # (its start, not its end): then it goes to the agent, not through a second login shell.
+        self._booting.wait(timeout)
+        if py is not None and py.get("python") != self.python:  # not what the agent runs on: as asked
+            py = None
         got = self._via_agent(command, timeout, lambda local, within: request(
-            local, command, timeout=timeout, hello_within=within, stdin=stdin, sink=sink))
+            local, command, timeout=timeout, hello_within=within, stdin=stdin, sink=sink, py=py))
         if got is not None:
             return got
         link = self._agent_link()
         boot = ""
-        if link is not None and not self._agent_booted and not Marks(link[0]).refused():
-            self._agent_booted = True
-            boot = bootstrap(self.python, link[1], agent_idle_seconds())
+        with self._lock:
+            if link is not None and not self._agent_booted and not Marks(link[0]).refused():
+                self._agent_booted = True
+                self._booting.clear()
+                boot = bootstrap(self.python, link[1], agent_idle_seconds())
         out: list[bytes] = []
         err: list[bytes] = []
-        preamble = [b""]
+
+        def booted(preamble: bytes) -> None:
+            assert link is not None
+            self._agent_up = up = started(preamble)
+            Marks(link[0]).started(up)
+            self._booting.set()
 
         def to_end(live: ProcLive) -> int | None:
             try:
-                return self._wait(live, timeout, sink, (out, err))
+                return self._wait(live, timeout, sink, (out, err), on_start=booted if boot else None)
             finally:
-                preamble[0] = live.preamble
                 live.close()
 
-        rc = self._attempts(command, stdin, False, to_end, pre=boot)
-        if boot and link is not None:
-            self._agent_up = up = started(preamble[0])
-            Marks(link[0]).started(up)
+        try:
+            rc = self._attempts(command, stdin, False, to_end, pre=boot)
+        finally:
+            if boot:
+                self._booting.set()  # it never started: the others go the usual way
         assert rc is not None
         stderr = b"".join(err)
         if rc == TIMED_OUT:

@@ -79,6 +79,20 @@ _PROBE = ('d=$1; e=$2; py=$3; f=$4; shift 4; [ -r "$d/ablate/remote/probe.py" ] 
           'if [ -n "$e" ]; then eval "$e" >&2 || exit 98; fi\n'
           + PYC + 'cd "$d" && ' + PROBE_RUN)
 _NEEDS_SITE = frozenset({"verify"})
+
+
+def probe_command(lib_dir: str, env: str, python: str, op: str,
+                  arg: str) -> tuple[str, dict[str, Any] | None]:
+    """The shell command line that runs probe `op` with `arg` from `lib_dir` (rc 97: the library
+    is not there; 98: the profile's env failed), and, for an op that needs no site-packages, its
+    `py` form, which a host agent started with that `python` runs in its own interpreter
+    (`ablate.remote.agent`): the op is stdlib only, so the profile's env, which only picks the
+    interpreter, changes nothing of it (`doctor` checks the env)."""
+    site = op in _NEEDS_SITE
+    command = shlex.join(["bash", "-c", _PROBE, "bash", lib_dir, env, python, "" if site else "-S", op, arg])
+    py = None if site else {"dir": lib_dir, "entry": PROBE_ENTRY, "argv": [op, arg], "python": python,
+                            "needs": "ablate/remote/probe.py", "min": [3, 8]}
+    return command, py
 # The probe's library in one round trip, without Python (the probe is what says it is missing): a
 # script on stdin runs _IMMUTABLE ($1) for each file, its bytes from a base64 here-document; the
 # first that fails names its path on stderr's last line and exits with _IMMUTABLE's code.
@@ -172,9 +186,13 @@ class SSHFS:
     def _sh(self, script: str, *args: str, stdin: bytes | None = None, timeout: float | None = None,
             sink: Sink | None = None) -> tuple[int, bytes, bytes]:
         # bash, not sh: a profile's `env` (`source …/activate`) is bash; dash has no `source`.
-        argv = ["bash", "-c", script, "bash", *args]
-        return self._first(lambda host: host.exec(shlex.join(argv), timeout=timeout or self.timeout,
-                                                  stdin=stdin, sink=sink))
+        return self._exec(shlex.join(["bash", "-c", script, "bash", *args]), stdin=stdin, timeout=timeout,
+                          sink=sink)
+
+    def _exec(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None,
+              sink: Sink | None = None, py: Mapping[str, Any] | None = None) -> tuple[int, bytes, bytes]:
+        return self._first(lambda host: host.exec(command, timeout=timeout or self.timeout, stdin=stdin,
+                                                  sink=sink, py=py))
 
     def _first(self, fn: Callable[[ShellHost], T]) -> T:
         """`fn` through the first host that answers (`via` names it); a host that cannot be reached
@@ -310,8 +328,8 @@ class SSHFS:
         """`python -m ablate.remote.probe OP ARG` (ARG `-`: the JSON on stdin), the library shipped
         first when it is not there yet."""
         for _ in range(2):
-            rc, out, err = self._sh(_PROBE, self.lib_dir, self.env, self.python,
-                                    "" if op in _NEEDS_SITE else "-S", op, arg, stdin=stdin, timeout=timeout)
+            command, py = probe_command(self.lib_dir, self.env, self.python, op, arg)
+            rc, out, err = self._exec(command, stdin=stdin, timeout=timeout, py=py)
             if rc == 97 and not self._lib_ready:
                 self.ship_probe()
                 continue

@@ -12,7 +12,8 @@ import subprocess
 import tempfile
 import threading
 
-from ablate.errors import AblateError
+from ablate.errors import AblateError, RemoteError
+from ablate.transport.shellhost import AuthFailed, HostKeyError, HostUnreachable, SSHConfigError
 
 DEFAULT_PERSIST = 120
 MARK = b"\x1e@ablate\x1e"
@@ -132,3 +133,36 @@ class ProcLive:
 def last_lines(text: str, n: int = 2) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("@@@")]
     return " / ".join(lines[-n:])[-400:] or "(no message)"
+
+
+def explain(err: str, name: str, where: str, hint: str, hint_ask: str, connect_timeout: float) -> RemoteError:
+    """Classify a connection failure to host `name` (`where`: user@host:port) from ssh's own words;
+    `hint`/`hint_ask`: the `ssh` command to paste (the second asks to trust an unknown key)."""
+    text = err.replace(MARK.decode(), "").strip()
+    tail = last_lines(text)
+    if "REVOKED" in text or "revoked" in text:
+        return HostKeyError(f"{name}: the host key of {where} is marked @revoked in "
+                            f"known_hosts; refusing to connect, whatever the config says: {tail}")
+    if "IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested" in text:
+        fix = re.search(r"^\s*(ssh-keygen -f .+ -R .+?)\s*$", text, re.M)
+        how = (f"`{fix.group(1)}`" if fix else f"`ssh-keygen -R` on the entry ssh names ({tail})")
+        return HostKeyError(
+            f"{name}: the host key of {where} CHANGED; refusing to connect. If the "
+            f"instance was re-created, remove the old key with {how}, then run "
+            f"`{hint}` once and check the fingerprint")
+    if "host key is known for" in text or "Host key verification failed" in text:
+        return HostKeyError(
+            f"{name}: unknown host key for {where}; refusing to connect. To trust "
+            f"it, run `{hint_ask}` once and check the fingerprint, or pass "
+            f"--accept-new-host-keys ({tail})")
+    if "Permission denied" in text or "Too many authentication failures" in text:
+        return AuthFailed(f"{where}: authentication failed: {tail}; check IdentityFile, "
+                          f"the ssh agent and CertificateFile for this host (`{hint} "
+                          "-v` shows what was offered)")
+    if re.search(r"Bad configuration option|bad configuration options|Unsupported option|"
+                 r"Can't open user config|garbage at end of line|no argument after keyword", text):
+        return SSHConfigError(f"{name}: ssh config rejected by OpenSSH: {tail}")
+    if re.search(r"timed out|Operation timed out", text):
+        return HostUnreachable(f"{where}: no answer within the {connect_timeout:g}s "
+                               f"connect time-out (host down or network unreachable): {tail}")
+    return HostUnreachable(f"{where}: cannot connect: {tail}")
