@@ -95,6 +95,17 @@ its own) and references, in the same run:
                       it runs its own queue, then steals; a runner that can do none of these exits (and
                       is left out of later deals), unless it is the last one running
   shared head, gate, true medians: the gate at 1 x and the stealing by the true median times (a limit)
+  spread k            learned min-max on a plan that deals each task's cells round-robin over the hosts:
+                      cells longest declared first, each onto the host that ends it earliest (declared
+                      figures) among the hosts with the fewest cells of its task while that fewest is
+                      below k (1: a task's m largest cells one per host; 1000: strictly round-robin)
+  spread 1, min-max, true medians: that plan, stealing by the true medians (its limit)
+  shared head, spread 1 rest, gate 1.5: the shared head over the spread plan's queues
+  shared head, gate 1.5 learned: the gate deals the head by the learned figures
+  eager               learned min-max, and a runner steals before its queue drains too: at each cell end
+                      (once any cell has ended) min-max's pick with its own queue's remaining time
+                      counted first, if the victim is expected to end after that queue plus the cell;
+                      the stolen cell runs now
 
     python3 scripts/bench_balance.py [--sweeps 2000] [--seed 4] [--sigmas 0,0.3,0.6] [--jobs N]
                                      [--no-write] [--candidates]
@@ -345,9 +356,28 @@ def rule_min_max(me: int, now: float, t: Estimate, pending: list[list[int]],
     return None
 
 
+def eager_pick(me: int, now: float, rule: StealRule, t: Estimate, pending: list[list[int]],
+               current: Current) -> tuple[int, int] | None:
+    """Steal before draining (candidate "eager"): `rule`'s pick as if this runner had drained but were
+    busy for its own queue's remaining time, kept only if the victim is expected to end after this
+    runner's queue plus the cell (the stolen cell runs now, the runner's own queue after it)."""
+    mine = sum(t(c, me) for c in pending[me])
+    busy = [*current]
+    busy[me] = None
+    others = [q if j != me else [] for j, q in enumerate(pending)]
+    pick = rule(me, now, lambda i, h: t(i, h) + (mine if h == me else 0.0), others, busy)
+    if pick is None:
+        return None
+    j, k = pick
+    rem = next(r for v, r, _left in victims(me, now, t, others, busy) if v == j)
+    return pick if mine + t(pending[j][k], me) < rem else None
+
+
 def declared_estimate(sw: Sweep) -> Estimate:
     est, speeds = sw.est, sw.declared
     return lambda i, h: est[i] / speeds[h]
+
+
 
 
 def learned_estimate(sw: Sweep, ended: Sequence[Observation], running: Sequence[Observation]) -> Estimate:
@@ -388,11 +418,14 @@ def planned(longest: bool = True) -> Planner:
 
 def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: bool = True,
                   planner: Planner | None = None, gate: float = 0.0,
-                  gate_knowledge: Knowledge = "") -> Policy:
+                  gate_knowledge: Knowledge = "", eager: bool = False) -> Policy:
     """A plan (queues, and a shared head if the planner makes one) run by the runners, each stealing
     by `rule` once it has nothing of its own. gate > 0: a free runner takes the head cell it would be
     dealt (head_pick) by the figures of gate_knowledge (default: those it steals by), where another
-    runner's time counts `gate` times its estimate."""
+    runner's time counts `gate` times its estimate. eager: a runner also steals by `rule` before its
+    queue drains, at each cell end once a cell has ended, when the cell it would take lowers the
+    later of the victim's expected finish and its own (its queue's remaining time counted first, the
+    cell run now)."""
     plan_of = planner or planned(longest)
 
     def run(sw: Sweep, d: Durations) -> float:
@@ -445,6 +478,11 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
                 k = head_pick(j, now)
                 if k is not None:
                     start(j, head.pop(k), now)
+                    return
+            if pending[j] and eager and ended:
+                pick = eager_pick(j, now, rule, estimate(now), pending, current)
+                if pick is not None:
+                    start(j, pending[pick[0]].pop(pick[1]), now)
                     return
             if pending[j]:
                 start(j, pending[j].pop(0), now)
@@ -540,6 +578,45 @@ def shared_head(size: HeadSize, rest: str = "plan", calibrate: bool = False) -> 
             qs[j].append(c)
             load[j] += t(c, j)
         return Plan(qs, head, first)
+
+    return plan
+
+
+def spread(depth: int) -> Planner:
+    """Each task's cells dealt round-robin over the hosts, balanced as they are dealt (candidate
+    "spread"; no local search): the cells, longest declared first, each onto the host that would end
+    it earliest by the declared figures, among the hosts with the fewest cells of its task while that
+    fewest is below `depth` (depth 1: a task's m largest cells one per host; a large depth: every task
+    strictly round-robin); each queue longest first. Every host then runs cells of several tasks and
+    every task runs on several hosts, so that the learned fit can tell a host's speed from a task's
+    scale."""
+    def plan(sw: Sweep) -> Plan:
+        m, t = len(sw.speeds), declared_estimate(sw)
+        by_speed = sorted(range(m), key=lambda j: (-sw.declared[j], j))
+        count = [[0] * m for _ in sw.scale]
+        load = [0.0] * m
+        qs: list[list[int]] = [[] for _ in range(m)]
+        for c in longest_first(range(len(sw.est)), sw.est):
+            have = count[sw.task[c]]
+            fewest = min(have)
+            hosts = [j for j in by_speed if have[j] == fewest] if fewest < depth else by_speed
+            j = min(hosts, key=lambda j: load[j] + t(c, j))
+            qs[j].append(c)
+            have[j] += 1
+            load[j] += t(c, j)
+        return Plan(qs, [], [[] for _ in range(m)])
+
+    return plan
+
+
+def head_over(planner: Planner, size: HeadSize) -> Planner:
+    """`planner`'s queues less the `size` largest cells (declared cost), which form a shared head, as
+    shared_head's rest="plan" does with today's plan."""
+    def plan(sw: Sweep) -> Plan:
+        head = longest_first(range(len(sw.est)), sw.est)[:size(sw)]
+        taken = set(head)
+        return Plan([[c for c in q if c not in taken] for q in planner(sw).queues], head,
+                    [[] for _ in sw.speeds])
 
     return plan
 
@@ -653,6 +730,7 @@ CLAIRVOYANT = "reference: clairvoyant"
 SHARED_HEAD = shared_head(head_of_large())
 SHARED_HEAD_LPT = shared_head(head_of_large(), "lpt")
 GATE = 1.5
+SPREAD_DEPTHS = (1, 1000)  # 1: a task's m largest cells one per host; 1000: strict round-robin
 CLAIRVOYANT = "reference: clairvoyant"
 BEST = "variant: shared head, gate 1.5, learned min-max"
 # Issue 13's candidates and references (printed with --candidates).
@@ -672,6 +750,20 @@ EXTRA: dict[str, Policy] = {
         rule_min_max, "learned", planner=SHARED_HEAD_LPT, gate=GATE, gate_knowledge="declared"),
     "reference: shared head, gate, true medians": with_stealing(rule_min_max, "true", planner=SHARED_HEAD,
                                                                 gate=1.0),
+    # Issue 13's ideas tried last: a plan that spreads each task over the hosts (and its limit,
+    # stealing by the true medians), under the gated shared head too, and stealing before the queue
+    # drains. (A prior pulling each learned speed towards the declared one was tried too, in a copy of
+    # learn.py's fit: no effect at 1, 3 or 8 pseudo-cells, 1.085/1.084/1.084 mean; not kept.)
+    **{f"variant: spread {k}, learned min-max": with_stealing(rule_min_max, "learned", planner=spread(k))
+       for k in SPREAD_DEPTHS},
+    "reference: spread 1, min-max, true medians": with_stealing(rule_min_max, "true", planner=spread(1)),
+    "variant: shared head, spread 1 rest, gate 1.5, learned min-max": with_stealing(
+        rule_min_max, "learned", planner=head_over(spread(1), head_of_large()), gate=GATE,
+        gate_knowledge="declared"),
+    "variant: eager, learned min-max": with_stealing(rule_min_max, "learned", eager=True),
+    # The gate deciding by the learned figures, on the first few ended cells.
+    "variant: shared head, gate 1.5 learned, learned min-max": with_stealing(
+        rule_min_max, "learned", planner=SHARED_HEAD, gate=GATE),
 }
 ALL: dict[str, Policy] = {**POLICIES, **VARIANTS, **LEARNED, ORACLE: with_stealing(rule_min_max, "true")}
 EVERY: dict[str, Policy] = {**ALL, **EXTRA}
