@@ -63,6 +63,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,14 +155,22 @@ class Bench:
             t0 = time.perf_counter()
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                  env=env, start_new_session=True)
-            try:
-                rc: int | None = p.wait(timeout)
-            except subprocess.TimeoutExpired:
+            # A blocking wait, the time-out a timer's kill: `Popen.wait(timeout)` polls with sleeps
+            # growing to 50 ms, which rounded every figure up to the next step (0.265, 0.315, ...).
+            killed = threading.Event()
+
+            def kill() -> None:
+                killed.set()
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-                rc = None
+
+            timer = threading.Timer(timeout, kill)
+            timer.start()
+            rc: int | None = p.wait()
             took = time.perf_counter() - t0
+            timer.cancel()
+            if killed.is_set():
+                rc = None
         return took, rc, log
 
 

@@ -100,15 +100,15 @@ def host_live(project: Project, host: str, nbytes: int = TAIL_BYTES, timeout: fl
     """Ask one host, in one command. Raises the transport's error when the host cannot be reached."""
     h = project.host(host)
     t = host_transport(project, h)
-    view = hostview.view_args(project, host)
-    split = hostview.split_view(t, view)  # then the view is a request of its own, run by the agent
-    argv = ["bash", "-c", SCRIPT, "bash", h.ckpt_root, str(nbytes), project.layout(h).heartbeats, h.name,
-            *(["", "", "", ""] if split else view), *t.tmux_argv()]
-    r = t.run(argv, timeout=timeout)
-    r.check()
-    live = parse_output(host, r.stdout)
-    if split:
-        live.view, live.view_error = hostview.ask_view(t, view, timeout)
+
+    def script(view: Sequence[str]) -> str:
+        return t.run(["bash", "-c", SCRIPT, "bash", h.ckpt_root, str(nbytes), project.layout(h).heartbeats,
+                      h.name, *view, *t.tmux_argv()], timeout=timeout).check().stdout
+
+    out, view = hostview.with_view(t, hostview.view_args(project, host), timeout, script)
+    live = parse_output(host, out)
+    if view is not None:  # asked in a request of its own, run by the host's agent
+        live.view, live.view_error = view
     return live
 
 

@@ -15,9 +15,10 @@ whose one command per host for `status` carries the same tmux and view sections.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ablate.config.project import Project
 from ablate.errors import AblateError
@@ -123,8 +124,7 @@ def split_view(t: HostTransport, args: Sequence[str]) -> bool:
     return bool(args[0]) and isinstance(t, ShellHost) and t.agent_ready()
 
 
-def ask_view(t: HostTransport, args: Sequence[str], timeout: float) -> tuple[dict[str, Any] | None,
-                                                                           str | None]:
+def ask_view(t: HostTransport, args: Sequence[str], timeout: float) -> ViewAnswer:
     """The `mine` probe of `view_args` as a command of its own (what `VIEW` runs in the script)."""
     assert isinstance(t, ShellHost)
     command, py = probe_command(args[0], args[1], args[2], "mine", args[3])
@@ -138,17 +138,36 @@ def ask_view(t: HostTransport, args: Sequence[str], timeout: float) -> tuple[dic
 Answer = tuple[tuple[set[str] | None, str | None], tuple[dict[str, Any] | None, str | None]]
 
 
+R = TypeVar("R")
+ViewAnswer = tuple[dict[str, Any] | None, str | None]
+
+
+def with_view(t: HostTransport, args: Sequence[str], timeout: float,
+              script: Callable[[Sequence[str]], R]) -> tuple[R, ViewAnswer | None]:
+    """`script(view args)`, the host's one script; where `split_view` says so, with the view
+    emptied there and asked at the same time in a request of its own (its answer, else None)."""
+    if not split_view(t, args):
+        return script(args), None
+    box: list[ViewAnswer] = []
+    asking = threading.Thread(target=lambda: box.append(ask_view(t, args, timeout)), daemon=True)
+    asking.start()
+    try:
+        got = script(["", "", "", ""])
+    finally:
+        asking.join()
+    return got, box[0] if box else (None, "the view was not read")
+
+
 def ask_one(project: Project, host: str, timeout: float = 20.0) -> Answer:
     """(tmux answer, view answer) of one host, as `parse` gives them."""
-    h = project.host(host)
-    t = host_transport(project, h)
-    args = view_args(project, host)
-    split = split_view(t, args)
-    r = t.run(["bash", "-c", SCRIPT, "bash", *(["", "", "", ""] if split else args), *t.tmux_argv()],
-              timeout=timeout)
-    r.check()
-    tmux, view = parse(r.stdout)
-    return (tmux, ask_view(t, args, timeout)) if split else (tmux, view)
+    t = host_transport(project, project.host(host))
+
+    def script(args: Sequence[str]) -> str:
+        return t.run(["bash", "-c", SCRIPT, "bash", *args, *t.tmux_argv()], timeout=timeout).check().stdout
+
+    out, view = with_view(t, view_args(project, host), timeout, script)
+    tmux, inline = parse(out)
+    return tmux, view or inline
 
 
 def ask_hosts(project: Project, hosts: Sequence[str] | None = None) -> Asked:
@@ -176,4 +195,4 @@ def ask_hosts(project: Project, hosts: Sequence[str] | None = None) -> Asked:
 
 
 __all__ = ["MARK", "SCRIPT", "TMUX", "VIEW", "Answer", "Asked", "ask_hosts", "ask_one", "ask_view", "parse",
-           "split_view", "tmux_answer", "view_answer", "view_args"]
+           "split_view", "tmux_answer", "view_answer", "view_args", "with_view"]

@@ -108,6 +108,7 @@ class SSHHost(ShellHost):
         self._connect_timeout = connect_timeout
         self.multiplex = os.name != "nt"  # Windows' OpenSSH has no ControlMaster
         self._lock = threading.Lock()
+        self._opts_lock = threading.Lock()
         self._opts: dict[str, str] | None = None
         self._ready = False  # the master (or a direct connection) answered in this process
         self._kept = False  # the master was left by an earlier command: trusted once a command starts
@@ -133,6 +134,10 @@ class SSHHost(ShellHost):
 
     def options(self) -> dict[str, str]:
         """`ssh -G`: the settings OpenSSH applies to this alias (first value of each key)."""
+        with self._opts_lock:  # once, whichever thread asks first
+            return self._options()
+
+    def _options(self) -> dict[str, str]:
         if self._opts is None:
             argv = [self.ssh, *self._config_args(), "-G", "--", self.alias]
             try:
