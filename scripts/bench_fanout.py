@@ -20,8 +20,12 @@ trivial cell per host) and times, one right after the other so that any noise hi
   warm          `ablate status` on sweep B, re-run (connections reused), once the launched queues
                 have ended (their CPU would be the controller's here; on real instances it is theirs)
 
-Every ablate command is a separate process, `<this python> -m ablate -C <project> ...` with this
-checkout first on PYTHONPATH (the real interpreter, not a pyenv shim), its output to a file: the
+Every ablate command is a separate process, `<this python> -S -m ablate -C <project> ...` with this
+checkout pip-installed into a directory of the bench's first on PYTHONPATH, then site-packages (the
+real interpreter, not a pyenv shim; -S: this
+machine's site runs .pth hooks at every start, a sandbox's CA hook importing certifi and the editable
+install's finder, ~40 ms that a pip-installed ablate does not pay: `python3 -c pass` with and
+without site is timed beside it), its output to a file: the
 time is until the process exits; its bytecode compiled once and used, as after `pip install`
 (this machine sets PYTHONDONTWRITEBYTECODE=1). The bed's profile names the real interpreter as `python` too
 (`python3` on PATH is a pyenv shim on this machine, ~0.15 s of CPU per start, where a conda or
@@ -60,6 +64,7 @@ import re
 import shlex
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -78,17 +83,24 @@ from benchlib import ablate_version, measured_line, median, publish  # noqa: E40
 
 from tests.testbed import Testbed, missing_requirement  # noqa: E402  (after the sys.path lines above)
 
-ABLATE = [sys.executable, "-m", "ablate"]
+# -S: no `site`, so none of this machine's .pth hooks (a sandbox's CA hook that imports certifi, the
+# editable install's finder: ~40 ms a start, the `python -c pass` rows) that an ablate installed by
+# pip on a user's machine does not run. This checkout is pip-installed into a directory of the
+# bench's (`install`), first on PYTHONPATH, site-packages after it (`Bench.run`).
+ABLATE = [sys.executable, "-S", "-m", "ablate"]
+SITE_PATHS = [p for p in (*site.getsitepackages(), site.getusersitepackages()) if os.path.isdir(p)]
 # The trivial cell: writes its checkpoint in a few milliseconds, no Python start-up.
 TRAIN = "mkdir -p {ckpt_dir} && cat {cfg} > {ckpt_dir}/ckpt.bin"
-KEYS = ("cold", "launch", "warm", "first", "launch_first", "parallel", "start")
+KEYS = ("cold", "launch", "warm", "first", "launch_first", "parallel", "start", "py_site", "py_bare")
 LABELS = {"cold": "`ablate status`, new connections (host agents running)",
           "launch": "`ablate launch --all`, fresh sweep, right after that status",
           "warm": "`ablate status` re-run (connections reused)",
           "first": "`ablate status`, first contact (no connection, no agent)",
           "launch_first": "`ablate launch --all`, fresh sweep, first contact",
           "parallel": "`parallel -j0 ssh {} true`, new connections",
-          "start": "`ablate --version` (process start, no SSH)"}
+          "start": "`ablate --version` (process start, no SSH)",
+          "py_site": "`python3 -c pass`, this machine's site and its .pth hooks",
+          "py_bare": "`python3 -S -c pass` (no site)"}
 TARGET = {"cold": 1.0, "launch": 1.0, "warm": 0.3, "first": 1.0, "launch_first": 1.0}
 
 
@@ -110,9 +122,17 @@ class Size:
         return median(self.times[key])
 
 
+def install(into: Path) -> Path:
+    """This checkout as `pip install` puts it (package data in place, bytecode compiled), in `into`."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(into), str(REPO)], check=True, stdout=subprocess.DEVNULL)
+    return into
+
+
 class Bench:
     def __init__(self, tmp: Path, connect_timeout: float) -> None:
         self.tmp = tmp
+        self.lib = install(tmp / "install")
         self.connect_timeout = connect_timeout
         self.ctl_root = Path(tempfile.mkdtemp(prefix="abf", dir="/tmp"))  # short: socket paths
         self.logs = tmp / "logs"
@@ -144,7 +164,8 @@ class Bench:
         self.count += 1
         log = self.logs / f"{self.count:04d}.log"
         env = dict(os.environ, NO_COLOR="1",
-                   PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+                   PYTHONPATH=os.pathsep.join([str(self.lib), *filter(None, [os.environ.get("PYTHONPATH")]),
+                                               *SITE_PATHS]))
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # ablate's bytecode is used, as pip installs it
         if ctl is not None:
             env["ABLATE_SSH_CONTROL_DIR"] = str(ctl)
@@ -154,7 +175,7 @@ class Bench:
         with open(log, "wb") as out:
             t0 = time.perf_counter()
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                 env=env, start_new_session=True)
+                                 env=env, start_new_session=True, cwd=self.tmp)  # -m: cwd first on sys.path
             # A blocking wait, the time-out a timer's kill: `Popen.wait(timeout)` polls with sleeps
             # growing to 50 ms, which rounded every figure up to the next step (0.265, 0.315, ...).
             killed = threading.Event()
@@ -364,6 +385,8 @@ def measure(bench: Bench, n: int, reps: int) -> Size:
             close_masters(ctl)
             settle(tb)
             got["start"], _ = one("start", r, [*ABLATE, "--version"], None)
+            got["py_site"], _ = one("py_site", r, [sys.executable, "-c", "pass"], None)
+            got["py_bare"], _ = one("py_bare", r, [sys.executable, "-S", "-c", "pass"], None)
             line = (", ".join(f"{k} {v:.3f}s" for k, v in got.items())
                     + f" (queues ended {waited:.1f}s after the launch)")
             print(f"{n} hosts, rep {r}{' (warm-up, dropped)' if r == 0 else ''}: {line}", file=sys.stderr)
@@ -581,11 +604,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     reps = max(1, args.reps)
-    runner = f"`{shlex.join(ABLATE)}` with this checkout on PYTHONPATH (not a pyenv shim)"
+    runner = (f"`{shlex.join(ABLATE)}` with this checkout pip-installed into a directory first on "
+              "PYTHONPATH, then site-packages (the real "
+              "interpreter, not a pyenv shim; -S: none of this machine's site hooks, see the `python3 -c "
+              "pass` rows, which a pip-installed ablate on a user's machine does not run, and not the few "
+              "ms of plain site either)")
     print(f"ablate runs as {runner}, one process per command", file=sys.stderr)
     results: list[Size] = []
-    # pip compiles a package's bytecode when it installs it; this checkout gets the same once.
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "ablate")], check=True)
     with tempfile.TemporaryDirectory(prefix="ablate-bench-") as tmp:
         bench = Bench(Path(tmp), args.connect_timeout)
         try:

@@ -37,7 +37,9 @@ def test_bench_fanout_runs_and_prints_the_table() -> None:
                         "`ablate status`, first contact (no connection, no agent)",
                         "`ablate launch --all`, fresh sweep, first contact",
                         "`parallel -j0 ssh {} true`, new connections",
-                        "`ablate --version` (process start, no SSH)"], p.stdout
+                        "`ablate --version` (process start, no SSH)",
+                        "`python3 -c pass`, this machine's site and its .pth hooks",
+                        "`python3 -S -c pass` (no site)"], p.stdout
     assert all(r[6] in ("PASS", "FAIL") for r in rows[:5] if len(r) == 7), p.stdout
     dead = [r for r in rows if len(r) == 10]
     assert len(dead) == 3 and all(r[9] in ("PASS", "FAIL") for r in dead), p.stdout

@@ -38,7 +38,6 @@ import fcntl
 import hashlib
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -69,6 +68,7 @@ from ablate.transport.shellhost import (
     Sink,
     SSHConfigError,
 )
+from ablate.transport.sshconfig import Resolved
 from ablate.transport.sshproc import (
     DROPPED,
     MARK_CMD,
@@ -85,8 +85,9 @@ __all__ = ["AuthFailed", "HostKeyError", "HostUnreachable", "SSHConfigError", "S
            "control_dir"]
 
 R = TypeVar("R")
-DEFAULT_CONNECT_TIMEOUT = 10.0
-class SSHHost(ShellHost):
+
+
+class SSHHost(Resolved, ShellHost):
     """One instance through OpenSSH's client (HostTransport)."""
 
     def __init__(self, name: str, alias: str | None = None, *, ssh_config: str | None = None,
@@ -129,57 +130,6 @@ class SSHHost(ShellHost):
 
     def __repr__(self) -> str:
         return f"SSHHost({self.name!r}, alias={self.alias!r})"
-
-    # ------------------------------------------------------------------ what OpenSSH resolved
-
-    def options(self) -> dict[str, str]:
-        """`ssh -G`: the settings OpenSSH applies to this alias (first value of each key)."""
-        with self._opts_lock:  # once, whichever thread asks first
-            return self._options()
-
-    def _options(self) -> dict[str, str]:
-        if self._opts is None:
-            argv = [self.ssh, *self._config_args(), "-G", "--", self.alias]
-            try:
-                r = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                raise RemoteError(f"{self.name}: `{shlex.join(argv)}` failed: {e}") from e
-            if r.returncode != 0:
-                text = r.stderr.decode(errors="replace").strip()
-                raise SSHConfigError(f"{self.name}: ssh config rejected by OpenSSH "
-                                     f"(`{shlex.join(argv)}`): {last_lines(text)}")
-            opts: dict[str, str] = {}
-            self._resolved = r.stdout
-            for line in r.stdout.decode(errors="replace").splitlines():
-                key, _, value = line.partition(" ")
-                opts.setdefault(key.lower(), value)
-            self._opts = opts
-        return self._opts
-
-    def target(self) -> str:
-        return self.options().get("hostname", self.alias)
-
-    @property
-    def connect_timeout(self) -> float:
-        if self._connect_timeout is not None:
-            return self._connect_timeout
-        raw = self.options().get("connecttimeout", "none")
-        return float(raw) if raw.isdigit() else DEFAULT_CONNECT_TIMEOUT
-
-    def _config_args(self) -> list[str]:
-        return ["-F", self.ssh_config] if self.ssh_config else []
-
-    def _where(self) -> str:
-        o = self.options()
-        return f"{self.name} ({o.get('user', '?')}@{o.get('hostname', self.alias)}:{o.get('port', '22')})"
-
-    def _hint_ssh(self, ask: bool = False) -> str:
-        """The `ssh` command to paste (`ask`: one that asks to trust an unknown key even where the
-        config says StrictHostKeyChecking yes)."""
-        strict = self.options().get("stricthostkeychecking", "ask").lower() in ("true", "yes")
-        extra = ["-o", "StrictHostKeyChecking=ask"] if ask and strict else []
-        return shlex.join(["ssh", *self._config_args(), *extra, self.alias])
 
     def _base(self) -> list[str]:
         """The ssh command line up to the options every use shares (config, batch, host keys)."""
@@ -465,13 +415,14 @@ class SSHHost(ShellHost):
 
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
              sink: Sink | None = None, py: Mapping[str, Any] | None = None) -> tuple[int, bytes, bytes]:
-        # A command sent while another one of this process starts the agent waits for its news
-        # (its start, not its end): then it goes to the agent, not through a second login shell.
-        self._booting.wait(timeout)
         if py is not None and py.get("python") != self.python:  # not what the agent runs on: as asked
             py = None
-        got = self._via_agent(command, timeout, lambda local, within: request(
-            local, command, timeout=timeout, hello_within=within, stdin=stdin, sink=sink, py=py))
+
+        def via_agent() -> tuple[int, bytes, bytes] | None:
+            return self._via_agent(command, timeout, lambda local, within: request(
+                local, command, timeout=timeout, hello_within=within, stdin=stdin, sink=sink, py=py))
+
+        got = via_agent()
         if got is not None:
             return got
         link = self._agent_link()
@@ -481,6 +432,13 @@ class SSHHost(ShellHost):
                 self._agent_booted = True
                 self._booting.clear()
                 boot = bootstrap(self.python, link[1], agent_idle_seconds())
+        if not boot and not self._booting.is_set():
+            # Another command of this process is starting the agent: its news comes with its start
+            # (not its end), then this one goes to the agent, not through a second login shell.
+            self._booting.wait(timeout)
+            got = via_agent()
+            if got is not None:
+                return got
         out: list[bytes] = []
         err: list[bytes] = []
 

@@ -1,0 +1,76 @@
+"""What OpenSSH resolved for one alias (`ssh -G`), for `ssh.SSHHost`: its options, the host it
+connects to, its connect time-out, and the `ssh` command a message tells the user to paste."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import threading
+
+from ablate.errors import RemoteError
+from ablate.transport.shellhost import SSHConfigError
+from ablate.transport.sshproc import last_lines
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+class Resolved:
+    """The `ssh -G` half of `SSHHost` (its attributes are set by SSHHost.__init__)."""
+
+    name: str
+    alias: str
+    ssh: str
+    ssh_config: str | None
+    _connect_timeout: float | None
+    _opts: dict[str, str] | None
+    _opts_lock: threading.Lock
+    _resolved: bytes
+
+    def options(self) -> dict[str, str]:
+        """`ssh -G`: the settings OpenSSH applies to this alias (first value of each key)."""
+        with self._opts_lock:  # once, whichever thread asks first
+            return self._options()
+
+    def _options(self) -> dict[str, str]:
+        if self._opts is None:
+            argv = [self.ssh, *self._config_args(), "-G", "--", self.alias]
+            try:
+                r = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise RemoteError(f"{self.name}: `{shlex.join(argv)}` failed: {e}") from e
+            if r.returncode != 0:
+                text = r.stderr.decode(errors="replace").strip()
+                raise SSHConfigError(f"{self.name}: ssh config rejected by OpenSSH "
+                                     f"(`{shlex.join(argv)}`): {last_lines(text)}")
+            opts: dict[str, str] = {}
+            self._resolved = r.stdout
+            for line in r.stdout.decode(errors="replace").splitlines():
+                key, _, value = line.partition(" ")
+                opts.setdefault(key.lower(), value)
+            self._opts = opts
+        return self._opts
+
+    def target(self) -> str:
+        return self.options().get("hostname", self.alias)
+
+    @property
+    def connect_timeout(self) -> float:
+        if self._connect_timeout is not None:
+            return self._connect_timeout
+        raw = self.options().get("connecttimeout", "none")
+        return float(raw) if raw.isdigit() else DEFAULT_CONNECT_TIMEOUT
+
+    def _config_args(self) -> list[str]:
+        return ["-F", self.ssh_config] if self.ssh_config else []
+
+    def _where(self) -> str:
+        o = self.options()
+        return f"{self.name} ({o.get('user', '?')}@{o.get('hostname', self.alias)}:{o.get('port', '22')})"
+
+    def _hint_ssh(self, ask: bool = False) -> str:
+        """The `ssh` command to paste (`ask`: one that asks to trust an unknown key even where the
+        config says StrictHostKeyChecking yes)."""
+        strict = self.options().get("stricthostkeychecking", "ask").lower() in ("true", "yes")
+        extra = ["-o", "StrictHostKeyChecking=ask"] if ask and strict else []
+        return shlex.join(["ssh", *self._config_args(), *extra, self.alias])
