@@ -304,6 +304,22 @@ def test_a_command_sent_while_another_starts_the_agent_goes_to_it(
     host.close()
 
 
+def test_a_held_command_at_first_contact_starts_the_agent_for_the_next_ones(
+        testbed: Testbed, fresh: Path, no_agents: None) -> None:
+    """launch's first command on the shared-FS host is the controller lock, held open: it carries
+    the agent's start, so the commands after it go to the agent, not through login shells."""
+    host = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    live = host.open_live("echo held; cat")
+    assert b"held" in _read_until(live, b"held")
+    chain = host.run(["sh", "-c", CHAIN]).check().stdout
+    assert "ablate_agent" in chain and "sshd" not in chain
+    live.shutdown_write()
+    _read_until(live, b"never printed")  # read to the end: it ends once its stdin is closed
+    assert live.exit_status() == 0
+    live.close()
+    host.close()
+
+
 def _read_until(live: Live, text: bytes, timeout: float = 20.0) -> bytes:
     got = [b""]
 

@@ -425,32 +425,15 @@ class SSHHost(Resolved, ShellHost):
         got = via_agent()
         if got is not None:
             return got
-        link = self._agent_link()
-        boot = ""
-        with self._lock:
-            if link is not None and not self._agent_booted and not Marks(link[0]).refused():
-                self._agent_booted = True
-                self._booting.clear()
-                boot = bootstrap(self.python, link[1], agent_idle_seconds())
-        if not boot and not self._booting.is_set():
-            # Another command of this process is starting the agent: its news comes with its start
-            # (not its end), then this one goes to the agent, not through a second login shell.
-            self._booting.wait(timeout)
-            got = via_agent()
-            if got is not None:
-                return got
+        boot, got = self._boot_or_wait(timeout, via_agent)
+        if got is not None:
+            return got
         out: list[bytes] = []
         err: list[bytes] = []
 
-        def booted(preamble: bytes) -> None:
-            assert link is not None
-            self._agent_up = up = started(preamble)
-            Marks(link[0]).started(up)
-            self._booting.set()
-
         def to_end(live: ProcLive) -> int | None:
             try:
-                return self._wait(live, timeout, sink, (out, err), on_start=booted if boot else None)
+                return self._wait(live, timeout, sink, (out, err), on_start=self._booted if boot else None)
             finally:
                 live.close()
 
@@ -470,16 +453,49 @@ class SSHHost(Resolved, ShellHost):
         return rc, b"".join(out), stderr
 
     def open_live(self, command: str, *, timeout: float = 60.0) -> Live:
-        agent = self._via_agent(command, timeout, lambda local, within: open_live(
-            local, command, hello_within=within))
+        def via_agent() -> Live | None:
+            return self._via_agent(command, timeout, lambda local, within: open_live(
+                local, command, hello_within=within))
+
+        agent = via_agent()
+        if agent is not None:
+            return agent
+        boot, agent = self._boot_or_wait(timeout, via_agent)
         if agent is not None:
             return agent
 
         def started(live: ProcLive) -> ProcLive:
-            self._wait(live, timeout, None, None, start_only=True)
+            self._wait(live, timeout, None, None, start_only=True, on_start=self._booted if boot else None)
             return live
 
-        return self._attempts(command, None, True, started)
+        try:
+            return self._attempts(command, None, True, started, pre=boot)
+        finally:
+            if boot:
+                self._booting.set()
+
+    def _boot_or_wait(self, timeout: float, retry: Callable[[], R | None]) -> tuple[str, R | None]:
+        """Before a command goes the usual way: the agent's bootstrap to put before it (this command
+        starts the agent: `_booted` hears how that went), or, while another command of this process
+        starts it, that one's news awaited (it comes with its start, not its end) and `retry`'s
+        answer through the agent: no second login shell. ("", None): the usual way, as it is."""
+        link = self._agent_link()
+        with self._lock:
+            if link is not None and not self._agent_booted and not Marks(link[0]).refused():
+                self._agent_booted = True
+                self._booting.clear()
+                return bootstrap(self.python, link[1], agent_idle_seconds()), None
+        if self._booting.is_set():
+            return "", None
+        self._booting.wait(timeout)
+        return "", retry()
+
+    def _booted(self, preamble: bytes) -> None:
+        link = self._agent_link()
+        assert link is not None
+        self._agent_up = up = started(preamble)
+        Marks(link[0]).started(up)
+        self._booting.set()
 
 
 class _StaleMaster(HostUnreachable):
