@@ -927,7 +927,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join([*rows_mis, *notes_mis]))
     if not args.no_write:
         cmd = (f"python3 scripts/bench_balance.py --sweeps {args.sweeps} --seed {args.seed} "
-               f"--sigmas {args.sigmas}")
+               f"--sigmas {args.sigmas}" + (" --candidates" if args.candidates else ""))
         path = write_section("bench_balance", section(cmd, n, args.seed, rows_exact, notes_exact,
                                                       rows_mis, notes_mis))
         print(f"wrote {path.relative_to(REPO)}")
