@@ -230,9 +230,13 @@ def append(app: App, queue: str, cfg: str, task: str, epochs: int | None, as_jso
 @pass_app
 def status(app: App, watch: bool, interval: float, as_json: bool) -> None:
     """Per queue: k/n, current cell, elapsed, heartbeat age, done vs synced.  Example: ablate status"""
-    from ablate.monitor import status as core
+    from ablate.transport import resolve_ahead
 
     project = app.project()
+    resolve_ahead(project)  # each host's `ssh -G` runs while the rest is imported
+
+    from ablate.monitor import status as core
+
     if watch:
         if as_json:
             raise AblateError("--watch and --json do not go together; use `ablate status --json` in a loop")

@@ -11,10 +11,12 @@ through the next such host when that one cannot be reached.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import shutil
 import threading
+from collections.abc import Callable
 
 from ablate.config.project import Host, Project
 from ablate.errors import AblateError
@@ -25,7 +27,7 @@ from ablate.transport.ssh import SSHHost
 from ablate.transport.sshfs import SSHFS
 
 __all__ = ["CommandResult", "HostTransport", "SharedFS", "accept_new_host_keys", "close_all", "fan_out",
-           "host_transport", "shared_fs"]
+           "host_transport", "resolve_ahead", "shared_fs"]
 
 _SSH_HOSTS: dict[tuple[str | None, str, str, bool], ShellHost] = {}
 _SSH_LOCK = threading.Lock()
@@ -72,6 +74,26 @@ def _ssh_host(project: Project, host: Host, accept_new: bool) -> ShellHost:
                 _SSH_HOSTS[key] = SSHHost(host.name, host.ssh, ssh_config=key[0], accept_new=accept_new,
                                           python=host.profile.python)
         return _SSH_HOSTS[key]
+
+
+def resolve_ahead(project: Project) -> None:
+    """Start every ssh host's `ssh -G` now, in the background, so that it runs while the caller
+    imports and reads what it needs; the first use waits for it (`SSHHost.options` holds a lock
+    while it runs) and, should it have failed, runs it again and raises."""
+    for h in project.hosts.values():
+        if h.transport != "ssh":
+            continue
+        try:
+            host = _ssh_host(project, h, _ACCEPT_NEW)
+        except AblateError:
+            continue  # said where the host is used, as without this
+        if isinstance(host, SSHHost):
+            threading.Thread(target=_quietly, args=(host.options,), daemon=True).start()
+
+
+def _quietly(fn: Callable[[], object]) -> None:
+    with contextlib.suppress(AblateError):
+        fn()
 
 
 def close_all() -> None:
