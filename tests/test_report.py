@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shlex
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -718,16 +719,17 @@ def test_report_over_ssh_reads_the_shared_fs_in_one_round_trip(
         wait_for(lambda: all((final / f"c{i}" / "MANIFEST.json").exists() for i in range(3)), timeout=90)
         cli.json(proj, "status")  # ships the probe's files once, as any earlier command would
 
-        commands: list[tuple[str, ...]] = []
-        sh = SSHFS._sh
+        commands: list[list[str]] = []
+        run = SSHFS._exec  # every FS command goes through it, a probe's `py` form beside it
 
-        def counted(self: SSHFS, script: str, *args: str, **kw: Any) -> Any:
-            commands.append(args)
-            return sh(self, script, *args, **kw)
+        def counted(self: SSHFS, command: str, **kw: Any) -> Any:
+            commands.append(shlex.split(command))
+            return run(self, command, **kw)
 
-        monkeypatch.setattr(SSHFS, "_sh", counted)
+        monkeypatch.setattr(SSHFS, "_exec", counted)
         res = cli.json(proj, "report")
-        assert [c[4] for c in commands] == ["report"], commands  # (lib, env, python, flags, op, args)
+        # bash -c PROBE bash lib env python flags op args
+        assert [c[8] if len(c) > 8 else c for c in commands] == ["report"], commands
     finally:
         close_all()
         shutil.rmtree(testbed.shared_dir / "work" / sweep, ignore_errors=True)

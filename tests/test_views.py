@@ -6,6 +6,7 @@ on a caching FS would see it with a host that does or does not answer."""
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,11 @@ import pytest
 from ablate.config.project import load_project
 from ablate.remote.layout import session_name
 from ablate.sweep.classify import cfg_hashes, classify
+from ablate.sweep.hostview import with_view
 from ablate.sweep.snapshot import Snapshot, SweepState, all_queues, stale_after
 from ablate.sweep.views import DEFAULT_LAG, FsLag, merge_views
 from ablate.transport.local import LocalFS
+from ablate.transport.shellhost import ShellHost
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
 from tests.helpers.testbed_projects import events, make_project
@@ -169,3 +172,39 @@ def test_on_sshfs_a_queue_that_just_drained_is_read_through_its_own_host(
     rec = cli.json(proj, "reconcile", "--fs")
     assert rec["complete"] is True and rec["verified"] == 1, rec
     assert cli.json(proj, "remediate")["targets"] == {}
+
+
+class _Recorder(ShellHost):
+    """A host whose agent answers (`agent_ready`), recording when each request starts and ends."""
+
+    name, tmux_socket = "rec", None
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def agent_ready(self) -> bool:
+        return True
+
+    def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
+             sink: Any = None, py: Any = None) -> tuple[int, bytes, bytes]:
+        what = "view" if py is not None else "script"
+        self.log.append(f"{what} >")
+        time.sleep(0.05)  # a request that takes a while: a view sent alongside would start meanwhile
+        self.log.append(f"{what} <")
+        return 0, (b'{"host": "rec"}' if py is not None else b"out"), b""
+
+    def open_live(self, command: str, *, timeout: float = 60.0) -> Any:
+        raise AssertionError("not used")
+
+    def target(self) -> str:
+        return "rec"
+
+
+def test_a_hosts_own_view_is_read_after_its_tmux_answered() -> None:
+    """A queue writes its `end` before its session ends: a view read before tmux answered could miss
+    the end of a queue tmux no longer lists, and the cell would be taken for interrupted."""
+    host = _Recorder()
+    out, view = with_view(host, ["/lib", "", "python3", "{}"], 10.0,
+                          lambda args: host.run(["bash", "-c", "script", "bash", *args]).stdout)
+    assert out == "out" and view == ({"host": "rec"}, None)
+    assert host.log == ["script >", "script <", "view >", "view <"]

@@ -133,12 +133,12 @@ class Forked:
     """`py`'s entry in a forked child (`_run_entry`), with what `handle` uses of a Popen: pid (its
     own process group), stdin/stdout/stderr pipes, poll, wait."""
 
-    def __init__(self, py: dict[str, Any], home: str, with_stdin: bool) -> None:
+    def __init__(self, py: dict[str, Any], with_stdin: bool) -> None:
         (r0, w0), (r1, w1), (r2, w2) = os.pipe(), os.pipe(), os.pipe()
         self.returncode: int | None = None
         self.pid = os.fork()
         if self.pid == 0:
-            _run_entry(py, home, r0 if with_stdin else os.open(os.devnull, os.O_RDONLY), w1, w2)
+            _run_entry(py, r0 if with_stdin else os.open(os.devnull, os.O_RDONLY), w1, w2)
         for fd in (r0, w1, w2):
             os.close(fd)
         self.stdin = open(w0, "wb") if with_stdin else None  # noqa: SIM115 (closed by handle)
@@ -159,7 +159,7 @@ class Forked:
         return self.returncode
 
 
-def _run_entry(py: dict[str, Any], home: str, stdin: int, stdout: int, stderr: int) -> None:
+def _run_entry(py: dict[str, Any], stdin: int, stdout: int, stderr: int) -> None:
     """In the child: what `cd DIR && PYTHONPATH=DIR python -S -c ENTRY ARGV...` would do, then exit
     with its code (an uncaught exception: the traceback on stderr, 1). Never returns."""
     rc = 1
@@ -208,7 +208,7 @@ def handle(conn: socket.socket, home: str) -> None:
     data = None if n is None or stream else read_exact(conn, int(n))
     proc: Forked | subprocess.Popen[bytes]
     if not stream and _servable(req.get("py")):
-        proc = Forked(req["py"], home, n is not None)
+        proc = Forked(req["py"], n is not None)
     else:
         proc = subprocess.Popen(["/bin/sh", "-c", str(req["cmd"])], cwd=home, start_new_session=True,
                                 stdin=subprocess.PIPE if n is not None else subprocess.DEVNULL,

@@ -15,7 +15,6 @@ whose one command per host for `status` carries the same tmux and view sections.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -27,6 +26,10 @@ from ablate.transport import fan_out, host_transport
 from ablate.transport.base import HostTransport
 from ablate.transport.shellhost import NO_TMUX_SERVER, ShellHost
 from ablate.transport.sshfs import PROBE_RUN, PYC, lib_digest, probe_command
+
+R = TypeVar("R")
+ViewAnswer = tuple[dict[str, Any] | None, str | None]  # the `mine` document, or why there is none
+Answer = tuple[tuple[set[str] | None, str | None], ViewAnswer]  # one host's tmux and view answers
 
 MARK = "\x1eablate"  # a record separator no log line (and no JSON document) carries
 # tmux: "$@" is the host's tmux command line; its sessions come first, the rc after them.
@@ -93,7 +96,7 @@ class Asked:
     view_errors: dict[str, str] = field(default_factory=dict)
 
 
-def parse(text: str) -> tuple[tuple[set[str] | None, str | None], tuple[dict[str, Any] | None, str | None]]:
+def parse(text: str) -> Answer:
     """(tmux answer, view answer) of one host's `SCRIPT` output."""
     sections: dict[str, list[str]] = {}
     rcs: dict[str, str] = {}
@@ -135,27 +138,17 @@ def ask_view(t: HostTransport, args: Sequence[str], timeout: float) -> ViewAnswe
     return view_answer(out.decode(errors="replace").split("\n"), str(rc))
 
 
-Answer = tuple[tuple[set[str] | None, str | None], tuple[dict[str, Any] | None, str | None]]
-
-
-R = TypeVar("R")
-ViewAnswer = tuple[dict[str, Any] | None, str | None]
-
-
 def with_view(t: HostTransport, args: Sequence[str], timeout: float,
               script: Callable[[Sequence[str]], R]) -> tuple[R, ViewAnswer | None]:
-    """`script(view args)`, the host's one script; where `split_view` says so, with the view
-    emptied there and asked at the same time in a request of its own (its answer, else None)."""
+    """`script(view args)`, the host's one script; where `split_view` says so, with the view emptied
+    there and asked right after it in a request of its own (its answer, else None). After, never
+    alongside: a queue writes its `end` before its tmux session ends, so a view read after tmux
+    answered holds the end of every queue tmux no longer lists (read before, a queue that ended in
+    between would be a claimed cell with no end and no session: "interrupted", and remediated)."""
     if not split_view(t, args):
         return script(args), None
-    box: list[ViewAnswer] = []
-    asking = threading.Thread(target=lambda: box.append(ask_view(t, args, timeout)), daemon=True)
-    asking.start()
-    try:
-        got = script(["", "", "", ""])
-    finally:
-        asking.join()
-    return got, box[0] if box else (None, "the view was not read")
+    got = script(["", "", "", ""])
+    return got, ask_view(t, args, timeout)
 
 
 def ask_one(project: Project, host: str, timeout: float = 20.0) -> Answer:
@@ -167,7 +160,7 @@ def ask_one(project: Project, host: str, timeout: float = 20.0) -> Answer:
 
     out, view = with_view(t, view_args(project, host), timeout, script)
     tmux, inline = parse(out)
-    return tmux, view or inline
+    return tmux, view if view is not None else inline
 
 
 def ask_hosts(project: Project, hosts: Sequence[str] | None = None) -> Asked:
