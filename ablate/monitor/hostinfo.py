@@ -97,7 +97,8 @@ class HostLive:
 
 
 def host_live(project: Project, host: str, nbytes: int = TAIL_BYTES, timeout: float = 20.0) -> HostLive:
-    """Ask one host, in one command. Raises the transport's error when the host cannot be reached."""
+    """Ask one host, in one command (and its view in a second one where its agent runs it:
+    `hostview.with_view`). Raises the transport's error when the host cannot be reached."""
     h = project.host(host)
     t = host_transport(project, h)
 

@@ -80,6 +80,13 @@ _PROBE = ('d=$1; e=$2; py=$3; f=$4; shift 4; [ -r "$d/ablate/remote/probe.py" ] 
           + PYC + 'cd "$d" && ' + PROBE_RUN)
 _NEEDS_SITE = frozenset({"verify"})
 
+# The probe's library in one round trip, without Python (the probe is what says it is missing): a
+# script on stdin runs _IMMUTABLE ($1) for each file, its bytes from a base64 here-document; the
+# first that fails names its path on stderr's last line and exits with _IMMUTABLE's code.
+_SHIP = 'imm=$1; eval "$(cat)"'
+_SHIP_ONE = ("base64 -d <<'ABLATE_EOF' | bash -c \"$imm\" bash {path} {sha} >/dev/null || "
+             "{{ r=$?; printf '%s\\n' {path} >&2; exit $r; }}\n{data}ABLATE_EOF\n")
+
 
 def probe_command(lib_dir: str, env: str, python: str, op: str,
                   arg: str) -> tuple[str, dict[str, Any] | None]:
@@ -93,12 +100,6 @@ def probe_command(lib_dir: str, env: str, python: str, op: str,
     py = None if site else {"dir": lib_dir, "entry": PROBE_ENTRY, "argv": [op, arg], "python": python,
                             "needs": "ablate/remote/probe.py", "min": [3, 8]}
     return command, py
-# The probe's library in one round trip, without Python (the probe is what says it is missing): a
-# script on stdin runs _IMMUTABLE ($1) for each file, its bytes from a base64 here-document; the
-# first that fails names its path on stderr's last line and exits with _IMMUTABLE's code.
-_SHIP = 'imm=$1; eval "$(cat)"'
-_SHIP_ONE = ("base64 -d <<'ABLATE_EOF' | bash -c \"$imm\" bash {path} {sha} >/dev/null || "
-             "{{ r=$?; printf '%s\\n' {path} >&2; exit $r; }}\n{data}ABLATE_EOF\n")
 
 
 def probe_lib() -> dict[str, bytes]:
