@@ -121,8 +121,58 @@ def test_no_hello_means_nothing_was_sent(tmp_path: Path) -> None:
     assert request(path, "touch /tmp/never", timeout=5, hello_within=5) is None
     t.join()
     srv.close()
-    assert HELLO and got == [b""]
+    assert HELLO and got == [b"\n"]  # a blank line, which an agent skips, and no request
     assert request(str(tmp_path / "absent.sock"), "true", timeout=5, hello_within=5) is None
+
+
+def _raw(agent: str, data: bytes) -> socket.socket:
+    """A connection to the agent past its hello, `data` sent at once after it."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(agent)
+    s.settimeout(10)
+    s.sendall(data)
+    hello = b""
+    while len(hello) < len(HELLO):
+        hello += s.recv(len(HELLO) - len(hello))
+    assert hello == HELLO
+    return s
+
+
+def test_blank_lines_before_the_header_are_skipped_and_the_stdin_after_it_is_whole(agent: str) -> None:
+    """The header line is read up to its newline only: stdin sent in the same write stays stdin."""
+    s = _raw(agent, b"\n\n" + json.dumps({"cmd": "cat", "stdin": 5}).encode() + b"\nhello")
+    reply = b""
+    while not reply.endswith(b"x\0\0\0\x010"):
+        chunk = s.recv(1 << 16)
+        assert chunk, reply
+        reply += chunk
+    s.close()
+    assert reply == b"o\0\0\0\x05hello" + b"x\0\0\0\x010"
+
+
+def test_a_short_commands_output_comes_with_its_exit_code_in_one_write(agent: str) -> None:
+    """Over ssh a second small write waits for the first one's delayed ACK (~40 ms): the agent
+    holds a short command's output and sends it with the exit code."""
+    s = _raw(agent, b"\n" + json.dumps({"cmd": "printf a; sleep 0.05; printf b >&2; exit 3",
+                                        "stdin": None}).encode() + b"\n")
+    first = s.recv(1 << 16)  # waits for the first write the agent makes
+    s.close()
+    assert first == b"o\0\0\0\x01a" + b"e\0\0\0\x01b" + b"x\0\0\0\x013"
+
+
+def test_a_long_commands_output_is_not_held_until_it_ends(agent: str, tmp_path: Path) -> None:
+    """What a command prints goes to the sink within the hold (0.2 s), not at its end."""
+    done = tmp_path / "done"
+    early: list[bool] = []
+
+    class Sink:
+        def write(self, data: bytes) -> None:
+            early.append(not done.exists())
+
+    got = request(agent, f"echo first; sleep 3; touch {done}; echo last", timeout=20, hello_within=5,
+                  sink=Sink())
+    assert got is not None and got[0] == 0
+    assert early[0] is True and done.exists()
 
 
 def _lib(tmp_path: Path) -> str:

@@ -50,6 +50,7 @@ PRELOAD = ("base64", "hashlib", "posixpath", "re")
 HELLO = b"ablate-agent 1\n"
 MAX_HEADER = 1 << 20
 CHUNK = 1 << 16
+HOLD = 0.2  # seconds a reply's output may wait to go with what follows (`_Outbox`)
 
 
 def frame(kind: bytes, data: bytes) -> bytes:
@@ -68,13 +69,26 @@ def read_exact(conn: socket.socket, n: int) -> bytes:
 
 
 def _read_line(conn: socket.socket) -> bytes:
+    """One line of `conn`, nothing after it (that is the command's stdin): what is there is
+    peeked at, and only the line taken (not one recv per byte: a header is a few KB)."""
     buf = bytearray()
-    while not buf.endswith(b"\n"):
-        got = conn.recv(1)
-        if not got or len(buf) > MAX_HEADER:
+    while True:
+        seen = conn.recv(CHUNK, socket.MSG_PEEK)
+        if not seen or len(buf) > MAX_HEADER:
             raise EOFError("no request")
-        buf += got
-    return bytes(buf)
+        end = seen.find(b"\n") + 1
+        buf += read_exact(conn, end or len(seen))
+        if end:
+            return bytes(buf)
+
+
+def _header(conn: socket.socket) -> dict[str, Any]:
+    """The request's header line; the blank lines before it are skipped (the controller sends one
+    as it connects: see agentlink._connect)."""
+    line = b""
+    while not line.strip():
+        line = _read_line(conn)
+    return dict(json.loads(line.decode()))
 
 
 def _same_user(conn: socket.socket) -> bool:
@@ -202,7 +216,7 @@ def handle(conn: socket.socket, home: str) -> None:
     if not _same_user(conn):
         return
     conn.sendall(HELLO)
-    req = json.loads(_read_line(conn).decode())
+    req = _header(conn)
     n = req.get("stdin")
     stream = n == "stream"
     data = None if n is None or stream else read_exact(conn, int(n))
@@ -224,9 +238,10 @@ def handle(conn: socket.socket, home: str) -> None:
         kinds[f.fileno()] = kind
     sel.register(conn, selectors.EVENT_READ)
     open_pipes = 2
+    box = _Outbox(conn, stream)
     try:
         while open_pipes:
-            for key, _ in sel.select(1.0):
+            for key, _ in sel.select(box.wait()):
                 if key.fileobj is conn:
                     if not _from_controller(conn, proc, stream):  # it closed: nobody waits for this
                         _end(proc, stream)
@@ -237,8 +252,9 @@ def handle(conn: socket.socket, home: str) -> None:
                     sel.unregister(key.fileobj)
                     open_pipes -= 1
                     continue
-                conn.sendall(frame(kinds[key.fd], chunk))
-        conn.sendall(frame(b"x", str(proc.wait()).encode()))
+                box.add(frame(kinds[key.fd], chunk))
+            box.due()
+        box.send(frame(b"x", str(proc.wait()).encode()))
     except (OSError, EOFError):
         _end(proc, stream)
     finally:
@@ -247,6 +263,36 @@ def handle(conn: socket.socket, home: str) -> None:
             if f is not None:
                 with contextlib.suppress(OSError):
                     f.close()
+
+
+class _Outbox:
+    """A reply's frames, sent together: a command's output goes with its exit code, in one write.
+    Over ssh, a small write right after another waits for the peer's ACK of the first (Nagle), and
+    the controller, which has nothing to send, delays that ACK (~40 ms): two per request, before.
+    A frame waits here at most HOLD seconds, or until CHUNK bytes are due; a stream's go at once
+    (a held lock's holder says ACQUIRED)."""
+
+    def __init__(self, conn: socket.socket, at_once: bool) -> None:
+        self.conn, self.at_once = conn, at_once
+        self.buf = bytearray()
+        self.since = 0.0
+
+    def add(self, data: bytes) -> None:
+        if not self.buf:
+            self.since = time.monotonic()
+        self.buf += data
+
+    def wait(self) -> float:
+        """How long the loop may wait for more before what is held is due."""
+        return 1.0 if not self.buf else max(0.0, self.since + HOLD - time.monotonic())
+
+    def due(self) -> None:
+        if self.buf and (self.at_once or len(self.buf) >= CHUNK or time.monotonic() - self.since >= HOLD):
+            self.send()
+
+    def send(self, last: bytes = b"") -> None:
+        self.conn.sendall(bytes(self.buf) + last)
+        self.buf.clear()
 
 
 def _from_controller(conn: socket.socket, proc: Forked | subprocess.Popen[bytes], stream: bool) -> bool:

@@ -1,9 +1,10 @@
 """The controller's side of the host agent (`ablate.remote.agent`): how it is started on a host
 and how one command goes to it through the ControlMaster's forwarded socket.
 
-`request` sends the command only after the agent's hello came back, so "no agent answered" (the
-socket is not there, the master is gone, the host's sshd refused the forward, the agent exited) is
-always "nothing was sent": the caller then runs the command the usual way. Once the request is out,
+`request` sends the command only after the agent's hello came back (before it, only a blank line
+that the agent skips), so "no agent answered" (the socket is not there, the master is gone, the
+host's sshd refused the forward, the agent exited) is always "nothing was sent": the caller then
+runs the command the usual way. Once the request is out,
 nothing is ever sent twice: a connection lost after it is the command's failure.
 """
 
@@ -158,6 +159,11 @@ def _connect(local_socket: str, hello_within: float) -> socket.socket | None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.connect(local_socket)
+        # A blank line, which the agent skips, and no request: it goes as soon as sshd confirmed the
+        # forward, and carries the ACK of that confirmation. Without it the agent's hello, a small
+        # write right after the confirmation, waited for that ACK, which the ssh client delays
+        # (~40 ms) when it has nothing to send (Nagle meets delayed ACK, once per request).
+        s.sendall(b"\n")
         s.settimeout(hello_within)
         if read_exact(s, len(HELLO)) == HELLO:
             return s
