@@ -5,17 +5,19 @@ on a caching FS would see it with a host that does or does not answer."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ablate.config.project import load_project
-from ablate.remote.layout import session_name
+from ablate.remote import probe
+from ablate.remote.layout import SweepLayout, session_name
 from ablate.sweep.classify import cfg_hashes, classify
-from ablate.sweep.hostview import with_view
+from ablate.sweep.hostview import ask_split
 from ablate.sweep.snapshot import Snapshot, SweepState, all_queues, stale_after
 from ablate.sweep.views import DEFAULT_LAG, FsLag, merge_views
 from ablate.transport.local import LocalFS
@@ -175,23 +177,24 @@ def test_on_sshfs_a_queue_that_just_drained_is_read_through_its_own_host(
 
 
 class _Recorder(ShellHost):
-    """A host whose agent answers (`agent_ready`), recording when each request starts and ends."""
+    """A host whose agent answers (`agent_ready`), recording the requests it gets."""
 
     name, tmux_socket = "rec", None
 
     def __init__(self) -> None:
         self.log: list[str] = []
+        self.sent: list[Any] = []
 
     def agent_ready(self) -> bool:
         return True
 
     def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
              sink: Any = None, py: Any = None) -> tuple[int, bytes, bytes]:
-        what = "view" if py is not None else "script"
-        self.log.append(f"{what} >")
-        time.sleep(0.05)  # a request that takes a while: a view sent alongside would start meanwhile
-        self.log.append(f"{what} <")
-        return 0, (b'{"host": "rec"}' if py is not None else b"out"), b""
+        self.log.append("view" if py is not None else "script")
+        self.sent.append(py)
+        if py is None:
+            return 0, b"out", b""
+        return 0, json.dumps({"host": "rec", "tmux": {"out": "s1\ns2\n", "rc": 0}}).encode(), b""
 
     def open_live(self, command: str, *, timeout: float = 60.0) -> Any:
         raise AssertionError("not used")
@@ -200,11 +203,24 @@ class _Recorder(ShellHost):
         return "rec"
 
 
-def test_a_hosts_own_view_is_read_after_its_tmux_answered() -> None:
+def test_where_the_agent_answers_tmux_and_the_view_go_in_one_request_tmux_first(tmp_path: Path) -> None:
     """A queue writes its `end` before its session ends: a view read before tmux answered could miss
-    the end of a queue tmux no longer lists, and the cell would be taken for interrupted."""
+    the end of a queue tmux no longer lists, and the cell would be taken for interrupted. The probe
+    asks tmux first: here a tmux that ends a queue as it answers, and the view holds that end."""
     host = _Recorder()
-    out, view = with_view(host, ["/lib", "", "python3", "{}"], 10.0,
-                          lambda args: host.run(["bash", "-c", "script", "bash", *args]).stdout)
-    assert out == "out" and view == ({"host": "rec"}, None)
-    assert host.log == ["script >", "script <", "view >", "view <"]
+    args = ["/lib", "", "python3", json.dumps({"root": "/r", "host": "rec"})]
+    tmux, view, live = ask_split(host, args, 10.0)
+    assert host.log == ["view"] and tmux == ({"s1", "s2"}, None) and view == ({"host": "rec"}, None)
+    assert live is None
+    assert json.loads(host.sent[0]["argv"][1]) == {"root": "/r", "host": "rec", "tmux": ["tmux"]}
+
+    lay = SweepLayout(str(tmp_path / "sweep"))
+    os.makedirs(lay.events)
+    fake = tmp_path / "tmux"
+    fake.write_text(f"#!/bin/sh\necho '{{\"ev\": \"queue_end\"}}' >> {lay.events}/rec.q1.jsonl\necho other\n")
+    fake.chmod(0o755)
+    doc = probe.mine({"root": lay.root, "host": "rec", "tmux": [str(fake)]})
+    assert doc["tmux"] == {"out": "other\n", "rc": 0}
+    assert doc["events"] == {"rec.q1": [{"ev": "queue_end"}]}
+    missing = probe.mine({"root": lay.root, "host": "rec", "tmux": [str(tmp_path / "none")]})
+    assert missing["tmux"]["rc"] == 127

@@ -4,10 +4,12 @@ progress parser on typical trainers' lines, GPU parsing, and `status`'s plain / 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +17,9 @@ import pytest
 
 from ablate.config.project import load_project
 from ablate.config.settings import DEFAULT_EPOCH_RE, DEFAULT_METRIC_RE
-from ablate.monitor.hostinfo import parse_gpus, parse_output, parse_progress
+from ablate.monitor.hostinfo import REST, live_of, parse_gpus, parse_output, parse_progress
 from ablate.monitor.status import status
+from ablate.remote import probe
 from tests.helpers.cli import Cli, ablate_cmd, ablate_process
 from tests.helpers.project import LocalProject
 from tests.helpers.tmux import Pane
@@ -284,3 +287,38 @@ def test_custom_patterns_from_ablate_yaml(local_project: LocalProject) -> None:
     mon = load_project(local_project.root).monitor
     got = parse_progress("it 7 of 9 bleu=31.5 loss=2", mon.epoch_re, mon.metric_re)
     assert got is not None and (got.epoch, got.epochs, got.metric, got.value) == (7, 9, "bleu", 31.5)
+
+
+def test_the_agents_probe_reads_gpus_and_logs_as_the_hosts_script_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a host's agent answers, `status` asks its probe (`mine` with `live`) instead of running
+    the script; both read the same GPUs, tails and missing logs from the same host."""
+    hb, ckpt, bindir = tmp_path / "heartbeats", tmp_path / "ckpt", tmp_path / "bin"
+    for d in (hb, ckpt, bindir):
+        d.mkdir()
+    beats = {"h1.q1": {"host": "h1", "state": "running", "cell": "a"},
+             "h1.q2": {"host": "h1", "state": "running", "cell": "gone"},
+             "h1.q3": {"host": "h1", "state": "idle", "cell": "b"},
+             "h1.q4": {"host": "h2", "state": "running", "cell": "c"}}
+    for name, data in beats.items():
+        (hb / name).write_text(json.dumps(data))
+    (ckpt / "a.log").write_bytes(b"x" * 5000 + "epoch 3/10 loss 0.25 \u00e9\r".encode())
+    for cell in ("b", "c"):
+        (ckpt / f"{cell}.log").write_text("not running here\n")
+    smi = bindir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, NVIDIA A100, 87, 30000, 81920'\n"
+                   "echo '1, NVIDIA A100, [N/A], 1, 81920'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    argv = ["bash", "-c", "root=$1; n=$2; hb=$3; me=$4; " + REST, "bash", str(ckpt), "1000", str(hb), "h1"]
+    via_script = parse_output("h1", subprocess.run(argv, capture_output=True, check=True).stdout.decode(
+        errors="replace"))
+
+    heartbeats = {name: {"mtime": 0.0, "data": data} for name, data in sorted(beats.items())}
+    shown = probe._live({"ckpt_root": str(ckpt), "bytes": 1000, "gpu_query": "q"}, heartbeats, "h1")
+    via_probe = live_of("h1", shown)
+    assert via_probe.gpus == via_script.gpus and len(via_probe.gpus or []) == 2
+    assert (via_probe.gpu_error, via_probe.missing) == (via_script.gpu_error, via_script.missing)
+    assert via_probe.missing == ["gone"] and via_probe.gpu_error is None
+    assert via_probe.tails == via_script.tails and via_probe.tails["a"].endswith("loss 0.25 \u00e9\r")
+    assert len(via_probe.tails["a"]) == 1000 - 1  # the last 1000 bytes; é is two of them

@@ -21,14 +21,10 @@ from ablate.transport import fan_out, host_transport
 TAIL_BYTES = 16384
 _MARK = hostview.MARK
 _GPU_QUERY = "index,name,utilization.gpu,memory.used,memory.total"
-# $1 ckpt_root, $2 bytes, $3 the sweep's heartbeats dir (as this host sees it), $4 the host's name,
-# $5-$8 the view's arguments (`ablate.sweep.hostview.view_args`), then the host's tmux command line:
-# its sessions and its own view of what it wrote come first (the snapshot's per-host part, in the
-# same round trip: `hostview`). The current cells come from this host's own heartbeats
-# (`"state": "running"`, `"cell": "<name>"`), so the command needs nothing from the FS snapshot and
-# runs alongside it.
-SCRIPT = r"""root=$1; n=$2; hb=$3; me=$4; vd=$5; ve=$6; vp=$7; va=$8; shift 8
-""" + hostview.TMUX + hostview.VIEW + r"""if command -v nvidia-smi >/dev/null 2>&1; then
+# $1 ckpt_root, $2 bytes, $3 the sweep's heartbeats dir (as this host sees it), $4 the host's name:
+# GPUs, then the log tails of the cells this host's own heartbeats say run (`"state": "running"`,
+# `"cell": "<name>"`): nothing from the FS snapshot, so it runs alongside it.
+REST = r"""if command -v nvidia-smi >/dev/null 2>&1; then
   printf '\036ablate gpu\n'
   nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits 2>&1 | head -n 64
 fi
@@ -46,6 +42,11 @@ for f in "$hb/$me".*; do
 done
 exit 0
 """.replace("GPU_QUERY", _GPU_QUERY)
+# The host's one script: $5-$8 the view's arguments (`ablate.sweep.hostview.view_args`), then the
+# host's tmux command line; its sessions and its own view of what it wrote come first (the
+# snapshot's per-host part, in the same round trip: `hostview`).
+SCRIPT = ("root=$1; n=$2; hb=$3; me=$4; vd=$5; ve=$6; vp=$7; va=$8; shift 8\n" + hostview.TMUX + hostview.VIEW
+          + REST)
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
 
@@ -97,19 +98,40 @@ class HostLive:
 
 
 def host_live(project: Project, host: str, nbytes: int = TAIL_BYTES, timeout: float = 20.0) -> HostLive:
-    """Ask one host, in one command (and its view in a second one where its agent runs it:
-    `hostview.with_view`). Raises the transport's error when the host cannot be reached."""
+    """Ask one host, in one command: `SCRIPT`, or where its agent runs the probe
+    (`hostview.split_view`), the `mine` probe with tmux and these (`hostview.ask_split`), no shell
+    at all. Raises the transport's error when the host cannot be reached."""
     h = project.host(host)
     t = host_transport(project, h)
 
     def script(view: Sequence[str]) -> str:
-        return t.run(["bash", "-c", SCRIPT, "bash", h.ckpt_root, str(nbytes), project.layout(h).heartbeats,
-                      h.name, *view, *t.tmux_argv()], timeout=timeout).check().stdout
+        argv = ["bash", "-c", SCRIPT, "bash", h.ckpt_root, str(nbytes), project.layout(h).heartbeats, h.name,
+                *view, *t.tmux_argv()]
+        return t.run(argv, timeout=timeout).check().stdout
 
-    out, view = hostview.with_view(t, hostview.view_args(project, host), timeout, script)
-    live = parse_output(host, out)
-    if view is not None:  # asked in a request of its own, run by the host's agent
-        live.view, live.view_error = view
+    args = hostview.view_args(project, host)
+    if not hostview.split_view(t, args):
+        return parse_output(host, script(args))
+    wanted = {"ckpt_root": h.ckpt_root, "bytes": nbytes, "gpu_query": _GPU_QUERY}
+    tmux, view, shown = hostview.ask_split(t, args, timeout, wanted)
+    if tmux is None or shown is None:  # the probe did not run there (the view's answer says why)
+        live = parse_output(host, script(["", "", "", ""]))
+    else:
+        live = live_of(host, shown)
+        live.sessions, live.tmux_error = tmux
+    live.view, live.view_error = view
+    return live
+
+
+def live_of(host: str, shown: Mapping[str, Any]) -> HostLive:
+    """The probe's `live` part (`ablate.remote.probe._live`) as `parse_output` reads `REST`'s."""
+    live = HostLive(host)
+    if isinstance(shown.get("gpu"), str):
+        live.gpus, live.gpu_error = parse_gpus(shown["gpu"])
+    tails = shown.get("tails")
+    live.tails = {str(c): str(v) for c, v in tails.items()} if isinstance(tails, dict) else {}
+    missing = shown.get("missing")
+    live.missing = [str(c) for c in missing] if isinstance(missing, list) else []
     return live
 
 

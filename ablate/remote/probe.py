@@ -204,12 +204,81 @@ def _tail(path: str, tail_lines: int) -> dict[str, Any] | None:
     return {"lines": lines[-tail_lines:] if tail_lines > 0 else [], "oom": oom, "mtime": mtime}
 
 
+def _tmux_sessions(argv: list[str]) -> dict[str, Any]:
+    """`<tmux> list-sessions -F '#{session_name}' 2>&1` and its exit code, as the shell's
+    `hostview.TMUX` gives them (127: no such command)."""
+    import subprocess  # the agent that forks this has it loaded
+
+    try:
+        r = subprocess.run([*argv, "list-sessions", "-F", "#{session_name}"], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    except OSError as e:
+        return {"out": f"{argv[0]}: {e.strerror or e}", "rc": 127}
+    except subprocess.TimeoutExpired:
+        return {"out": "tmux list-sessions did not answer within 60s", "rc": 124}
+    return {"out": r.stdout.decode(errors="replace"), "rc": r.returncode}
+
+
+def _on_path(name: str) -> str | None:
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        path = os.path.join(d or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _live(args: dict[str, Any], heartbeats: dict[str, Any], host: str) -> dict[str, Any]:
+    """What `ablate.monitor.hostinfo.REST` prints, as data: nvidia-smi's answer (None: no
+    nvidia-smi here), and the last `bytes` of the log (`<ckpt_root>/<cell>.log`) of each cell this
+    host's own heartbeats say runs (`missing`: no log here)."""
+    import subprocess  # the agent that forks this has it loaded
+
+    gpu = None
+    smi = _on_path("nvidia-smi")
+    if smi is not None:
+        try:
+            r = subprocess.run([smi, f"--query-gpu={args['gpu_query']}", "--format=csv,noheader,nounits"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               timeout=30)
+            gpu = "\n".join(r.stdout.decode(errors="replace").splitlines()[:64])
+        except (OSError, subprocess.TimeoutExpired) as e:
+            gpu = f"nvidia-smi: {e}"
+    tails: dict[str, str] = {}
+    missing: list[str] = []
+    n = int(args["bytes"])
+    for beat in heartbeats.values():
+        data = beat["data"]
+        if not isinstance(data, dict) or data.get("host") != host or data.get("state") != "running":
+            continue
+        cell = data.get("cell")
+        if not isinstance(cell, str) or not cell or "/" in cell or cell.startswith("."):
+            continue
+        try:
+            with open(os.path.join(args["ckpt_root"], cell + ".log"), "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - n))
+                tails[cell] = f.read(n).decode(errors="replace")
+        except FileNotFoundError:
+            missing.append(cell)
+        except OSError:
+            tails[cell] = ""  # as `tail` failing quietly
+    return {"gpu": gpu, "tails": tails, "missing": missing}
+
+
 def mine(args: dict[str, Any]) -> dict[str, Any]:
     """What host `args["host"]` itself wrote, read through its own mount (a network FS's client
     caches are coherent for the client's own writes; another host's view of them may lag): its
     events files and heartbeats (`<host>.*`), and for every cell they name, its claim, published
     result, partial result dir and failure tail. The controller merges this over the snapshot read
-    through the FS host (`ablate.sweep.snapshot.merge_views`). No clock touch: read-only."""
+    through the FS host (`ablate.sweep.snapshot.merge_views`). No clock touch: read-only.
+
+    `args["tmux"]` (the host's tmux command line): its sessions are asked first, under `"tmux"`,
+    and the view read only once tmux answered: a queue writes its `end` before its session ends,
+    so every queue tmux no longer lists has its end in the view. `args["live"]` (`ckpt_root`,
+    `bytes`, `gpu_query`): the GPUs and running cells' log tails `status` shows, under `"live"`."""
+    argv = args.get("tmux")
+    if argv is not None and not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        raise ValueError("mine: tmux must be a command line (a non-empty list of strings)")
+    sessions = _tmux_sessions(argv) if argv else None
     lay = SweepLayout(args["root"])
     prefix = f"{args['host']}."
     tail_lines = int(args.get("tail_lines", TAIL_LINES))
@@ -248,8 +317,13 @@ def mine(args: dict[str, Any]) -> dict[str, Any]:
         tail = _tail(lay.tail(name), tail_lines)
         if tail is not None:
             tails[name] = tail
-    return {"host": args["host"], "events": events, "events_mtime": events_mtime, "heartbeats": heartbeats,
-            "claims": claims, "final": final, "manifests": manifests, "partial": partial, "tails": tails}
+    doc = {"host": args["host"], "events": events, "events_mtime": events_mtime, "heartbeats": heartbeats,
+           "claims": claims, "final": final, "manifests": manifests, "partial": partial, "tails": tails}
+    if sessions is not None:
+        doc["tmux"] = sessions
+    if isinstance(args.get("live"), dict):
+        doc["live"] = _live(args["live"], heartbeats, args["host"])
+    return doc
 
 
 RELEASED_RE = re.compile(r"^(.+)\.(\d+\.\d+)$")  # released/<name>.<t>: t as epoch seconds, 3 decimals

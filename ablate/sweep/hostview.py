@@ -15,9 +15,9 @@ whose one command per host for `status` carries the same tmux and view sections.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from ablate.config.project import Project
 from ablate.errors import AblateError
@@ -27,9 +27,9 @@ from ablate.transport.base import HostTransport
 from ablate.transport.shellhost import NO_TMUX_SERVER, ShellHost
 from ablate.transport.sshfs import PROBE_RUN, PYC, lib_digest, probe_command
 
-R = TypeVar("R")
 ViewAnswer = tuple[dict[str, Any] | None, str | None]  # the `mine` document, or why there is none
-Answer = tuple[tuple[set[str] | None, str | None], ViewAnswer]  # one host's tmux and view answers
+TmuxAnswer = tuple[set[str] | None, str | None]  # its sessions (None: not known), or why not
+Answer = tuple[TmuxAnswer, ViewAnswer]  # one host's tmux and view answers
 
 MARK = "\x1eablate"  # a record separator no log line (and no JSON document) carries
 # tmux: "$@" is the host's tmux command line; its sessions come first, the rc after them.
@@ -63,7 +63,7 @@ def view_args(project: Project, host: str) -> list[str]:
             json.dumps({"root": root, "host": h.name})]
 
 
-def tmux_answer(lines: Sequence[str], rc: str) -> tuple[set[str] | None, str | None]:
+def tmux_answer(lines: Sequence[str], rc: str) -> TmuxAnswer:
     """tmux's answer as `tmux_sessions` reads it: rc 0 -> the names; no server -> none; else why."""
     text = "\n".join(lines).strip()
     if rc.strip() == "0":
@@ -121,51 +121,54 @@ def parse(text: str) -> Answer:
 
 
 def split_view(t: HostTransport, args: Sequence[str]) -> bool:
-    """Whether to read the view in a request of its own (`ask_view`), out of the host's script:
-    when a host agent will answer, which runs it in its own interpreter, no Python started; not
-    before (two commands would be two login shells)."""
+    """Whether to ask tmux and read the view in a request of their own (`ask_split`), out of the
+    host's script: when a host agent will answer, which runs the probe in its own interpreter, no
+    Python started; not before (two commands would be two login shells)."""
     return bool(args[0]) and isinstance(t, ShellHost) and t.agent_ready()
 
 
-def ask_view(t: HostTransport, args: Sequence[str], timeout: float) -> ViewAnswer:
-    """The `mine` probe of `view_args` as a command of its own (what `VIEW` runs in the script)."""
+def ask_split(t: HostTransport, args: Sequence[str], timeout: float, live: dict[str, Any] | None = None
+              ) -> tuple[TmuxAnswer | None, ViewAnswer, dict[str, Any] | None]:
+    """tmux's sessions, then the view, in one `mine` probe (`view_args`, with the host's tmux
+    command line): tmux answers first there, so the view holds the end of every queue tmux no
+    longer lists (read before, a queue that ended in between would be a claimed cell with no end
+    and no session: "interrupted", and remediated). With `live` (the probe's arguments of that
+    name), also what `status` shows of the host (GPUs, log tails). The tmux answer (and the live
+    one) is None when the probe could not run there (the view's answer says why)."""
     assert isinstance(t, ShellHost)
-    command, py = probe_command(args[0], args[1], args[2], "mine", args[3])
+    given = {**json.loads(args[3]), "tmux": t.tmux_argv(), **({"live": live} if live is not None else {})}
+    command, py = probe_command(args[0], args[1], args[2], "mine", json.dumps(given))
     try:
         rc, out, _ = t.exec(command, timeout=timeout, py=py)
     except AblateError as e:
-        return None, str(e).splitlines()[0]
-    return view_answer(out.decode(errors="replace").split("\n"), str(rc))
-
-
-def with_view(t: HostTransport, args: Sequence[str], timeout: float,
-              script: Callable[[Sequence[str]], R]) -> tuple[R, ViewAnswer | None]:
-    """`script(view args)`, the host's one script; where `split_view` says so, with the view emptied
-    there and asked right after it in a request of its own (its answer, else None). After, never
-    alongside: a queue writes its `end` before its tmux session ends, so a view read after tmux
-    answered holds the end of every queue tmux no longer lists (read before, a queue that ended in
-    between would be a claimed cell with no end and no session: "interrupted", and remediated)."""
-    if not split_view(t, args):
-        return script(args), None
-    got = script(["", "", "", ""])
-    return got, ask_view(t, args, timeout)
+        return None, (None, str(e).splitlines()[0]), None
+    view, why = view_answer(out.decode(errors="replace").split("\n"), str(rc))
+    asked = view.pop("tmux", None) if view is not None else None
+    shown = view.pop("live", None) if view is not None else None
+    if not isinstance(asked, dict):
+        return None, (view, why), None
+    tmux = tmux_answer(str(asked.get("out", "")).split("\n"), str(asked.get("rc")))
+    return tmux, (view, None), shown if isinstance(shown, dict) else None
 
 
 def ask_one(project: Project, host: str, timeout: float = 20.0) -> Answer:
     """(tmux answer, view answer) of one host, as `parse` gives them."""
     t = host_transport(project, project.host(host))
-
-    def script(args: Sequence[str]) -> str:
-        return t.run(["bash", "-c", SCRIPT, "bash", *args, *t.tmux_argv()], timeout=timeout).check().stdout
-
-    out, view = with_view(t, view_args(project, host), timeout, script)
+    args = view_args(project, host)
+    view: ViewAnswer | None = None
+    if split_view(t, args):
+        tmux, view, _ = ask_split(t, args, timeout)
+        if tmux is not None:
+            return tmux, view
+        args = ["", "", "", ""]  # the probe did not run there (its answer says why): tmux by the script
+    out = t.run(["bash", "-c", SCRIPT, "bash", *args, *t.tmux_argv()], timeout=timeout).check().stdout
     tmux, inline = parse(out)
     return tmux, view if view is not None else inline
 
 
 def ask_hosts(project: Project, hosts: Sequence[str] | None = None) -> Asked:
-    """Every host (or those named) in parallel: one command each (`SCRIPT`; the view a second one
-    where a host agent runs it: `split_view`)."""
+    """Every host (or those named) in parallel: one command each (`SCRIPT`, or where a host agent
+    runs it, the `mine` probe that asks tmux first: `ask_split`)."""
     names = list(project.hosts) if hosts is None else list(hosts)
     answers = fan_out(names, lambda n: ask_one(project, n))
     asked = Asked()
@@ -187,5 +190,5 @@ def ask_hosts(project: Project, hosts: Sequence[str] | None = None) -> Asked:
     return asked
 
 
-__all__ = ["MARK", "SCRIPT", "TMUX", "VIEW", "Answer", "Asked", "ask_hosts", "ask_one", "ask_view", "parse",
-           "split_view", "tmux_answer", "view_answer", "view_args", "with_view"]
+__all__ = ["MARK", "SCRIPT", "TMUX", "VIEW", "Answer", "Asked", "TmuxAnswer", "ask_hosts", "ask_one",
+           "ask_split", "parse", "split_view", "tmux_answer", "view_answer", "view_args"]
