@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import shlex
 import sys
 import tempfile
@@ -472,6 +471,8 @@ def _crash_log(e: BaseException, argv: list[str]) -> str | None:
     """Write `e`'s traceback to a new file named by the time and pid in `_log_dir()` or, when that
     cannot be written, the temp dir. Its path, or None when neither worked. Never raises."""
     try:
+        import platform  # only here: ~2 ms off every start
+
         now = time.gmtime()
         try:
             cwd = os.getcwd()

@@ -4,7 +4,6 @@ mapping that checks keys and types and names the file and key path in every erro
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from pathlib import Path
@@ -16,6 +15,8 @@ from ablate.errors import ConfigError
 
 
 def suggest(word: str, options: Any) -> str:
+    import difflib  # an error's hint only
+
     close = difflib.get_close_matches(word, list(options), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

@@ -14,7 +14,6 @@ check that failed (exit 1) saying which queue has yet to reach it.
 
 from __future__ import annotations
 
-import difflib
 import posixpath
 import time
 from collections.abc import Callable
@@ -66,6 +65,8 @@ def source_of(project: Project, state: SweepState, layout: SweepLayout, cell: st
     seen = {e.cell for evs in snap.events.values() for e in evs if e.cell is not None}
     known = roster | set(snap.results) | set(snap.claims) | seen
     if cell not in known:
+        import difflib  # an error's hint only
+
         close = difflib.get_close_matches(cell, sorted(known), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `ablate status` lists the queues"
         raise AblateError(f"no cell named {cell!r} in this sweep's queues or on the shared FS{hint}")

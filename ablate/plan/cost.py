@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import posixpath
 import re
-import statistics
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from typing import Any
 from ablate.config.project import Project
 from ablate.errors import AblateError
 from ablate.remote.layout import SweepLayout
-from ablate.remote.learn import DECLARED, Observation, Rates, ended_cells, learn_rates, runner_key
+from ablate.remote.learn import DECLARED, Observation, Rates, ended_cells, learn_rates, median, runner_key
 from ablate.sweep.cells import Cell, parse_queue_text, read_all_queues
 from ablate.sweep.snapshot import Snapshot
 from ablate.transport import SharedFS
@@ -202,7 +201,7 @@ class CostModel:
         if key in table:
             return table[key]
         mine = [v for k, v in table.items() if k.split(" ", 1)[0] == host] if slot is None else []
-        return statistics.median(mine) if mine else None
+        return median(mine) if mine else None
 
     def weight(self, cell: Cell) -> float:
         if not self.learned:

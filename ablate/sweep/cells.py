@@ -10,7 +10,6 @@ before launch.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import posixpath
 import re
@@ -123,6 +122,8 @@ def parse_line(text: str, tasks: Mapping[str, Task], where: str) -> Cell | None:
                          "rename the config to start with a letter or digit")
     if task not in tasks:
         known = ", ".join(sorted(tasks))
+        import difflib  # an error's hint only
+
         close = difflib.get_close_matches(task, list(tasks), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise QueueError(f"{where}: task {task!r} is not in ablate.yaml tasks ({known}){hint}")

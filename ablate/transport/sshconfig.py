@@ -1,13 +1,19 @@
 """What OpenSSH resolved for one alias (`ssh -G`), for `ssh.SSHHost`: its options, the host it
-connects to, its connect time-out, and the `ssh` command a message tells the user to paste."""
+connects to, its connect time-out, and the `ssh` command a message tells the user to paste. The
+answer is kept between commands while every file it was made of is unchanged (`sshcache`)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import shutil
 import subprocess
 import threading
+import time
 
 from ablate.errors import RemoteError
+from ablate.transport import sshcache
 from ablate.transport.shellhost import SSHConfigError
 from ablate.transport.sshproc import last_lines
 
@@ -33,23 +39,35 @@ class Resolved:
 
     def _options(self) -> dict[str, str]:
         if self._opts is None:
-            argv = [self.ssh, *self._config_args(), "-G", "--", self.alias]
-            try:
-                r = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                raise RemoteError(f"{self.name}: `{shlex.join(argv)}` failed: {e}") from e
-            if r.returncode != 0:
-                text = r.stderr.decode(errors="replace").strip()
-                raise SSHConfigError(f"{self.name}: ssh config rejected by OpenSSH "
-                                     f"(`{shlex.join(argv)}`): {last_lines(text)}")
+            self._resolved = self._resolve()
             opts: dict[str, str] = {}
-            self._resolved = r.stdout
-            for line in r.stdout.decode(errors="replace").splitlines():
+            for line in self._resolved.decode(errors="replace").splitlines():
                 key, _, value = line.partition(" ")
                 opts.setdefault(key.lower(), value)
             self._opts = opts
         return self._opts
+
+    def _resolve(self) -> bytes:
+        """`ssh -G`'s output: kept from an earlier run while nothing it was made of changed
+        (`sshcache`), else run now (`-v`: it names the files it read)."""
+        ssh = self.ssh if os.path.isabs(self.ssh) else shutil.which(self.ssh) or self.ssh
+        with contextlib.suppress(OSError):
+            kept = sshcache.lookup(ssh, self.ssh_config, self.alias)
+            if kept is not None:
+                return kept
+        argv = [self.ssh, *self._config_args(), "-G", "--", self.alias]
+        started = time.time_ns()
+        try:
+            r = subprocess.run([*argv[:-3], "-v", *argv[-3:]], capture_output=True, timeout=30,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RemoteError(f"{self.name}: `{shlex.join(argv)}` failed: {e}") from e
+        if r.returncode != 0:
+            raise SSHConfigError(f"{self.name}: ssh config rejected by OpenSSH "
+                                 f"(`{shlex.join(argv)}`): {last_lines(sshcache.chatter(r.stderr).strip())}")
+        with contextlib.suppress(OSError):
+            sshcache.store(ssh, self.ssh_config, self.alias, r.stdout, r.stderr, started)
+        return r.stdout
 
     def target(self) -> str:
         return self.options().get("hostname", self.alias)
