@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import stat
 import subprocess
@@ -17,6 +18,7 @@ from ablate.config.project import load_project
 from ablate.errors import RemoteError
 from ablate.transport import close_all, host_transport, shared_fs
 from ablate.transport.fanout import fan_out
+from ablate.transport.shellhost import BASH_C
 from ablate.transport.ssh import HostKeyError, HostUnreachable, SSHHost
 from ablate.transport.sshfs import SSHFS
 from tests.helpers.wait import wait_for
@@ -298,3 +300,22 @@ def test_a_socket_left_by_a_killed_master_is_not_trusted(testbed: Testbed) -> No
     assert h.run(["hostname"]).stdout == "tb-h3\n"  # ssh went direct, and said so only to us
     assert h.run(["hostname"]).stdout == "tb-h3\n"
     assert h.master_pid() not in (None, pid)  # the dead socket was replaced by a new master
+
+
+def test_our_bash_scripts_do_not_read_the_users_bashrc_a_second_time(tmp_path: Path) -> None:
+    """sshd runs the login shell with `-c <our command line>`; bash execs that line's last command
+    with SHLVL lowered, and a plain `bash -c` there takes itself for the top-level shell sshd ran
+    and sources ~/.bashrc again (conda or pyenv init: 0.1-0.5 s of CPU each). BASH_C's is read once,
+    by the login shell. Here as sshd would run it: SSH_CLIENT set, no SHLVL yet."""
+    count = tmp_path / "count"
+    (tmp_path / ".bashrc").write_text(f"echo sourced >> {count}\n")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SSH_CLIENT": "10.0.0.1 50000 22"}
+
+    def reads(inner: list[str]) -> int:
+        count.unlink(missing_ok=True)
+        subprocess.run(["bash", "-c", "printf '' >&2; " + shlex.join([*inner, "true"])], env=env,
+                       stdin=subprocess.DEVNULL, check=True, timeout=30)
+        return len(count.read_text().splitlines()) if count.exists() else 0
+
+    assert reads(["bash", "-c"]) == 2  # what ablate ran before
+    assert reads(list(BASH_C)) == 1

@@ -17,6 +17,7 @@ from typing import Any
 from ablate.config.project import Project
 from ablate.sweep import hostview
 from ablate.transport import fan_out, host_transport
+from ablate.transport.shellhost import BASH_C
 
 TAIL_BYTES = 16384
 _MARK = hostview.MARK
@@ -105,7 +106,7 @@ def host_live(project: Project, host: str, nbytes: int = TAIL_BYTES, timeout: fl
     t = host_transport(project, h)
 
     def script(view: Sequence[str]) -> str:
-        argv = ["bash", "-c", SCRIPT, "bash", h.ckpt_root, str(nbytes), project.layout(h).heartbeats, h.name,
+        argv = [*BASH_C, SCRIPT, "bash", h.ckpt_root, str(nbytes), project.layout(h).heartbeats, h.name,
                 *view, *t.tmux_argv()]
         return t.run(argv, timeout=timeout).check().stdout
 

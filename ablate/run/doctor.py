@@ -33,7 +33,7 @@ from ablate.run.svccheck import service_checks, service_sections
 from ablate.sweep.cells import QueueFile, read_all_queues
 from ablate.sweep.ledger import LedgerEntry, last_host, parse_ledger
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
-from ablate.transport.shellhost import ShellHost
+from ablate.transport.shellhost import BASH_C, ShellHost
 from ablate.util.fmt import Log
 from ablate.util.fmt import count as fmt_count
 from ablate.util.fmt import size as fmt_size
@@ -320,7 +320,7 @@ def _sections(project: Project, host: Host, plan: _Plan) -> list[tuple[str, Sequ
     out: list[tuple[str, Sequence[str]]] = [
         ("bash", ["command", "-v", "bash"]),
         ("tmux", ["tmux", "-V"]),
-        ("env", ["bash", "-c", _ENV_PY, "bash", host.profile.env or "", host.profile.python]),
+        ("env", [*BASH_C, _ENV_PY, "bash", host.profile.env or "", host.profile.python]),
     ]
     if plan.nonce_rel:
         out.append(("nonce", ["cat", "--", posixpath.join(root, plan.nonce_rel)]))

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from ablate.config.project import Host, Project
 from ablate.config.services import Service
 from ablate.run.hostcheck import Section
+from ablate.transport.shellhost import BASH_C
 
 # $1 env, $2 workdir, $3 the command's program ("" when it cannot be told), $4... ports.
 _SCRIPT = ('if [ -n "$1" ]; then eval "$1" >/dev/null 2>&1 || exit 98; fi\n'
@@ -46,7 +47,7 @@ def ports(service: Service, host: Host) -> list[int]:
 def service_sections(project: Project, host: Host) -> list[tuple[str, Sequence[str]]]:
     out: list[tuple[str, Sequence[str]]] = []
     for s in project.services:
-        out.append((f"svc_{s.name}", ["bash", "-c", _SCRIPT, "bash", host.profile.env or "", project.workdir,
+        out.append((f"svc_{s.name}", [*BASH_C, _SCRIPT, "bash", host.profile.env or "", project.workdir,
                                       program(s.command), *map(str, ports(s, host))]))
     if project.services:
         out.append(("svc_tmux", ["tmux", "list-sessions", "-F", "#{session_name}"]))

@@ -24,7 +24,7 @@ from ablate.errors import AblateError
 from ablate.remote.layout import SweepLayout
 from ablate.transport import fan_out, host_transport
 from ablate.transport.base import HostTransport
-from ablate.transport.shellhost import NO_TMUX_SERVER, ShellHost
+from ablate.transport.shellhost import BASH_C, NO_TMUX_SERVER, ShellHost
 from ablate.transport.sshfs import PROBE_RUN, PYC, lib_digest, probe_command
 
 ViewAnswer = tuple[dict[str, Any] | None, str | None]  # the `mine` document, or why there is none
@@ -161,7 +161,7 @@ def ask_one(project: Project, host: str, timeout: float = 20.0) -> Answer:
         if tmux is not None:
             return tmux, view
         args = ["", "", "", ""]  # the probe did not run there (its answer says why): tmux by the script
-    out = t.run(["bash", "-c", SCRIPT, "bash", *args, *t.tmux_argv()], timeout=timeout).check().stdout
+    out = t.run([*BASH_C, SCRIPT, "bash", *args, *t.tmux_argv()], timeout=timeout).check().stdout
     tmux, inline = parse(out)
     return tmux, view if view is not None else inline
 

@@ -19,6 +19,11 @@ from typing import Any, Protocol
 from ablate.errors import AblateError, RemoteError
 from ablate.transport.base import CommandResult
 
+# How our scripts run on a host: bash as an interpreter, never the user's rc file again. A login shell
+# that ends its command line with `bash -c …` execs it with SHLVL lowered, and bash then takes itself
+# for the top-level shell sshd ran and sources ~/.bashrc a second time (conda or pyenv init: 0.1-0.5 s
+# of CPU each); the environment the login shell set up is inherited all the same.
+BASH_C = ("bash", "--norc", "-c")
 # fd 3 keeps the session's stdin for the watcher; the command itself reads /dev/null. Closing our
 # end (EOF on fd 3) ends the command: a remote command gets no signal when its session closes.
 GUARD = ('exec 3<&0 </dev/null; "$@" & p=$!; { read -r _ <&3; kill "$p" 2>/dev/null; } & w=$!; '
@@ -138,7 +143,7 @@ class ShellHost(ABC):
         connection closes. stderr (tail's "file truncated" chatter) is not the log: dropped."""
         if not argv:
             raise ValueError("stream: empty argv")
-        live = self.open_live(shlex.join(["bash", "-c", GUARD, "bash", *argv]), timeout=open_timeout)
+        live = self.open_live(shlex.join([*BASH_C, GUARD, "bash", *argv]), timeout=open_timeout)
         asked = time.monotonic()
         try:
             while True:

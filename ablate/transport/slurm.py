@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ablate.config.slurm import SlurmSettings
 from ablate.errors import RemoteError
 from ablate.transport.base import CommandResult, HostTransport
-from ablate.transport.shellhost import env_command
+from ablate.transport.shellhost import BASH_C, env_command
 
 KILL_WAIT = 60  # seconds `kill-session` waits for scancel's job to leave squeue
 
@@ -225,7 +225,7 @@ class SlurmHost:
 
     def tmux_argv(self) -> list[str]:
         opts = self.settings.sbatch_options()
-        return ["bash", "-c", SESSIONS, "ablate-slurm", self.out_dir, self.prefix, str(len(opts)), *opts]
+        return [*BASH_C, SESSIONS, "ablate-slurm", self.out_dir, self.prefix, str(len(opts)), *opts]
 
     def array_argv(self, queues: Sequence[tuple[str, str]]) -> list[str] | None:
         """The command submitting `queues` (session name, shell command) as job arrays (one per

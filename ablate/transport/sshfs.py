@@ -21,7 +21,7 @@ from ablate.errors import FSError, OpFailed, RemoteError
 from ablate.remote.layout import SweepLayout
 from ablate.remote.probe import ENTRY as PROBE_ENTRY
 from ablate.transport.base import VERBS, AppendLine, CreateImmutable, FSOp, OpResult, Read, WriteAtomic
-from ablate.transport.shellhost import HostUnreachable, Live, ShellHost, Sink
+from ablate.transport.shellhost import BASH_C, HostUnreachable, Live, ShellHost, Sink
 
 T = TypeVar("T")
 
@@ -64,7 +64,7 @@ _RENAME = ('there() { [ -e "$1" ] || [ -L "$1" ]; }; there "$1" || exit 3; there
 _FLOCKED = ('r=$1; if [ -n "$r" ]; then t="$r.tmp.$$"; printf "%s\\n" "$2" > "$t" && mv -f -- "$t" "$r" '
             '|| exit 94; fi\necho ACQUIRED; cat >/dev/null; [ -z "$r" ] || rm -f -- "$r"')
 _FLOCK = ('mkdir -p -- "$(dirname -- "$1")" || exit 96; command -v flock >/dev/null || exit 95\n'
-          'exec flock -E 75 -w "$2" "$1" bash -c "$5" bash "$3" "$4"')
+          'exec flock -E 75 -w "$2" "$1" bash --norc -c "$5" bash "$3" "$4"')
 # $4: `-S` (no site-packages: a third of a Python start) for every op but `verify`, which loads
 # checkpoints with the libraries installed there.
 # The probe's bytecode is cached on the host, in the user's own cache dir (never a shared /tmp
@@ -84,7 +84,7 @@ _NEEDS_SITE = frozenset({"verify"})
 # script on stdin runs _IMMUTABLE ($1) for each file, its bytes from a base64 here-document; the
 # first that fails names its path on stderr's last line and exits with _IMMUTABLE's code.
 _SHIP = 'imm=$1; eval "$(cat)"'
-_SHIP_ONE = ("base64 -d <<'ABLATE_EOF' | bash -c \"$imm\" bash {path} {sha} >/dev/null || "
+_SHIP_ONE = ("base64 -d <<'ABLATE_EOF' | bash --norc -c \"$imm\" bash {path} {sha} >/dev/null || "
              "{{ r=$?; printf '%s\\n' {path} >&2; exit $r; }}\n{data}ABLATE_EOF\n")
 
 
@@ -96,7 +96,7 @@ def probe_command(lib_dir: str, env: str, python: str, op: str,
     (`ablate.remote.agent`): the op is stdlib only, so the profile's env, which only picks the
     interpreter, changes nothing of it (`doctor` checks the env)."""
     site = op in _NEEDS_SITE
-    command = shlex.join(["bash", "-c", _PROBE, "bash", lib_dir, env, python, "" if site else "-S", op, arg])
+    command = shlex.join([*BASH_C, _PROBE, "bash", lib_dir, env, python, "" if site else "-S", op, arg])
     py = None if site else {"dir": lib_dir, "entry": PROBE_ENTRY, "argv": [op, arg], "python": python,
                             "needs": "ablate/remote/probe.py", "min": [3, 8]}
     return command, py
@@ -187,7 +187,7 @@ class SSHFS:
     def _sh(self, script: str, *args: str, stdin: bytes | None = None, timeout: float | None = None,
             sink: Sink | None = None) -> tuple[int, bytes, bytes]:
         # bash, not sh: a profile's `env` (`source …/activate`) is bash; dash has no `source`.
-        return self._exec(shlex.join(["bash", "-c", script, "bash", *args]), stdin=stdin, timeout=timeout,
+        return self._exec(shlex.join([*BASH_C, script, "bash", *args]), stdin=stdin, timeout=timeout,
                           sink=sink)
 
     def _exec(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None,
@@ -277,7 +277,7 @@ class SSHFS:
         """flock(2) on `path` through the first host that answers, held by a long-lived channel.
         `record` is one line of text (its bytes without the newline)."""
         rec_path, rec = (record[0], record[1].decode().rstrip("\n")) if record else ("", "")
-        script = shlex.join(["bash", "-c", _FLOCK, "bash", path, format(max(0.0, timeout), "g"),
+        script = shlex.join([*BASH_C, _FLOCK, "bash", path, format(max(0.0, timeout), "g"),
                              rec_path, rec, _FLOCKED])
         live = self._first(lambda host: host.open_live(script, timeout=self.timeout))
         return RemoteFlock.wait(live, self.via, path, timeout + self.timeout)
