@@ -123,8 +123,13 @@ def parse(text: str) -> Answer:
 def split_view(t: HostTransport, args: Sequence[str]) -> bool:
     """Whether to ask tmux and read the view in a request of their own (`ask_split`), out of the
     host's script: when a host agent will answer, which runs the probe in its own interpreter, no
-    Python started; not before (two commands would be two login shells)."""
-    return bool(args[0]) and isinstance(t, ShellHost) and t.agent_ready()
+    Python started. At first contact, where this command starts the agent, a `true` starts it
+    first (one login shell, as the script would be): after it, the probe goes to the agent."""
+    if not args[0] or not isinstance(t, ShellHost):
+        return False
+    if not t.agent_ready() and t.agent_on_first():
+        t.run(["true"])
+    return t.agent_ready()
 
 
 def ask_split(t: HostTransport, args: Sequence[str], timeout: float, live: dict[str, Any] | None = None

@@ -119,6 +119,11 @@ class ShellHost(ABC):
         answered or started recently): then two small commands cost less than one shell."""
         return False
 
+    def agent_on_first(self) -> bool:
+        """Whether this process's next command here starts the host agent (or waits for the one
+        starting it), none being known to serve yet: after it, `agent_ready`."""
+        return False
+
     @abstractmethod
     def target(self) -> str:
         """The host name the client connects to (HostName after the ssh config)."""

@@ -377,6 +377,13 @@ class SSHHost(Resolved, ShellHost):
     def agent_ready(self) -> bool:
         return (link := self._agent_link()) is not None and (self._agent_up or Marks(link[0]).seen())
 
+    def agent_on_first(self) -> bool:
+        link = self._agent_link()
+        if link is None or Marks(link[0]).refused():
+            return False
+        with self._lock:
+            return not self._agent_booted or not self._booting.is_set()
+
     def _via_agent(self, command: str, timeout: float, call: Callable[[str, float], R | None]) -> R | None:
         """`call(local socket, hello_within)` to the agent, when one may be there (a kept master,
         an agent that answered or started in this process, or `.seen`); None when none answered
