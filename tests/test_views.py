@@ -17,7 +17,7 @@ from ablate.config.project import load_project
 from ablate.remote import probe
 from ablate.remote.layout import SweepLayout, session_name
 from ablate.sweep.classify import cfg_hashes, classify
-from ablate.sweep.hostview import ask_split
+from ablate.sweep.hostview import ask_split, split_view
 from ablate.sweep.snapshot import Snapshot, SweepState, all_queues, stale_after
 from ablate.sweep.views import DEFAULT_LAG, FsLag, merge_views
 from ablate.transport.local import LocalFS
@@ -224,3 +224,40 @@ def test_where_the_agent_answers_tmux_and_the_view_go_in_one_request_tmux_first(
     assert doc["events"] == {"rec.q1": [{"ev": "queue_end"}]}
     missing = probe.mine({"root": lay.root, "host": "rec", "tmux": [str(tmp_path / "none")]})
     assert missing["tmux"]["rc"] == 127
+
+
+class _FirstContact(_Recorder):
+    """A host no agent serves yet, whose next command starts one (or never will: `boots`)."""
+
+    def __init__(self, boots: bool) -> None:
+        super().__init__()
+        self.boots, self.up = boots, False
+
+    def agent_ready(self) -> bool:
+        return self.up
+
+    def agent_on_first(self) -> bool:
+        return self.boots and not self.up
+
+    def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
+             sink: Any = None, py: Any = None) -> tuple[int, bytes, bytes]:
+        if py is None and command == "true":
+            self.log.append("true")
+            self.up = self.boots
+            return 0, b"", b""
+        assert py is not None, command  # nothing else goes to the host here
+        return super().exec(command, timeout=timeout, stdin=stdin, sink=sink, py=py)
+
+
+@pytest.mark.parametrize("boots", [True, False])
+def test_at_first_contact_a_true_starts_the_agent_and_the_probe_goes_to_it(boots: bool) -> None:
+    """Where this command starts a host's agent, `true` takes the one login shell and tmux and the
+    view go to the agent as one probe (no Python started for the view); where none can start, the
+    host's one script, as before."""
+    host = _FirstContact(boots)
+    args = ["/lib", "", "python3", json.dumps({"root": "/r", "host": "rec"})]
+    assert split_view(host, args) is boots
+    assert host.log == (["true"] if boots else [])
+    if boots:
+        assert ask_split(host, args, 10.0)[0] == ({"s1", "s2"}, None) and host.log == ["true", "view"]
+    assert split_view(_FirstContact(True), ["", "", "", ""]) is False  # no view to ask (local)
