@@ -728,8 +728,8 @@ def test_report_over_ssh_reads_the_shared_fs_in_one_round_trip(
 
         monkeypatch.setattr(SSHFS, "_exec", counted)
         res = cli.json(proj, "report")
-        # bash -c PROBE bash lib env python flags op args
-        assert [c[8] if len(c) > 8 else c for c in commands] == ["report"], commands
+        # bash --norc -c PROBE bash lib env python flags op args
+        assert [c[9] if len(c) > 9 else c for c in commands] == ["report"], commands
     finally:
         close_all()
         shutil.rmtree(testbed.shared_dir / "work" / sweep, ignore_errors=True)

@@ -13,8 +13,8 @@ import threading
 import time
 
 from ablate.errors import RemoteError
-from ablate.transport import sshcache
 from ablate.transport.shellhost import SSHConfigError
+from ablate.transport.sshcache import chatter, lookup, store
 from ablate.transport.sshproc import last_lines
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -52,7 +52,7 @@ class Resolved:
         (`sshcache`), else run now (`-v`: it names the files it read)."""
         ssh = self.ssh if os.path.isabs(self.ssh) else shutil.which(self.ssh) or self.ssh
         with contextlib.suppress(OSError):
-            kept = sshcache.lookup(ssh, self.ssh_config, self.alias)
+            kept = lookup(ssh, self.ssh_config, self.alias)
             if kept is not None:
                 return kept
         argv = [self.ssh, *self._config_args(), "-G", "--", self.alias]
@@ -64,9 +64,9 @@ class Resolved:
             raise RemoteError(f"{self.name}: `{shlex.join(argv)}` failed: {e}") from e
         if r.returncode != 0:
             raise SSHConfigError(f"{self.name}: ssh config rejected by OpenSSH "
-                                 f"(`{shlex.join(argv)}`): {last_lines(sshcache.chatter(r.stderr).strip())}")
+                                 f"(`{shlex.join(argv)}`): {last_lines(chatter(r.stderr).strip())}")
         with contextlib.suppress(OSError):
-            sshcache.store(ssh, self.ssh_config, self.alias, r.stdout, r.stderr, started)
+            store(ssh, self.ssh_config, self.alias, r.stdout, r.stderr, started)
         return r.stdout
 
     def target(self) -> str:
