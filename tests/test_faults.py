@@ -635,7 +635,9 @@ def test_10_two_remediations_at_once(testbed: Testbed, sweep: Callable[..., Swee
     assert sorted(code for code, _, _ in done)[0] == 0, done
     for code, _, err in done:
         assert code == 0 or (code == 1 and "busy" in err and "held by" in err), done
-    [acted] = sw.remediations()  # one wrote a queue; the other waited and found nothing new
+    recs = sw.remediations()
+    assert len(recs) == 1, (recs, [(c, o[-3000:], e[-3000:]) for c, o, e in done])
+    [acted] = recs  # one wrote a queue; the other waited and found nothing new
     assert set(acted["cells"]) == set(never) and acted["queues"], acted
     assert sw.queue_files() - before == set(acted["queues"])
 
