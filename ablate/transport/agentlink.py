@@ -4,8 +4,8 @@ and how one command goes to it through the ControlMaster's forwarded socket.
 `request` sends the command only after the agent's hello came back (before it, only a blank line
 that the agent skips), so "no agent answered" (the socket is not there, the master is gone, the
 host's sshd refused the forward, the agent exited) is always "nothing was sent": the caller then
-runs the command the usual way. Once the request is out,
-nothing is ever sent twice: a connection lost after it is the command's failure.
+runs the command the usual way. Once the request is out, nothing is ever sent twice: a connection
+lost after it is the command's failure.
 """
 
 from __future__ import annotations

@@ -82,15 +82,16 @@ def lookup(ssh: str, config: str | None, alias: str) -> bytes | None:
 
 def store(ssh: str, config: str | None, alias: str, out: bytes, verbose: bytes, started_ns: int) -> bool:
     """Keep `out` (what `ssh -v [-F config] -G -- alias` printed; `verbose`, its stderr) when it
-    depends on files alone (the module's docstring); whether it was kept."""
-    watch = _watched(config, out.decode(errors="replace"), verbose.decode(errors="replace"))
-    if watch is None:
-        return False
-    sigs = [(path, _sig(path)) for path in sorted(watch)]
-    if any(sig is not None and sig[0] > started_ns - SETTLE_NS for _, sig in sigs):
-        return False
-    doc = {"v": VERSION, "out": out.decode("utf-8", "surrogateescape"), "watch": sigs}
+    depends on files alone (the module's docstring); whether it was kept. Never raises: not
+    keeping it only costs the next command an `ssh -G`."""
     with contextlib.suppress(OSError, ValueError):
+        watch = _watched(config, out.decode(errors="replace"), verbose.decode(errors="replace"))
+        if watch is None:
+            return False
+        sigs = [(path, _sig(path)) for path in sorted(watch)]
+        if any(sig is not None and sig[0] > started_ns - SETTLE_NS for _, sig in sigs):
+            return False
+        doc = {"v": VERSION, "out": out.decode("utf-8", "surrogateescape"), "watch": sigs}
         path = _entry(key(ssh, config, alias))
         folder = os.path.dirname(path)
         os.makedirs(folder, mode=0o700, exist_ok=True)

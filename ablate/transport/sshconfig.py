@@ -4,7 +4,6 @@ answer is kept between commands while every file it was made of is unchanged (`s
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import shutil
@@ -51,10 +50,9 @@ class Resolved:
         """`ssh -G`'s output: kept from an earlier run while nothing it was made of changed
         (`sshcache`), else run now (`-v`: it names the files it read)."""
         ssh = self.ssh if os.path.isabs(self.ssh) else shutil.which(self.ssh) or self.ssh
-        with contextlib.suppress(OSError):
-            kept = lookup(ssh, self.ssh_config, self.alias)
-            if kept is not None:
-                return kept
+        kept = lookup(ssh, self.ssh_config, self.alias)
+        if kept is not None:
+            return kept
         argv = [self.ssh, *self._config_args(), "-G", "--", self.alias]
         started = time.time_ns()
         try:
@@ -65,8 +63,7 @@ class Resolved:
         if r.returncode != 0:
             raise SSHConfigError(f"{self.name}: ssh config rejected by OpenSSH "
                                  f"(`{shlex.join(argv)}`): {last_lines(chatter(r.stderr).strip())}")
-        with contextlib.suppress(OSError):
-            store(ssh, self.ssh_config, self.alias, r.stdout, r.stderr, started)
+        store(ssh, self.ssh_config, self.alias, r.stdout, r.stderr, started)
         return r.stdout
 
     def target(self) -> str:
