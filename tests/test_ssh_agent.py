@@ -7,18 +7,21 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ablate.errors import FSError
 from ablate.remote.agent import HELLO
 from ablate.transport.agentlink import AgentLive, AgentLost, agent_code, remote_socket, request
-from ablate.transport.shellhost import Live
+from ablate.transport.shellhost import Live, ShellHost
 from ablate.transport.ssh import SSHHost
-from ablate.transport.sshfs import probe_command, probe_lib
+from ablate.transport.sshfs import SSHFS, probe_command, probe_lib
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
@@ -229,6 +232,67 @@ def test_a_probe_answers_the_same_in_the_agent_as_through_its_command(agent: str
     assert probe_command(lib, "", sys.executable, "verify", "{}")[1] is None  # site-packages: a command
 
 
+class _Local(ShellHost):
+    """This machine as a host for SSHFS: with `how` "agent" its agent runs a request's `py` (the
+    command sent is `exit 42`, so only the entry can succeed), "command" its agent runs the command,
+    "script" no agent: the command through a shell here."""
+
+    name, tmux_socket = "local", None
+
+    def __init__(self, agent: str, how: str) -> None:
+        self.agent, self.how = agent, how
+        self.sent: list[Any] = []
+
+    def agent_runs(self, python: str) -> bool:
+        return self.how != "script"
+
+    def exec(self, command: str, *, timeout: float = 60.0, stdin: bytes | None = None,
+             sink: Any = None, py: Any = None) -> tuple[int, bytes, bytes]:
+        self.sent.append(py)
+        if self.how == "script":
+            r = subprocess.run(["sh", "-c", command], input=stdin or b"", capture_output=True,
+                               timeout=timeout)
+            return r.returncode, r.stdout, r.stderr
+        got = request(self.agent, "exit 42" if self.how == "agent" else command, timeout=timeout,
+                      hello_within=5, stdin=stdin, py=py if self.how == "agent" else None)
+        assert got is not None
+        return got
+
+    def open_live(self, command: str, *, timeout: float = 60.0) -> Live:
+        raise AssertionError("not used")
+
+    def target(self) -> str:
+        return "local"
+
+
+@pytest.mark.parametrize("how", ["agent", "command", "script"])
+def test_the_probe_library_is_placed_alike_by_the_agent_its_command_and_the_shell_script(
+        agent: str, tmp_path: Path, how: str) -> None:
+    """Where the host's agent runs, fsops places the library in one forked Python; its command
+    does the same where the agent cannot run the entry; with no agent, the shell script, with no
+    Python. All three: every file 0444 with its bytes and nothing else, again at once, and a name
+    taken by other bytes refused, naming it, with the probe (placed last) never placed."""
+    host = _Local(agent, how)
+    fs = SSHFS(host, str(tmp_path / "sweep"), python=sys.executable)
+    fs.ship_probe()
+    lib = Path(fs.lib_dir)
+    assert sorted(str(f.relative_to(lib)) for f in lib.rglob("*") if f.is_file()) == sorted(probe_lib())
+    for rel, data in probe_lib().items():
+        assert (lib / rel).read_bytes() == data and stat.S_IMODE((lib / rel).stat().st_mode) == 0o444
+    assert (host.sent[0] is not None) is (how != "script")
+    fs.ship_probe()  # the same bytes there already: nothing to do, no error
+
+    other = SSHFS(host, str(tmp_path / "other"), python=sys.executable)
+    taken = Path(other.lib_dir) / "ablate" / "remote" / "fsops.py"
+    taken.parent.mkdir(parents=True)
+    taken.write_bytes(b"# other bytes\n")
+    with pytest.raises(FSError, match=r"creating .*/ablate/remote/fsops\.py.*other content"):
+        other.ship_probe()
+    assert taken.read_bytes() == b"# other bytes\n"
+    assert not (Path(other.lib_dir) / "ablate" / "remote" / "probe.py").exists()
+    assert [f.name for f in taken.parent.iterdir() if f.name.startswith(".")] == []
+
+
 def test_a_python_entry_past_its_timeout_is_ended_with_its_process_group(agent: str, tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     entry = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
@@ -352,6 +416,28 @@ def test_a_command_sent_while_another_starts_the_agent_goes_to_it(
     assert "ablate_agent" in second and "sshd" not in second
     assert "first-still-running" in second
     host.close()
+
+
+def test_a_host_connected_ahead_has_its_master_and_agent_before_its_first_command(
+        testbed: Testbed, fresh: Path, no_agents: None) -> None:
+    """`launch` connects to its hosts while it takes the lock through the shared FS's host
+    (`transport.connect_ahead`, `SSHHost.warm`): the master and the agent are up before any
+    command is asked there, and the first command goes to the agent (the one login shell was the
+    warm-up's), as it does after warming up a new connection to an agent already running."""
+    host = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    host.warm()
+    assert host.master_pid() is not None and _agent_serves(testbed, "tb-h1")
+    chain = host.run(["sh", "-c", CHAIN]).check().stdout
+    assert "ablate_agent" in chain and "sshd" not in chain
+    host.disconnect()
+    host.close()
+
+    again = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))  # a next command, new connection
+    again.warm()
+    assert again.master_pid() is not None
+    chain = again.run(["sh", "-c", CHAIN]).check().stdout
+    assert "ablate_agent" in chain and "sshd" not in chain
+    again.close()
 
 
 def test_a_held_command_at_first_contact_starts_the_agent_for_the_next_ones(

@@ -42,7 +42,7 @@ from ablate.sweep.cells import QueueFile, check_queue_name, load_roster, read_al
 from ablate.sweep.ledger import check_prefix, entry_line, new_entry
 from ablate.sweep.lock import controller_lock
 from ablate.sweep.snapshot import Snapshot, probe_only
-from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
+from ablate.transport import HostTransport, SharedFS, connect_ahead, fan_out, host_transport, shared_fs
 from ablate.transport.base import AppendLine, FSOp, Remove, WriteAtomic, apply_groups
 from ablate.transport.shellhost import NO_TMUX_SERVER
 from ablate.transport.slurm import SlurmHost
@@ -140,6 +140,7 @@ def launch(project: Project, queue: str, host: str, start_index: int | None = No
     checked = _validate(project, [req])[0]  # bad input refuses before the lock is taken
     if isinstance(checked, AblateError):
         raise checked
+    connect_ahead(project, [host])  # while the lock is taken through the shared FS's host
     with controller_lock(project, f"launch {queue} --host {host}", log=log):
         [got] = _pipeline(project, [req], log)
     if isinstance(got, Exception):
@@ -155,7 +156,7 @@ def launch_all(project: Project, log: Log | None = None) -> list[LaunchResult]:
     are reported (`running`), not relaunched; a queue or host that fails is reported (`failed`,
     with the error) and the others still go."""
     load_roster(project)  # a name collision refuses before the lock (and its file) is taken
-    _planned(project, None)
+    connect_ahead(project, [r.host for r in _planned(project, None)])  # while the lock is taken
     with controller_lock(project, "launch --all", log=log):
         requests = _planned(project, log)
         got = _pipeline(project, requests, log)

@@ -16,7 +16,7 @@ import dataclasses
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ablate.config.project import Host, Project
 from ablate.errors import AblateError
@@ -26,8 +26,8 @@ from ablate.transport.shellhost import ShellHost
 from ablate.transport.ssh import SSHHost
 from ablate.transport.sshfs import SSHFS
 
-__all__ = ["CommandResult", "HostTransport", "SharedFS", "accept_new_host_keys", "close_all", "fan_out",
-           "host_transport", "resolve_ahead", "shared_fs"]
+__all__ = ["CommandResult", "HostTransport", "SharedFS", "accept_new_host_keys", "close_all",
+           "connect_ahead", "fan_out", "host_transport", "resolve_ahead", "shared_fs"]
 
 _SSH_HOSTS: dict[tuple[str | None, str, str, bool], ShellHost] = {}
 _SSH_LOCK = threading.Lock()
@@ -91,8 +91,26 @@ def resolve_ahead(project: Project) -> None:
             threading.Thread(target=_quietly, args=(host.options,), daemon=True).start()
 
 
-def _quietly(fn: Callable[[], object]) -> None:
-    with contextlib.suppress(AblateError):
+def connect_ahead(project: Project, names: Iterable[str]) -> None:
+    """Start connecting to these ssh hosts now, in the background (`SSHHost.warm`), so that they
+    connect while the command takes its lock and reads the shared FS through another host: at first
+    contact the lock's host alone is a connection and a login shell before the others start. The
+    first use of a host waits for what is under way (one master, one login shell, as without this)
+    and reports its failure itself."""
+    for name in sorted(set(names)):
+        h = project.hosts.get(name)
+        if h is None or h.transport != "ssh":
+            continue
+        try:
+            host = _ssh_host(project, h, _ACCEPT_NEW)
+        except AblateError:
+            continue
+        if isinstance(host, SSHHost):
+            threading.Thread(target=_quietly, args=(host.warm, Exception), daemon=True).start()
+
+
+def _quietly(fn: Callable[[], object], errors: type[BaseException] = AblateError) -> None:
+    with contextlib.suppress(errors):
         fn()
 
 

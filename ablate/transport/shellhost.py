@@ -119,6 +119,11 @@ class ShellHost(ABC):
         answered or started recently): then two small commands cost less than one shell."""
         return False
 
+    def agent_runs(self, python: str) -> bool:
+        """Whether a request's `py` form for interpreter `python` would likely run inside a host
+        agent now (`agent_ready`, and the agent runs on that interpreter)."""
+        return False
+
     def agent_on_first(self) -> bool:
         """Whether this process's next command here starts the host agent (or waits for the one
         starting it), none being known to serve yet: after it, `agent_ready`."""

@@ -176,6 +176,15 @@ class SSHHost(Resolved, ShellHost):
             self._failed = None
             self._ready = True
 
+    def warm(self) -> None:
+        """Connect now, ahead of the first command (`transport.connect_ahead`): the master, and the
+        agent (a `true` to it, or, where this process would start it, the `true` that does: the one
+        login shell the first command would take, which then goes to the agent)."""
+        if self._agent_link() is not None:
+            self.run(["true"], timeout=self.connect_timeout * 3 + 5)
+        else:
+            self._ensure()
+
     def _probe_direct(self) -> None:
         live = self._spawn([*self._base(), "-T", "-o", "ControlPath=none", "--", self.alias,
                             MARK_CMD + "true"])
@@ -376,6 +385,9 @@ class SSHHost(Resolved, ShellHost):
 
     def agent_ready(self) -> bool:
         return (link := self._agent_link()) is not None and (self._agent_up or Marks(link[0]).seen())
+
+    def agent_runs(self, python: str) -> bool:
+        return python == self.python and self.agent_ready()
 
     def agent_on_first(self) -> bool:
         link = self._agent_link()

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO, TypeVar
 
 from ablate.errors import FSError, OpFailed, RemoteError
+from ablate.remote.fsops import CONFLICT
 from ablate.remote.layout import SweepLayout
 from ablate.remote.probe import ENTRY as PROBE_ENTRY
 from ablate.transport.base import VERBS, AppendLine, CreateImmutable, FSOp, OpResult, Read, WriteAtomic
@@ -84,6 +85,9 @@ _NEEDS_SITE = frozenset({"verify"})
 # script on stdin runs _IMMUTABLE ($1) for each file, its bytes from a base64 here-document; the
 # first that fails names its path on stderr's last line and exits with _IMMUTABLE's code.
 _SHIP = 'imm=$1; eval "$(cat)"'
+# The same through fsops' source in one Python (`SSHFS._ship_py`), where the host's agent runs.
+_FSOPS_RUN = ('e=$1; py=$2; src=$3; if [ -n "$e" ]; then eval "$e" >&2 || exit 98; fi\n'
+              'exec "$py" -S -c "$src"')
 _SHIP_ONE = ("base64 -d <<'ABLATE_EOF' | bash --norc -c \"$imm\" bash {path} {sha} >/dev/null || "
              "{{ r=$?; printf '%s\\n' {path} >&2; exit $r; }}\n{data}ABLATE_EOF\n")
 
@@ -308,19 +312,49 @@ class SSHFS:
     def ship_probe(self) -> None:
         """Place the probe's files content-addressed under <root>/lib/<sha12>/ (0444, never
         overwritten), in one round trip, probe.py last: there, it says the rest is. A changed
-        ablate is a new directory; a running probe keeps its files."""
+        ablate is a new directory; a running probe keeps its files. Where the host's agent runs,
+        fsops places them in one forked Python (`_ship_py`); else a shell script does, with no
+        Python at all (`_SHIP`: the probe is what reports a missing one)."""
         files = sorted(self._lib.items(), key=lambda kv: (kv[0].endswith("/probe.py"), kv[0]))
-        script = "".join(_SHIP_ONE.format(path=shlex.quote(f"{self.lib_dir}/{rel}"),
-                                          sha=hashlib.sha256(data).hexdigest(),
-                                          data=base64.encodebytes(data).decode()) for rel, data in files)
-        rc, _, err = self._sh(_SHIP, _IMMUTABLE, stdin=script.encode())
-        if rc != 0:
-            lines = err.decode(errors="replace").strip().splitlines() or [self.lib_dir]
-            if rc == 4:
-                raise FSError(self.via, "creating", lines[-1],
-                              "it exists with other content; an immutable file is never overwritten")
-            raise self._fail("creating", lines[-1], rc, "\n".join(lines[:-1]).encode())
+        ops = [CreateImmutable(f"{self.lib_dir}/{rel}", data) for rel, data in files]
+
+        def ship(host: ShellHost) -> tuple[bool, int, bytes, bytes]:
+            if host.agent_runs(self.python):
+                return (True, *self._ship_py(host, ops))
+            script = "".join(_SHIP_ONE.format(path=shlex.quote(op.path),
+                                              sha=hashlib.sha256(op.data).hexdigest(),
+                                              data=base64.encodebytes(op.data).decode()) for op in ops)
+            return (False, *host.exec(shlex.join([*BASH_C, _SHIP, "bash", _IMMUTABLE]),
+                                      timeout=self.timeout, stdin=script.encode()))
+
+        as_py, rc, out, err = self._first(ship)
+        lines = err.decode(errors="replace").strip().splitlines() or [self.lib_dir]
+        if as_py and rc == 0:
+            try:
+                answer = json.loads(out)
+            except ValueError:
+                raise RemoteError(f"{self.via}: placing the probe library under {self.lib_dir} did not "
+                                  f"print fsops' answer; stdout: {out.decode(errors='replace')[:300]!r}; "
+                                  f"stderr: {lines[-1][-300:]!r}") from None
+            self._answer(ops, answer)
+        elif as_py and rc == 98:
+            raise RemoteError(f"{self.via}: the profile's env `{self.env}` failed before placing the "
+                              f"probe library: {lines[-1][-300:]!r}")
+        elif rc == 4 and not as_py:
+            raise FSError(self.via, "creating", lines[-1], CONFLICT)
+        elif rc != 0:
+            raise self._fail("creating", self.lib_dir if as_py else lines[-1], rc,
+                             "\n".join(lines if as_py else lines[:-1]).encode())
         self._lib_ready = True
+
+    def _ship_py(self, host: ShellHost, ops: Sequence[CreateImmutable]) -> tuple[int, bytes, bytes]:
+        """`ops` through fsops' own source (`python -S -c`, the ops as JSON on stdin), which the
+        host's agent runs in a forked child: one process where the script runs ~10 per file."""
+        source = self._lib["ablate/remote/fsops.py"].decode()
+        command = shlex.join([*BASH_C, _FSOPS_RUN, "bash", self.env, self.python, source])
+        py = {"dir": "/", "entry": source, "argv": [], "python": self.python, "needs": ".", "min": [3, 8]}
+        payload = json.dumps({"ops": [_wire(op) for op in ops]}).encode()
+        return host.exec(command, timeout=self.timeout, stdin=payload, py=py)
 
     def probe(self, op: str, args: Mapping[str, Any]) -> Any:
         return self._run_probe(op, json.dumps(dict(args)), None, self.probe_timeout, args.get("root"))
