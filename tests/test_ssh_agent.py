@@ -18,7 +18,7 @@ import pytest
 
 from ablate.errors import FSError
 from ablate.remote.agent import HELLO
-from ablate.transport.agentlink import AgentLive, AgentLost, agent_code, remote_socket, request
+from ablate.transport.agentlink import AgentLive, AgentLost, agent_code, bootstrap, remote_socket, request
 from ablate.transport.shellhost import Live, ShellHost
 from ablate.transport.ssh import SSHHost
 from ablate.transport.sshfs import SSHFS, probe_command, probe_lib
@@ -538,3 +538,37 @@ def test_the_agent_code_is_versioned_by_content() -> None:
     code = agent_code()
     assert remote_socket("root") == f"/tmp/ablate-agent-root/{code.version}.sock"
     assert remote_socket("bad user") is None and remote_socket("../x") is None
+
+
+def test_the_agent_is_compiled_once_per_host_and_interpreter_and_a_bad_copy_is_compiled_again(
+        tmp_path: Path) -> None:
+    """The bootstrap keeps the agent's code object in the user's cache dir (a third of its start):
+    a kept one is what runs; one that is damaged or of another interpreter is compiled again and
+    replaced; without HOME, nothing is kept and the agent still starts."""
+    import marshal
+
+    env = {**os.environ, "HOME": str(tmp_path)}
+    env.pop("XDG_CACHE_HOME", None)
+    kept = (tmp_path / ".cache" / "ablate" / "agent" /
+            f"{agent_code().version}-{sys.implementation.cache_tag}.bin")
+    tag = sys.version.encode() + b"\0"
+
+    def boot(n: int, environ: dict[str, str]) -> bytes:
+        sock = str(tmp_path / f"a{n}" / "a.sock")
+        r = subprocess.run(["sh", "-c", bootstrap(sys.executable, sock, 30) + "true"], env=environ,
+                           capture_output=True, timeout=30)
+        subprocess.run(["pkill", "-f", sock], check=False)
+        return r.stderr
+
+    assert boot(1, env) == b"ablate-agent: up\n"
+    assert kept.read_bytes().startswith(tag)
+    marker = "def main(argv):\n    print('ablate-agent: from the kept copy')\n    return 0\n"
+    kept.write_bytes(tag + marshal.dumps(compile(marker, "kept", "exec")))
+    assert boot(2, env) == b"ablate-agent: from the kept copy\n"
+    for bad in (b"damaged", b"Python 0.1\0" + marshal.dumps(compile(marker, "kept", "exec")), tag + b"\xff"):
+        kept.write_bytes(bad)
+        assert boot(3, env) == b"ablate-agent: up\n"
+        assert kept.read_bytes().startswith(tag) and kept.read_bytes() != bad
+    homeless = {k: v for k, v in env.items() if k != "HOME"}
+    kept.unlink()
+    assert boot(4, homeless) == b"ablate-agent: up\n" and not kept.exists()
