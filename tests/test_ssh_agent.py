@@ -423,7 +423,8 @@ def test_a_host_connected_ahead_has_its_master_and_agent_before_its_first_comman
     """`launch` connects to its hosts while it takes the lock through the shared FS's host
     (`transport.connect_ahead`, `SSHHost.warm`): the master and the agent are up before any
     command is asked there, and the first command goes to the agent (the one login shell was the
-    warm-up's), as it does after warming up a new connection to an agent already running."""
+    warm-up's), as it does after warming up a new connection to an agent already running; where
+    the master and the agent are there already, warming up sends nothing."""
     host = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
     host.warm()
     assert host.master_pid() is not None and _agent_serves(testbed, "tb-h1")
@@ -437,6 +438,10 @@ def test_a_host_connected_ahead_has_its_master_and_agent_before_its_first_comman
     assert again.master_pid() is not None
     chain = again.run(["sh", "-c", CHAIN]).check().stdout
     assert "ablate_agent" in chain and "sshd" not in chain
+
+    third = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))  # its master and agent are there
+    third.run = lambda *a, **k: pytest.fail("warm sent a command where nothing was to be gained")  # type: ignore[method-assign]
+    third.warm()
     again.close()
 
 

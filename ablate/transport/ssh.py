@@ -179,8 +179,13 @@ class SSHHost(Resolved, ShellHost):
     def warm(self) -> None:
         """Connect now, ahead of the first command (`transport.connect_ahead`): the master, and the
         agent (a `true` to it, or, where this process would start it, the `true` that does: the one
-        login shell the first command would take, which then goes to the agent)."""
-        if self._agent_link() is not None:
+        login shell the first command would take, which then goes to the agent). Nothing where a
+        master's socket is there and an agent is known to serve behind it."""
+        link = self._agent_link()
+        if self.multiplex and os.path.exists(self._socket()) and (
+                link is None or self._agent_up or Marks(link[0]).seen()):
+            return  # a master and an agent there already: the first command finds them
+        if link is not None:
             self.run(["true"], timeout=self.connect_timeout * 3 + 5)
         else:
             self._ensure()
