@@ -514,6 +514,11 @@ def test_a_host_without_the_python_runs_commands_the_usual_way_once(
     _count_once(testbed, hosts)
     assert not _agent_serves(testbed, "tb-h1") and not any(h._agent_up for h in hosts)
     assert [n for n in os.listdir(fresh) if n.endswith(".refused")]  # tried once, not per command
+    ahead = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config), python="/nonexistent/python3")
+    ahead.run = lambda *a, **k: pytest.fail("warm-up sent a command")  # type: ignore[method-assign]
+    ahead.disconnect()
+    ahead.warm()  # launch's connect_ahead: the master only, no login shell to start no agent
+    assert ahead.master_pid() is not None
 
 
 def test_an_agent_directory_someone_else_could_write_is_never_used(

@@ -185,9 +185,9 @@ class SSHHost(Resolved, ShellHost):
         if self.multiplex and os.path.exists(self._socket()) and (
                 link is None or self._agent_up or Marks(link[0]).seen()):
             return  # a master and an agent there already: the first command finds them
-        if link is not None:
+        if link is not None and not Marks(link[0]).refused():
             self.run(["true"], timeout=self.connect_timeout * 3 + 5)
-        else:
+        else:  # no agent can serve there: its first command is a login shell either way
             self._ensure()
 
     def _probe_direct(self) -> None:
