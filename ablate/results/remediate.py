@@ -42,7 +42,7 @@ from ablate.remote.layout import SweepLayout
 from ablate.sweep.cells import QueueFile, check_queue_name, load_roster
 from ablate.sweep.classify import TARGETS, CellState, Classification, cell_lines, collect, count_line, warn
 from ablate.sweep.lock import controller_lock, whoami
-from ablate.transport import SharedFS, shared_fs
+from ablate.transport import SharedFS, connect_ahead, shared_fs
 from ablate.util.fmt import Log
 from ablate.util.fs import atomic_write
 from ablate.util.progress import steps
@@ -168,6 +168,7 @@ def _counts(cells: Any) -> dict[str, int]:
 def remediate(project: Project, hosts: Sequence[str] | None = None, launch: bool = False,
               log: Log | None = None) -> RemediateResult:
     selected = _selected(project, hosts)
+    connect_ahead(project, project.hosts)  # every host is asked: connected while the lock is taken
     with controller_lock(project, "remediate --launch" if launch else "remediate", log=log):
         load_roster(project)  # a name collision anywhere is refused before anything changes
         fs = shared_fs(project)
