@@ -553,9 +553,11 @@ def test_the_agent_code_is_versioned_by_content() -> None:
 def test_the_agent_is_compiled_once_per_host_and_interpreter_and_a_bad_copy_is_compiled_again(
         tmp_path: Path) -> None:
     """The bootstrap keeps the agent's code object in the user's cache dir (a third of its start):
-    a kept one is what runs; one that is damaged or of another interpreter is compiled again and
-    replaced; without HOME, nothing is kept and the agent still starts."""
+    a kept one is what runs; one that is damaged (cut short, another checksum) or of another
+    interpreter is compiled again and replaced; without HOME, nothing is kept and the agent still
+    starts."""
     import marshal
+    import zlib
 
     env = {**os.environ, "HOME": str(tmp_path)}
     env.pop("XDG_CACHE_HOME", None)
@@ -572,10 +574,16 @@ def test_the_agent_is_compiled_once_per_host_and_interpreter_and_a_bad_copy_is_c
 
     assert boot(1, env) == b"ablate-agent: up\n"
     assert kept.read_bytes().startswith(tag)
-    marker = "def main(argv):\n    print('ablate-agent: from the kept copy')\n    return 0\n"
-    kept.write_bytes(tag + marshal.dumps(compile(marker, "kept", "exec")))
+    marker = marshal.dumps(compile("def main(argv):\n    print('ablate-agent: from the kept copy')\n"
+                                   "    return 0\n", "kept", "exec"))
+
+    def copy(tag: bytes, code: bytes) -> bytes:
+        return tag + b"%08x" % zlib.crc32(code) + code
+
+    kept.write_bytes(copy(tag, marker))
     assert boot(2, env) == b"ablate-agent: from the kept copy\n"
-    for bad in (b"damaged", b"Python 0.1\0" + marshal.dumps(compile(marker, "kept", "exec")), tag + b"\xff"):
+    for bad in (b"damaged", copy(b"Python 0.1\0", marker), copy(tag, marker)[:-3], copy(tag, b"\xff"),
+                tag + b"%08x" % (zlib.crc32(marker) ^ 1) + marker):
         kept.write_bytes(bad)
         assert boot(3, env) == b"ablate-agent: up\n"
         assert kept.read_bytes().startswith(tag) and kept.read_bytes() != bad

@@ -59,22 +59,24 @@ class AgentCode:
 
 # The bootstrap: the agent's code object, compiled once per host and interpreter (a third of an
 # agent's start, ~13 ms of CPU), kept where Python keeps the probe's bytecode (the user's cache dir,
-# ablate.transport.sshfs.PYC), under the agent's version, tagged with the interpreter's full
-# version; anything unreadable there is compiled again, and written atomically. Without HOME,
-# nothing is kept. The `ablate_agent` in it is how `pkill -f` finds an agent.
+# ablate.transport.sshfs.PYC), under the agent's version: `sys.version`, the crc32 of the marshalled
+# code, the code. Anything else found there is compiled again and written atomically (a temp name
+# of its own: a home shared by several hosts is written by all of them). Without HOME, nothing is
+# kept. The `ablate_agent` in it is how `pkill -f` finds an agent.
 _BOOT = """import base64,marshal,os,sys,zlib
-g={'__name__':'ablate_agent'};t=sys.version.encode()+b'\\0';c=None
+g={'__name__':'ablate_agent'};t=sys.version.encode()+b'\\0';k=len(t)+8;c=None
 d=os.environ.get('XDG_CACHE_HOME') or (os.environ.get('HOME') or '/nonexistent')+'/.cache'
 p=d+'/ablate/agent/VERSION-'+str(sys.implementation.cache_tag)+'.bin'
 try:
  b=open(p,'rb').read()
- if b.startswith(t):c=marshal.loads(b[len(t):])
+ if b[:k]==t+b'%08x'%zlib.crc32(b[k:]):c=marshal.loads(b[k:])
 except Exception:pass
 if c is None:
  c=compile(zlib.decompress(base64.b64decode('PACKED')),'ablate_agent','exec')
  try:
-  os.makedirs(os.path.dirname(p),0o700,exist_ok=True);n=p+'.%d'%os.getpid()
-  with open(n,'wb') as f:f.write(t+marshal.dumps(c))
+  os.makedirs(os.path.dirname(p),0o700,exist_ok=True);n=p+'.%d.%s'%(os.getpid(),os.urandom(6).hex())
+  m=marshal.dumps(c)
+  with open(n,'wb') as f:f.write(t+b'%08x'%zlib.crc32(m)+m)
   os.replace(n,p)
  except Exception:pass
 exec(c,g);sys.exit(g['main'](sys.argv[1:]))"""
