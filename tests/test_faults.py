@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -121,8 +122,21 @@ class Sweep:
         return self._cli(self.proj, *args)
 
     def ok(self, *args: str) -> dict[str, Any]:
-        """`ablate ARGS --json`, which must exit 0; its one JSON object."""
-        return self._cli.json(self.proj, *args)
+        """`ablate ARGS --json`, which must exit 0; its one JSON object. A failure that points at a
+        host agent's log brings every instance's (CI keeps nothing of the bed)."""
+        r = self._cli(self.proj, *args, "--json")
+        logs = self.agent_logs() if r.code != 0 and "host agent logs" in r.out + r.err else {}
+        assert r.code == 0, (args, r.code, r.out, r.err, logs)
+        return r.json()
+
+    def agent_logs(self) -> dict[str, str]:
+        """The end of each instance's host agent logs (why an agent ended a request, or itself)."""
+        logs = {}
+        for host in self.tb.hosts:
+            tail = "tail -n 30 /tmp/ablate-agent-*/*.log 2>&1"
+            got = subprocess.run(self.tb.ssh_argv(host, tail), capture_output=True, text=True, timeout=30)
+            logs[host] = got.stdout[-3000:]
+        return logs
 
     def popen(self, *args: str, pythonpath: Path = REPO) -> subprocess.Popen[str]:
         """A separate controller process: `python -m ablate -C proj ARGS`, importing ablate from
@@ -300,9 +314,11 @@ class Sweep:
         for marker in (self.work / "faults").glob("*"):
             marker.unlink()
         prefix = f"ablate-{self.name}-"
-        procs = [subprocess.Popen(self.tb.ssh_argv(host, "sh", "-c", (
+        # One word for the remote shell: ssh joins its arguments with spaces, so `sh -c SCRIPT` as
+        # three would run `sh -c tmux` and the rest as that shell's arguments.
+        procs = [subprocess.Popen(self.tb.ssh_argv(host, shlex.join(["sh", "-c", (
             f"tmux ls -F '#{{session_name}}' 2>/dev/null | grep '^{prefix}' "
-            "| while read -r s; do tmux kill-session -t \"$s\"; done; true")),
+            "| while read -r s; do tmux kill-session -t \"$s\"; done; true")])),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for host in self.tb.hosts]
         for p in procs:
             p.wait(timeout=30)
