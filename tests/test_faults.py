@@ -710,7 +710,8 @@ def test_11_controller_killed_during_launch_all(testbed: Testbed, sweep: Callabl
 
 def sessions(tb: Testbed, host: str, sweep: str) -> set[str]:
     """This sweep's tmux sessions on `host`, asked with the real ssh client."""
-    p = subprocess.run(tb.ssh_argv(host, "tmux", "ls", "-F", "#{session_name}"),
+    # One word: ssh joins its arguments for the remote shell, which would take `#{...}` for a comment.
+    p = subprocess.run(tb.ssh_argv(host, shlex.join(["tmux", "ls", "-F", "#{session_name}"])),
                        capture_output=True, text=True, timeout=30, check=False)
     return {s for s in p.stdout.split() if s.startswith(f"ablate-{sweep}-")}
 
