@@ -182,8 +182,7 @@ class SSHHost(Resolved, ShellHost):
         login shell the first command would take, which then goes to the agent). Nothing where a
         master's socket is there and an agent is known to serve behind it."""
         link = self._agent_link()
-        if self.multiplex and os.path.exists(self._socket()) and (
-                link is None or self._agent_up or Marks(link[0]).seen()):
+        if self.multiplex and os.path.exists(self._socket()) and (link is None or self.agent_ready()):
             return  # a master and an agent there already: the first command finds them
         if link is not None and not Marks(link[0]).refused():
             self.run(["true"], timeout=self.connect_timeout * 3 + 5)
