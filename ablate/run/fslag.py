@@ -28,10 +28,14 @@ delivery delay, value + the writer's round trip]: `resolution` (POLL + the slowe
 trip) bounds both sides on a responsive FS.
 
 A pair that does not see a write within the cap (`CAP`, env `ABLATE_FS_LAG_CAP`) is "> cap": the FS
-is not shared between the two, or its lag is longer. Hosts with `transport: local` are this machine
-and its own directory: lag 0 between them, not measured. The scratch files live under
-`<sweep root>/gate/.lag-<token>/` and are removed afterwards (best effort, logged). The result is
-written atomically to `gate/fslag.json` (`SweepLayout.fs_lag`); its `lag` is what readers use.
+is not shared between the two, or its lag is longer. The cap bounds only what the FS does: a reader
+says `started` before it primes, and the wait for `ready` counts from the last reader's start; a
+command's own start (a connection, a login shell, a busy machine) has `START` beside it.
+
+Hosts with `transport: local` are this machine and its own directory: lag 0 between them, not
+measured. The scratch files live under `<sweep root>/gate/.lag-<token>/` and are removed afterwards
+(best effort, logged). The result is written atomically to `gate/fslag.json`
+(`SweepLayout.fs_lag`); its `lag` is what readers use.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ CAP = 60.0  # seconds a reader waits for a write before the pair is "> cap" (env
 CAP_ENV = "ABLATE_FS_LAG_CAP"
 POLL = 0.05  # seconds between a reader's looks
 LONG = 5.0  # a lag above this is worth a warning
+START = 60.0  # seconds a command may take to start on a host (over SSH, on a busy machine), beside the cap
 MOUNT_OPTIONS = ("sshfs `-o dcache_timeout=N` or `-o dir_cache=no` (sshfs 2.x: `-o cache_timeout=N`), "
                  "NFS `actimeo=N`, `lookupcache=positive` or `noac`, FUSE `attr_timeout=N,entry_timeout=N`")
 
@@ -70,13 +75,15 @@ _PREP = 'w=$1/$2\nmkdir -p -- "$w" && : >"$w/.app.tmp" && mv -f -- "$w/.app.tmp"
 _WRITE = ('w=$1/$2\nprintf "%s\\n" "$2" >"$w/.new.tmp" && mv -f -- "$w/.new.tmp" "$w/new" && '
           'printf "1\\n" >>"$w/app"\n')
 # READER DIR POLL ITERATIONS WRITER_INDEX...: builtins only in the loop (a glob lists a directory,
-# `[ -e ]` / `[ -s ]` stat a path, `read` opens and reads a file), one `sleep` per turn. `ready i`
+# `[ -e ]` / `[ -s ]` stat a path, `read` opens and reads a file), one `sleep` per turn. `started`
+# first (the cap for `ready` counts from it, not from the command's start over SSH); `ready i`
 # once it has stat'ed and read <i>/app empty, and looked <i>/new up and listed <i>/ without it;
 # then `new i` once both a lookup and a listing show <i>/new, `app i` once both a stat (size, by
 # path: sshfs caches it apart from an open file's) and a read show the appended line.
 _READER = r'''d=$1 poll=$2 left=$3
 shift 3
 prime=$* new= app=
+printf 'started\n'
 listed() {
   names=' '
   for f in "$d/$1"/*; do names="$names${f##*/} "; done
@@ -258,7 +265,8 @@ class _Watch:
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
-        self.seen: dict[tuple[str, str, int], float] = {}  # (ready|new|app, reader, writer index) -> t
+        # (ready|new|app, reader, writer index) -> t; ("started", reader, -1): its command runs
+        self.seen: dict[tuple[str, str, int], float] = {}
         self.ended: dict[str, str] = {}  # reader -> why its command ended ("" when it finished)
         self.stopped = False
 
@@ -273,7 +281,9 @@ class _Watch:
             with self.cond:
                 for line in lines:
                     parts = line.decode(errors="replace").split()
-                    if len(parts) == 2 and parts[0] in ("ready", "new", "app") and parts[1].isdigit():
+                    if parts == ["started"]:
+                        self.seen.setdefault(("started", reader, -1), t)
+                    elif len(parts) == 2 and parts[0] in ("ready", "new", "app") and parts[1].isdigit():
                         self.seen.setdefault((parts[0], reader, int(parts[1])), t)
                 self.cond.notify_all()
         return on
@@ -350,15 +360,17 @@ def _measure(ts: Mapping[str, HostTransport], dirs: Mapping[str, str], idx: Mapp
     """The pairs of `todo` (and `errors` per host); the slowest write's round trip."""
     part = list(idx)
     prep = fan_out(part, lambda n: ts[n].run(["sh", "-c", _PREP, "sh", dirs[n], str(idx[n])],
-                                             timeout=cap).check())
+                                             timeout=cap + START).check())
     for n, e in prep.failed.items():
         errors[n] = f"could not write under {dirs[n]} on {n}: {_why(e)}"
     watch = _Watch()
     threads: list[threading.Thread] = []
+    readers: list[str] = []
     for b in part:
         ws = [str(idx[a]) for a, r in todo if r == b and a not in errors]
         if ws:
-            argv = ["sh", "-c", _READER, "sh", dirs[b], str(POLL), _turns(2 * cap + 5), *ws]
+            readers.append(b)
+            argv = ["sh", "-c", _READER, "sh", dirs[b], str(POLL), _turns(3 * cap + START + 5), *ws]
             th = threading.Thread(target=_read, args=(ts[b], b, argv, watch), daemon=True)
             th.start()
             threads.append(th)
@@ -366,12 +378,17 @@ def _measure(ts: Mapping[str, HostTransport], dirs: Mapping[str, str], idx: Mapp
     back: dict[str, float] = {}
     armed: list[tuple[str, str]] = []
     try:
-        watch.wait([("ready", b, idx[a]) for a, b in todo if a not in errors], time.monotonic() + cap)
+        # The cap is the FS's: for `ready` it counts from the last reader's start (a command's start
+        # over SSH on a busy machine is no lag), which may take up to START itself.
+        watch.wait([("started", b, -1) for b in readers], time.monotonic() + cap + START)
+        began = [t for b in readers if (t := watch.get(("started", b, -1))) is not None]
+        watch.wait([("ready", b, idx[a]) for a, b in todo if a not in errors],
+                   max(began, default=time.monotonic()) + cap)
         armed = [(a, b) for a, b in todo if a not in errors and watch.get(("ready", b, idx[a])) is not None]
 
         def write(a: str) -> None:
             sent[a] = time.monotonic()
-            ts[a].run(["sh", "-c", _WRITE, "sh", dirs[a], str(idx[a])], timeout=cap).check()
+            ts[a].run(["sh", "-c", _WRITE, "sh", dirs[a], str(idx[a])], timeout=cap + START).check()
             back[a] = time.monotonic()
 
         wrote = fan_out(list(dict.fromkeys(a for a, _ in armed)), write)
@@ -395,7 +412,9 @@ def _measure(ts: Mapping[str, HostTransport], dirs: Mapping[str, str], idx: Mapp
         else:
             new = app = None
             note = errors.get(a) or errors.get(b) or watch.ended.get(b) or (
-                f"{b} did not see {a}'s first file within {cap:.0f} s")
+                f"{b} did not see {a}'s first file within {cap:.0f} s"
+                if watch.get(("started", b, -1)) is not None else
+                f"{b}'s polling command did not start within {cap + START:.0f} s")
         out.append(Pair(a, b, new, app, note=note))
     return out, max((back[a] - sent[a] for a in back), default=0.0)
 
