@@ -96,6 +96,33 @@ def test_same_line_in_two_queues_runs_once(local_project: LocalProject) -> None:
     assert finals(lp) == {"both", "only1", "only2"}
 
 
+def test_a_claim_left_without_an_owner_is_taken_over_by_one_queue(
+        local_project: LocalProject, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claimer that ended between its mkdir and its owner (a queue stopped or cancelled as it took
+    its first cell: CI saw it on Slurm) leaves claims/<cell>/ with no owner. Once the wait for the
+    FS's lag is over, the queues that reach the cell take it over, and exactly one runs it (a hard
+    link puts the owner in place); before, each skipped it as claimed and nobody ever ran it."""
+    monkeypatch.setenv("ABLATE_CLAIM_WAIT", "2")  # the tmux server, started here, passes it on
+    lp = local_project
+    orphan = lp.cfg("cfgs/a/orphan.yaml") + " recon 1"
+    lp.queue("q1", [orphan, lp.cfg("cfgs/a/only1.yaml") + " recon 1"])
+    lp.queue("q2", [orphan, lp.cfg("cfgs/a/only2.yaml") + " recon 1"])
+    claim = lp.shared / "claims" / "orphan"
+    claim.mkdir(parents=True)
+    (claim / ".owner.h9.4242").write_text("h9 q9 1 1700000000.0 - node9\n")  # its temp, never placed
+    project = load_project(lp.root)
+    launch(project, "q1", "h1")
+    launch(project, "q2", "h2")
+    ev1, ev2 = drained(lp, "h1", "q1"), drained(lp, "h2", "q2")
+    assert (started(ev1) + started(ev2)).count("orphan") == 1, (ev1, ev2)
+    winner, loser = ("q1", ev2) if "orphan" in started(ev1) else ("q2", ev1)
+    assert [(e["cell"], e["reason"]) for e in loser if e["ev"] == "skip"] in (
+        [("orphan", "claimed")], [("orphan", "done")])
+    assert finals(lp) == {"orphan", "only1", "only2"}
+    assert (claim / "owner").read_text().split()[1] == winner
+    assert sorted(p.name for p in claim.iterdir()) == [".owner.h9.4242", "owner"]  # no temp of ours left
+
+
 def test_crlf_queue_runs_and_no_carriage_return_reaches_the_command(local_project: LocalProject) -> None:
     lp = local_project
     cfg = lp.cfg("cfgs/win/crlf.yaml")

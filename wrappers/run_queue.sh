@@ -466,7 +466,7 @@ parse_line() {  # parse_line LINE: 0 = a valid cell (sets P_*), 1 = invalid, 2 =
 # and a result's its readable MANIFEST.json.
 published() { { : <"$FINAL/$1/MANIFEST.json"; } 2>/dev/null; }
 CLAIM_WAIT=${ABLATE_CLAIM_WAIT:-60}  # seconds a name with no owner is retried (the FS's lag, max)
-claim() {  # claim NAME IDX: 0 when this call created claims/NAME (and wrote its owner)
+claim() {  # claim NAME IDX: 0 when this call created claims/NAME and owns it
   local waited=0
   until mkdir "$CLAIMS/$1" 2>/dev/null; do
     { : <"$CLAIMS/$1/owner"; } 2>/dev/null && return 1  # someone's claim
@@ -475,15 +475,36 @@ claim() {  # claim NAME IDX: 0 when this call created claims/NAME (and wrote its
       continue
     fi
     # No owner: a stale cache of a released claim, or a claimer between its mkdir and its owner.
-    (( waited++ < CLAIM_WAIT )) || return 1
+    # Still none after the FS's longest lag: that claimer ended in between (a queue stopped or
+    # cancelled as it took its first cell), and nobody would ever run the cell: taken over, by one
+    # claimer only (`own ... take`).
+    (( waited++ < CLAIM_WAIT )) || { own "$1" "$2" take; return; }
     sleep 1
   done
-  own "$1" "$2"
+  own "$1" "$2" new
 }
-own() {  # own NAME IDX: claims/NAME/owner = this host, queue, line, time, attempt and node (tmp + mv)
+# own NAME IDX [new|take]: claims/NAME/owner = this host, queue, line, time, attempt and node,
+# written to a temp name first. `new` and `take` put it in place by a hard link, which fails when an
+# owner is there (link(2) is exclusive, on NFS and sshfs too): of a claimer slower than the wait and
+# the ones taking its claim over, exactly one owns it. Where the FS has no hard links, `new` renames
+# (as before: nobody can take a claim over there) and `take` gives up. No mode: replace the owner
+# (an attempt taking its queue's claims over).
+own() {
+  local tmp=$CLAIMS/$1/.owner.$ABLATE_HOST.$$ err
   now
   printf '%s %s %s %s %s %s\n' "$ABLATE_HOST" "$QUEUE" "$2" "$T" "${ATTEMPT:--}" "${HOSTNAME:--}" \
-    >"$CLAIMS/$1/.owner.$$" && mv -f "$CLAIMS/$1/.owner.$$" "$CLAIMS/$1/owner"
+    >"$tmp" || return 1
+  if [[ -n ${3-} ]]; then
+    if err=$(LC_ALL=C ln -- "$tmp" "$CLAIMS/$1/owner" 2>&1); then
+      rm -f -- "$tmp"
+      return 0
+    fi
+    if [[ $3 == take || $err == *"File exists"* ]]; then
+      rm -f -- "$tmp"
+      return 1
+    fi
+  fi
+  mv -f -- "$tmp" "$CLAIMS/$1/owner"
 }
 # A batch job Slurm restarted (requeue, preemption, node failure) is a new attempt of the same
 # queue: it re-enters the cells its queue claimed, taking them over (`own`), so that only the
