@@ -19,7 +19,7 @@ import pytest
 from ablate.errors import FSError
 from ablate.remote.agent import HELLO
 from ablate.transport.agentlink import AgentLive, AgentLost, agent_code, bootstrap, remote_socket, request
-from ablate.transport.shellhost import Live, ShellHost
+from ablate.transport.shellhost import HostUnreachable, Live, ShellHost
 from ablate.transport.ssh import SSHHost
 from ablate.transport.sshfs import SSHFS, probe_command, probe_lib
 from tests.helpers.wait import wait_for
@@ -542,6 +542,75 @@ def test_an_agent_gone_between_commands_costs_nothing_twice(
     third = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
     _count_once(testbed, [second, third])  # second: its agent vanished (it starts one again)
     wait_for(lambda: _agent_serves(testbed, "tb-h1"), 20)
+
+
+def test_a_kept_masters_silence_for_one_command_does_not_cut_another_under_way(
+        testbed: Testbed, fresh: Path, no_agents: None) -> None:
+    """A master left by an earlier command is unproven: a command that hears nothing through it for
+    the connect time-out ends it (the host is taken for gone). Not when another command got through
+    it meanwhile: the host is busy, not gone, and ending the master would cut that command (CI once
+    saw launch's FS probe end so: 'the connection dropped while running'). Here the host's agent is
+    stopped for longer than that time-out while one command runs and another is sent; both end
+    well, each run once."""
+    import threading
+
+    first = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    first.run(["true"]).check()
+    wait_for(lambda: _agent_serves(testbed, "tb-h1"), 20)
+    first.close()
+    host = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config), connect_timeout=2)  # silence: 3 s
+    tag = f"/tmp/abl-kept-{os.getpid()}"
+    got: dict[str, Any] = {}
+
+    def long() -> None:
+        try:
+            got["a"] = host.run(["sh", "-c", f"echo a >>{tag}.runs; touch {tag}; sleep 4; echo A"],
+                                timeout=60)
+        except Exception as e:
+            got["a"] = e
+
+    t = threading.Thread(target=long)
+    t.start()
+    wait_for(lambda: _on(testbed, "tb-h1", f"test -e {tag} && echo y || true").strip() == "y", 20)
+    _on(testbed, "tb-h1", "pkill -STOP -f 'ablate[_]agent'")
+    resume = threading.Timer(5.0, lambda: _on(testbed, "tb-h1", "pkill -CONT -f 'ablate[_]agent'"))
+    resume.start()
+    try:
+        b = host.run(["sh", "-c", f"echo b >>{tag}.runs; echo B"], timeout=60)
+    finally:
+        resume.join()
+        _on(testbed, "tb-h1", "pkill -CONT -f 'ablate[_]agent' || true")
+        t.join(60)
+    runs = _on(testbed, "tb-h1", f"sort {tag}.runs; rm -f {tag} {tag}.runs")
+    assert (b.rc, b.stdout) == (0, "B\n")
+    assert not isinstance(got["a"], Exception), got["a"]
+    assert (got["a"].rc, got["a"].stdout) == (0, "A\n")
+    assert runs == "a\nb\n"
+    assert host.master_pid() is not None
+    host.close()
+
+
+def test_a_host_object_of_an_ended_command_ends_no_master(
+        testbed: Testbed, fresh: Path, no_agents: None) -> None:
+    """connect_ahead's warm-up threads may outlive their command (in a process that runs several,
+    as the tests do): one that then meets a silence on the master must not end it under the next
+    command, which uses the same master through a host object of its own."""
+    first = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    first.run(["true"]).check()
+    wait_for(lambda: _agent_serves(testbed, "tb-h1"), 20)
+    first.run(["true"]).check()
+    pid = first.master_pid()
+    left = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config), connect_timeout=2)
+    left.close()  # its command ended; a thread of it goes on below
+    _on(testbed, "tb-h1", "pkill -STOP -f 'ablate[_]agent'")
+    try:
+        with pytest.raises(HostUnreachable):  # 3 s of silence on a kept master: the host seems gone
+            left.run(["true"], timeout=30)
+    finally:
+        _on(testbed, "tb-h1", "pkill -CONT -f 'ablate[_]agent' || true")
+    assert pid is not None and first.master_pid() == pid
+    assert first.run(["echo", "ok"]).check().stdout == "ok\n"
+    first.close()
 
 
 def test_the_agent_code_is_versioned_by_content() -> None:

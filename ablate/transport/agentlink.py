@@ -22,7 +22,7 @@ import socket
 import struct
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,8 +178,10 @@ def _fresh(path: str, seconds: float) -> bool:
         return False
 
 
-def _connect(local_socket: str, hello_within: float) -> socket.socket | None:
-    """A connection the agent said hello on; None when none answered (nothing was sent)."""
+def _connect(local_socket: str, hello_within: float,
+             on_hello: Callable[[], None] | None = None) -> socket.socket | None:
+    """A connection the agent said hello on (`on_hello` called then: the link carries); None when
+    none answered (nothing was sent)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.connect(local_socket)
@@ -190,6 +192,8 @@ def _connect(local_socket: str, hello_within: float) -> socket.socket | None:
         s.sendall(b"\n")
         s.settimeout(hello_within)
         if read_exact(s, len(HELLO)) == HELLO:
+            if on_hello is not None:
+                on_hello()
             return s
     except TimeoutError:
         s.close()
@@ -208,14 +212,14 @@ def _send(s: socket.socket, data: bytes) -> None:
 
 
 def request(local_socket: str, command: str, *, timeout: float, hello_within: float,
-            stdin: bytes | None = None, sink: Sink | None = None,
-            py: Mapping[str, Any] | None = None) -> tuple[int, bytes, bytes] | None:
+            stdin: bytes | None = None, sink: Sink | None = None, py: Mapping[str, Any] | None = None,
+            on_hello: Callable[[], None] | None = None) -> tuple[int, bytes, bytes] | None:
     """Run `command` through the agent behind `local_socket`: (rc, stdout, stderr), rc 124 when it
     outlived `timeout` (ended on the host); None when no agent answered (nothing sent). With a
     sink, stdout goes there and each chunk restarts the time-out. `py`: the Python entry `command`
     starts, for the agent to run itself when it can (`ablate.remote.agent`). Raises AgentSilent,
     AgentLost."""
-    s = _connect(local_socket, hello_within)
+    s = _connect(local_socket, hello_within, on_hello)
     if s is None:
         return None
     try:
@@ -229,9 +233,10 @@ def request(local_socket: str, command: str, *, timeout: float, hello_within: fl
         s.close()
 
 
-def open_live(local_socket: str, command: str, *, hello_within: float) -> AgentLive | None:
+def open_live(local_socket: str, command: str, *, hello_within: float,
+              on_hello: Callable[[], None] | None = None) -> AgentLive | None:
     """Start `command` through the agent, its stdin open (a `Live`); None when no agent answered."""
-    s = _connect(local_socket, hello_within)
+    s = _connect(local_socket, hello_within, on_hello)
     if s is None:
         return None
     try:

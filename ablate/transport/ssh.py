@@ -121,6 +121,7 @@ class SSHHost(Resolved, ShellHost):
         self._agent_booted = False  # this process tried to start it (before one of its commands)
         self._booting = threading.Event()  # set once that command started (the agent's news is in)
         self._booting.set()
+        self._closed = False  # its command ended: a thread left over (connect_ahead) ends no master
 
     def __enter__(self) -> SSHHost:
         return self
@@ -265,15 +266,19 @@ class SSHHost(Resolved, ShellHost):
                 os.unlink(self._socket())
 
     def _drop_master(self) -> None:
-        """The master stopped answering: end it so the next operation connects afresh."""
+        """The master stopped answering: end it so the next operation connects afresh. Not once this
+        object is closed: what a thread of an ended command saw is no news for the next command,
+        whose host object uses the same master."""
         self._ready = False
-        if self.multiplex:
+        if self.multiplex and not self._closed:
             self._ctl("exit")
 
     def disconnect(self) -> None:
         """End the shared connection (the ControlMaster) now, for every process that uses it."""
         with self._lock:
-            self._drop_master()
+            self._ready = False
+            if self.multiplex:
+                self._ctl("exit")
 
     def close(self) -> None:
         """End of a command: the master stays for the next one (unless ABLATE_SSH_PERSIST=0),
@@ -283,6 +288,7 @@ class SSHHost(Resolved, ShellHost):
                 self._ctl("exit")
             self._ready = False
             self._failed = None
+            self._closed = True
 
     # ------------------------------------------------------------------ commands
 
@@ -339,7 +345,8 @@ class SSHHost(Resolved, ShellHost):
             if live.started and start_only:
                 return None
             if live.started and kept:
-                self._kept = kept = False  # the kept connection carried a command: proven
+                self._proven()  # the kept connection carried a command
+                kept = False
                 if b"Control socket connect" in live.preamble:  # no master behind the socket: ssh
                     self._stale_socket()  # went direct; the next command starts a new master
             rc = live.exit_status()
@@ -351,6 +358,10 @@ class SSHHost(Resolved, ShellHost):
                     raise self._explain(early or f"ssh exited {rc} before the command started")
                 return rc
             now = time.monotonic()
+            if not live.started and now - t0 > start_within and kept and not self._kept:
+                # another command got through the kept master meanwhile: a busy host, not a dead
+                # link; ending the master would cut that command. Wait as on a proven link.
+                kept, start_within = False, timeout
             if not live.started and now - t0 > start_within:
                 self._drop_master()
                 if kept:
@@ -400,10 +411,18 @@ class SSHHost(Resolved, ShellHost):
         with self._lock:
             return not self._agent_booted or not self._booting.is_set()
 
-    def _via_agent(self, command: str, timeout: float, call: Callable[[str, float], R | None]) -> R | None:
-        """`call(local socket, hello_within)` to the agent, when one may be there (a kept master,
-        an agent that answered or started in this process, or `.seen`); None when none answered
-        (nothing was sent)."""
+    def _proven(self) -> None:
+        """A command got through the master (the agent's hello, a command's start): its link carries,
+        kept or not."""
+        self._kept = False
+
+    def _via_agent(self, command: str, timeout: float,
+                   call: Callable[[str, float, Callable[[], None]], R | None]) -> R | None:
+        """`call(local socket, hello_within, on_hello)` to the agent, when one may be there (a kept
+        master, an agent that answered or started in this process, or `.seen`); None when none
+        answered (nothing was sent). A kept master's silence for the connect time-out ends it, unless
+        another command of this process got through it meanwhile: then this one's wait was a busy
+        host's, not a dead link's, and it waits on (ending the master would cut that command)."""
         link = self._agent_link()
         if link is None:
             return None
@@ -414,7 +433,13 @@ class SSHHost(Resolved, ShellHost):
         kept = self._kept
         within = min(timeout, max(self.connect_timeout, 3.0)) if kept else timeout
         try:
-            got = call(local, within)
+            try:
+                got = call(local, within, self._proven)
+            except AgentSilent:
+                if not kept or self._kept:
+                    raise
+                kept, within = False, timeout  # nothing was sent: ask again, as on a proven link
+                got = call(local, within, self._proven)
         except AgentSilent:
             with self._lock:
                 self._drop_master()
@@ -442,8 +467,9 @@ class SSHHost(Resolved, ShellHost):
             py = None
 
         def via_agent() -> tuple[int, bytes, bytes] | None:
-            return self._via_agent(command, timeout, lambda local, within: request(
-                local, command, timeout=timeout, hello_within=within, stdin=stdin, sink=sink, py=py))
+            return self._via_agent(command, timeout, lambda local, within, proven: request(
+                local, command, timeout=timeout, hello_within=within, stdin=stdin, sink=sink, py=py,
+                on_hello=proven))
 
         got = via_agent()
         if got is not None:
@@ -477,8 +503,8 @@ class SSHHost(Resolved, ShellHost):
 
     def open_live(self, command: str, *, timeout: float = 60.0) -> Live:
         def via_agent() -> Live | None:
-            return self._via_agent(command, timeout, lambda local, within: open_live(
-                local, command, hello_within=within))
+            return self._via_agent(command, timeout, lambda local, within, proven: open_live(
+                local, command, hello_within=within, on_hello=proven))
 
         agent = via_agent()
         if agent is not None:
