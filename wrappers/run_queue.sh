@@ -490,7 +490,7 @@ claim() {  # claim NAME IDX: 0 when this call created claims/NAME and owns it
 # (as before: nobody can take a claim over there) and `take` gives up. No mode: replace the owner
 # (an attempt taking its queue's claims over).
 own() {
-  local tmp=$CLAIMS/$1/.owner.$ABLATE_HOST.$$ err
+  local tmp=$CLAIMS/$1/.owner.$QUEUE.${HOSTNAME:--}.$$.$RANDOM err  # a name of its own, on any node
   now
   printf '%s %s %s %s %s %s\n' "$ABLATE_HOST" "$QUEUE" "$2" "$T" "${ATTEMPT:--}" "${HOSTNAME:--}" \
     >"$tmp" || return 1
