@@ -133,6 +133,35 @@ def test_hung_then_stopped_is_interrupted_and_its_queue_rest_never_ran(
     assert got2["after"]["state"] == "never_ran" and "stopped before reaching it" in got2["after"]["reason"]
 
 
+def test_a_claim_with_no_owner_is_queued_while_a_live_queue_reaches_it_else_interrupted(
+        local_project: LocalProject, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner that ended between its claim's mkdir and its owner leaves an ownerless claim. While a
+    live queue still reaches the cell, it is `queued` (that queue takes the claim over once the wait
+    for the FS's lag is over, and runs it) and remediate leaves it; with no live queue to reach it,
+    it is `interrupted`, for remediate to re-run."""
+    monkeypatch.setenv("ABLATE_CLAIM_WAIT", "4")  # the tmux server, started here, passes it on
+    p = local_project
+    p.write_config(steal=False)
+    slow, orphan, lone = p.cfg("cfgs/a/slow.yaml", step_time=0.5), p.cfg("cfgs/a/orphan.yaml"), \
+        p.cfg("cfgs/a/lone.yaml")
+    p.queue("q1", [f"{slow} recon 4", f"{orphan} recon"])
+    p.queue("q2", [f"{lone} recon"])  # never launched
+    for name in ("orphan", "lone"):
+        (p.shared / "claims" / name).mkdir(parents=True)
+    cli.json(p, "launch", "q1", "--host", "h1")
+    seen = wait_for(lambda: (s := states(cli, p))["slow"]["state"] == "running" and s, timeout=20)
+    assert isinstance(seen, dict)
+    assert seen["orphan"]["state"] == "queued" and seen["orphan"]["queue"] == "q1", seen["orphan"]
+    assert "has no owner" in seen["orphan"]["reason"] and "takes it over" in seen["orphan"]["reason"]
+    assert seen["lone"]["state"] == "interrupted" and "has no owner" in seen["lone"]["reason"], seen["lone"]
+    out = cli.json(p, "remediate")
+    assert set(out["targets"]) == {"lone"}, out["targets"]
+    drained(p, "h1", "q1")
+    assert states(cli, p)["orphan"]["state"] == "synced"  # published (reconcile verifies)
+    evs = [json.loads(x) for x in (p.shared / "events" / "h1.q1.jsonl").read_text().splitlines()]
+    assert [e["cell"] for e in evs if e["ev"] == "start"] == ["slow", "orphan"]
+
+
 def test_lost_needs_both_signals(local_project: LocalProject, cli: Cli) -> None:
     """A real snapshot of a running cell, classified as the controller would see it with its host
     unreachable: fresh heartbeat = a dropped link (running); stale heartbeat too = lost."""

@@ -260,7 +260,7 @@ def classify(state: SweepState, *, cfg_sha: Mapping[str, str | None], verificati
         if name in snap.results:
             st = _durable(name, cell, snap.results[name], cfg_sha.get(name), verification)
         elif name in snap.claims:
-            st = _claimed(state, name, snap.tails.get(name), hung_after)
+            st = _claimed(state, name, snap.tails.get(name), hung_after, queued.get(name))
         elif name in queued:
             host, qn = queued[name]
             st = CellState(name, "queued", f"queue {qn} on {host} has yet to reach it", host, qn)
@@ -372,13 +372,19 @@ def _durable(name: str, cell: Cell, m: Result, local_sha: str | None,
                      host, queue)
 
 
-def _claimed(state: SweepState, name: str, tail: Tail | None, hung_after: float) -> CellState:
+def _claimed(state: SweepState, name: str, tail: Tail | None, hung_after: float,
+             reached: tuple[str, str] | None) -> CellState:
+    """`reached`: the live queue that will still reach the cell, if one will."""
     claim = state.snap.claims[name]
     if claim.host is None or claim.queue is None:
         # mkdir'd, owner not (yet) written: a runner claiming it now, or one that died doing so
         hb = next((h for h in state.snap.heartbeats.values() if h.cell == name), None)
         if hb is not None and hb.state == "running" and state.live(hb.host, hb.queue):
             return CellState(name, "running", f"running on {hb.host}", hb.host, hb.queue)
+        if reached is not None:  # run_queue takes an ownerless claim over (ABLATE_CLAIM_WAIT)
+            host, qn = reached
+            return CellState(name, "queued", f"its claim has no owner (its runner died while claiming); "
+                             f"queue {qn} on {host}, live, takes it over when it gets there", host, qn)
         return CellState(name, "interrupted", "claimed, but its claim has no owner (its runner died "
                          "while claiming); `ablate remediate` re-runs it")
     host, queue = claim.host, claim.queue
