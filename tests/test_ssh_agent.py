@@ -547,11 +547,10 @@ def test_an_agent_gone_between_commands_costs_nothing_twice(
 def test_a_kept_masters_silence_for_one_command_does_not_cut_another_under_way(
         testbed: Testbed, fresh: Path, no_agents: None) -> None:
     """A master left by an earlier command is unproven: a command that hears nothing through it for
-    the connect time-out ends it (the host is taken for gone). Not when another command got through
-    it meanwhile: the host is busy, not gone, and ending the master would cut that command (CI once
-    saw launch's FS probe end so: 'the connection dropped while running'). Here the host's agent is
-    stopped for longer than that time-out while one command runs and another is sent; both end
-    well, each run once."""
+    the connect time-out ends it (the host is taken for gone). Not when the host is busy, not gone:
+    ending the master would cut the commands under way (CI once saw launch's FS probe end so: 'the
+    connection dropped while running'). Here the host's agent is stopped for longer than that
+    time-out while one command runs and another is sent; both end well, each run once."""
     import threading
 
     first = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
@@ -593,8 +592,9 @@ def test_a_kept_masters_silence_for_one_command_does_not_cut_another_under_way(
 def test_a_host_object_of_an_ended_command_ends_no_master(
         testbed: Testbed, fresh: Path, no_agents: None) -> None:
     """connect_ahead's warm-up threads may outlive their command (in a process that runs several,
-    as the tests do): one that then meets a silence on the master must not end it under the next
-    command, which uses the same master through a host object of its own."""
+    as the tests do): one that then meets a silent link must not end the master under the next
+    command, which uses the same master through a host object of its own (the link may come back
+    before the master's keep-alives give up, as here)."""
     first = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
     first.run(["true"]).check()
     wait_for(lambda: _agent_serves(testbed, "tb-h1"), 20)
@@ -602,15 +602,45 @@ def test_a_host_object_of_an_ended_command_ends_no_master(
     pid = first.master_pid()
     left = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config), connect_timeout=2)
     left.close()  # its command ended; a thread of it goes on below
-    _on(testbed, "tb-h1", "pkill -STOP -f 'ablate[_]agent'")
+    testbed.link_down("tb-h1")
     try:
         with pytest.raises(HostUnreachable):  # 3 s of silence on a kept master: the host seems gone
             left.run(["true"], timeout=30)
     finally:
-        _on(testbed, "tb-h1", "pkill -CONT -f 'ablate[_]agent' || true")
+        testbed.link_up("tb-h1")
     assert pid is not None and first.master_pid() == pid
     assert first.run(["echo", "ok"]).check().stdout == "ok\n"
     first.close()
+
+
+def test_an_agent_that_takes_connections_but_never_answers_is_gone_around(
+        testbed: Testbed, fresh: Path, no_agents: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stopped or hung agent (the forward reaches its socket, no hello ever comes) must not make
+    its host unreachable while `ssh` reaches it: after half the time-out, a session the usual way
+    starts, so the command goes that way (once); the next ones, of this process and the next,
+    go there at once, never to the agent (`.refused`)."""
+    first = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
+    first.run(["true"]).check()
+    wait_for(lambda: _agent_serves(testbed, "tb-h1"), 20)
+    first.run(["true"]).check()
+    first.close()
+    tag = f"/tmp/abl-hung-{os.getpid()}"
+    _on(testbed, "tb-h1", "pkill -STOP -f 'ablate[_]agent'")
+    try:
+        host = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config), connect_timeout=2)
+        chain = host.run(["sh", "-c", f"echo 1 >>{tag}; " + CHAIN]).check().stdout
+        assert "sshd" in chain and "ablate_agent" not in chain
+        assert host.master_pid() is not None
+        monkeypatch.setattr("ablate.transport.ssh.request",
+                            lambda *a, **k: pytest.fail("a command went to the silent agent again"))
+        assert "sshd" in host.run(["sh", "-c", f"echo 2 >>{tag}; " + CHAIN]).check().stdout
+        host.close()
+        later = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config), connect_timeout=2)
+        assert "sshd" in later.run(["sh", "-c", f"echo 3 >>{tag}; " + CHAIN]).check().stdout
+        later.close()
+    finally:
+        _on(testbed, "tb-h1", "pkill -CONT -f 'ablate[_]agent' || true")
+    assert _on(testbed, "tb-h1", f"cat {tag}; rm -f {tag}") == "1\n2\n3\n"  # each ran once
 
 
 def test_the_agent_code_is_versioned_by_content() -> None:

@@ -28,7 +28,8 @@ What ablate adds on top, always on the command line (which wins over any config 
   one request over the open connection, with no session and no login shell per command. Where it
   cannot run (no Python there, forwarding refused by sshd, `ABLATE_SSH_AGENT=0`,
   `ABLATE_SSH_PERSIST=0`) commands go the usual way; nothing is sent to it before it said hello, so
-  nothing runs twice.
+  nothing runs twice. One that takes the connection and never says hello (stopped, hung) while a
+  session the usual way starts is gone around (`sshagent.py`).
 """
 
 from __future__ import annotations
@@ -366,6 +367,15 @@ class SSHHost(Resolved, AgentRoute, ShellHost):
                                       f"{start_within:g}s; nothing was run")
             if now > deadline:
                 return TIMED_OUT
+
+    def _session_starts(self, within: float) -> None:
+        """A session the usual way (`true`) starts through the master within `within` s: its link
+        carries. Else `_wait` ends the master and raises HostUnreachable."""
+        live = self._start("true")
+        try:
+            self._wait(live, within, None, None, start_only=True)
+        finally:
+            live.close()
 
     def _attempts(self, command: str, stdin: bytes | None, keep_stdin: bool,
                   fn: Callable[[ProcLive], R], pre: str = "") -> R:

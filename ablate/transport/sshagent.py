@@ -50,6 +50,7 @@ class AgentRoute:
         def _socket(self) -> str: ...
         def _ensure(self) -> None: ...
         def _drop_master(self) -> None: ...
+        def _session_starts(self, within: float) -> None: ...
         def _where(self) -> str: ...
 
     def _agent_link(self) -> tuple[str, str] | None:
@@ -81,36 +82,42 @@ class AgentRoute:
     def _via_agent(self, command: str, timeout: float,
                    call: Callable[[str, float, Callable[[], None]], R | None]) -> R | None:
         """`call(local socket, hello_within, on_hello)` to the agent, when one may be there (a kept
-        master, an agent that answered or started in this process, or `.seen`); None when none
-        answered (nothing was sent). A kept master's silence for the connect time-out ends it, unless
-        another command of this process got through it meanwhile: then this one's wait was a busy
-        host's, not a dead link's, and it waits on (ending the master would cut that command)."""
+        master, an agent that answered or started in this process, or `.seen`; never where
+        `.refused`); None when none answered (nothing was sent): the command goes the usual way.
+
+        Silence is told apart within one time-out (the connect time-out, at least 3 s, on a kept
+        master; the command's on one proven here): no hello for half of it (at most the connect
+        time-out), then a session the usual way (`_session_starts`) for the rest. It starts: the
+        link carries and the agent alone is silent (stopped, hung, or too busy to answer), so the
+        command goes the usual way, and so do the next ones (`.refused`, for an idle time), where
+        before the host was taken for unreachable while `ssh` reached it. It does not: the host or
+        the link is gone, the master is ended, HostUnreachable."""
         link = self._agent_link()
         if link is None:
             return None
         self._ensure()
         local = link[0]
-        if not (self._kept or self._agent_up or Marks(local).seen()):
+        if Marks(local).refused() or not (self._kept or self._agent_up or Marks(local).seen()):
             return None
         kept = self._kept
-        within = min(timeout, max(self.connect_timeout, 3.0)) if kept else timeout
+        limit = min(timeout, max(self.connect_timeout, 3.0)) if kept else timeout
+        hello = min(limit / 2, max(self.connect_timeout, 3.0))
         try:
-            try:
-                got = call(local, within, self._proven)
-            except AgentSilent:
-                if not kept or self._kept:
-                    raise
-                kept, within = False, timeout  # nothing was sent: ask again, as on a proven link
-                got = call(local, within, self._proven)
+            got = call(local, hello, self._proven)
         except AgentSilent:
+            try:
+                self._session_starts(limit - hello)
+            except HostUnreachable:
+                e = HostUnreachable(
+                    f"{self._where()}: no answer within {limit:g}s on the kept connection (host down or "
+                    "network unreachable)" if kept else
+                    f"{self.name}: the open connection did not answer within {limit:g}s; nothing was run")
+                self._failed = (e, time.monotonic() + self.retry_after)
+                raise e from None
             with self._lock:
-                self._drop_master()
-            e = HostUnreachable(
-                f"{self._where()}: no answer within {within:g}s on the kept connection (host down or "
-                "network unreachable)" if kept else
-                f"{self.name}: the open connection did not answer within {within:g}s; nothing was run")
-            self._failed = (e, time.monotonic() + self.retry_after)
-            raise e from None
+                self._agent_up = False
+            Marks(local).started(False)
+            return None
         except AgentLost as e:
             raise RemoteError(f"{self.name}: the connection dropped while running `{command[:200]}`: "
                               f"{e} (the host agent logs why it ended a request in {link[1]}.log "
