@@ -158,5 +158,7 @@ def test_bench_slurm_runs_the_sweep_both_ways_on_the_slurm_bed() -> None:
         # 4 cells of 3-6 epochs at 0.6 s each on 3 slots: the longest cell alone sleeps >= 1.8 s
         assert 1.8 <= makespan <= drained
         assert r[7] == "4/4"  # every cell's training completed exactly once, by its own trace
-    assert float(body[0][6].rstrip("x")) == pytest.approx(float(body[0][2]) / float(body[1][2]), abs=0.02)
+    # the ratio is of the unrounded medians: it lies within what the shown figures (0.1 s) allow
+    (ma, mb), ratio = (float(r[2]) for r in body), float(body[0][6].rstrip("x"))
+    assert (ma - 0.05) / (mb + 0.05) - 0.005 <= ratio <= (ma + 0.05) / (mb - 0.05) + 0.005
     assert "#SBATCH --array=0-3%3" in out
