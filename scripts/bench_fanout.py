@@ -79,7 +79,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from benchlib import ablate_version, measured_line, median, publish  # noqa: E402
+from benchlib import CpuGroups, ablate_version, measured_line, median, publish  # noqa: E402
 
 from tests.testbed import Testbed, missing_requirement  # noqa: E402  (after the sys.path lines above)
 
@@ -91,13 +91,14 @@ ABLATE = [sys.executable, "-S", "-m", "ablate"]
 SITE_PATHS = [p for p in (*site.getsitepackages(), site.getusersitepackages()) if os.path.isdir(p)]
 # The trivial cell: writes its checkpoint in a few milliseconds, no Python start-up.
 TRAIN = "mkdir -p {ckpt_dir} && cat {cfg} > {ckpt_dir}/ckpt.bin"
-KEYS = ("cold", "launch", "warm", "first", "launch_first", "parallel", "start", "py_site", "py_bare")
+KEYS = ("cold", "launch", "warm", "first", "launch_first", "parallel", "mux", "start", "py_site", "py_bare")
 LABELS = {"cold": "`ablate status`, new connections (host agents running)",
           "launch": "`ablate launch --all`, fresh sweep, right after that status",
           "warm": "`ablate status` re-run (connections reused)",
           "first": "`ablate status`, first contact (no connection, no agent)",
           "launch_first": "`ablate launch --all`, fresh sweep, first contact",
           "parallel": "`parallel -j0 ssh {} true`, new connections",
+          "mux": "OpenSSH alone, ablate's way: `ssh -M -N -f`, then `true` through it, per host",
           "start": "`ablate --version` (process start, no SSH)",
           "py_site": "`python3 -c pass`, this machine's site and its .pth hooks",
           "py_bare": "`python3 -S -c pass` (no site)"}
@@ -108,6 +109,8 @@ TARGET = {"cold": 1.0, "launch": 1.0, "warm": 0.3, "first": 1.0, "launch_first":
 class Size:
     n: int
     times: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KEYS})
+    # busy CPU-seconds during each kept run: (the command and every process it started, the instances)
+    cpu: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: {k: [] for k in KEYS})
     sockets_cold: list[int] = field(default_factory=list)  # control sockets a cold status left
     held_open: list[str] = field(default_factory=list)  # processes still holding ablate's stdout
     connect_timeout: float = float("nan")
@@ -120,6 +123,9 @@ class Size:
 
     def med(self, key: str) -> float:
         return median(self.times[key])
+
+    def cpu_med(self, key: str, side: int) -> float:
+        return median([c[side] for c in self.cpu[key]])
 
 
 def install(into: Path) -> Path:
@@ -138,6 +144,10 @@ class Bench:
         self.logs = tmp / "logs"
         self.logs.mkdir()
         self.count = 0
+        # Where the CPU goes: the command's group (ablate or parallel, its ssh clients and masters:
+        # the user's laptop) and the instances' (their sshd and all they start: other machines).
+        self.cpu = CpuGroups(["ctl", "hosts"])
+        self.last_cpu = (float("nan"), float("nan"))
         # A logging `ssh` first on PATH, for the traced (untimed) runs only: what each ssh run was
         # and when it started and ended (ablate finds its client with shutil.which("ssh")).
         self.shim_dir = tmp / "shim"
@@ -172,10 +182,12 @@ class Bench:
         if trace is not None:
             env["PATH"] = f"{self.shim_dir}{os.pathsep}{env.get('PATH', '')}"
             env["ABF_SSH_LOG"] = str(trace)
+        cpu0 = (self.cpu.seconds("ctl"), self.cpu.seconds("hosts"))
         with open(log, "wb") as out:
             t0 = time.perf_counter()
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                 env=env, start_new_session=True, cwd=self.tmp)  # -m: cwd first on sys.path
+                                 env=env, start_new_session=True, cwd=self.tmp,  # -m: cwd first on sys.path
+                                 preexec_fn=lambda: self.cpu.join("ctl", os.getpid()))
             # A blocking wait, the time-out a timer's kill: `Popen.wait(timeout)` polls with sleeps
             # growing to 50 ms, which rounded every figure up to the next step (0.265, 0.315, ...).
             killed = threading.Event()
@@ -192,6 +204,8 @@ class Bench:
             timer.cancel()
             if killed.is_set():
                 rc = None
+        # A daemonised master's CPU after the exit is left out: read at once.
+        self.last_cpu = (self.cpu.seconds("ctl") - cpu0[0], self.cpu.seconds("hosts") - cpu0[1])
         return took, rc, log
 
 
@@ -334,17 +348,28 @@ def measure(bench: Bench, n: int, reps: int) -> Size:
     t0 = time.perf_counter()
     with Testbed(n, startup_timeout=60.0) as tb:
         print(f"{n} hosts: test bed up in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        for host in tb.hosts:  # every instance's sshd: what it starts counts as the instances' CPU
+            for pid in subprocess.run(["ip", "netns", "pids", tb.netns(host)], capture_output=True,
+                                      text=True, check=False).stdout.split():
+                bench.cpu.join("hosts", int(pid))
         cfg = tb.write_ssh_config(tb.dir / "bench_ssh_config",
                                   extra=f"\nHost *\n  ConnectTimeout {bench.connect_timeout:g}\n")
         size.connect_timeout = resolved_connect_timeout(cfg, tb.hosts[-1])
         size.private_shims = (tb.host_dir(tb.hosts[0]) / "pyenv-shims").is_dir()  # the test bed's own
         par = ["parallel", "--will-cite", "-j0", "ssh", "-F", str(cfg), "-o", "ControlMaster=no",
                "-o", "ControlPath=none", "{}", "true", ":::", *tb.hosts]
+        mux = ["bash", "-c", 'pids=(); for h in "${@:2}"; do ( ssh -F "$1" -o ControlMaster=yes '
+               '-o "ControlPath=$ABLATE_SSH_CONTROL_DIR/%h" -o ControlPersist=60 -N -f -- "$h" && '
+               'ssh -F "$1" -o ControlMaster=no -o "ControlPath=$ABLATE_SSH_CONTROL_DIR/%h" -- "$h" true'
+               ' ) & pids+=($!); done; rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; exit $rc',
+               "mux", str(cfg), *tb.hosts]
         proj = Path()
+        cpu: dict[str, tuple[float, float]] = {}
 
         def one(key: str, r: int, argv: list[str], ctl: Path | None) -> tuple[float, Path]:
             """Seconds of one run, NaN when it failed (recorded, and left out of the medians)."""
             took, rc, log = bench.run(argv, ctl, timeout=300.0)
+            cpu[key] = bench.last_cpu
             if rc == 0:
                 return took, log
             tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-2:]
@@ -365,6 +390,8 @@ def measure(bench: Bench, n: int, reps: int) -> Size:
             close_masters(ctl)
             waited = settle(tb)  # ends the agents too
             got["parallel"], _ = one("parallel", r, par, None)
+            got["mux"], _ = one("mux", r, mux, ctl := bench.fresh_ctl())
+            close_masters(ctl)
             # The user's sequence on a fresh sweep: status, launch --all, status again. The first
             # status starts from nothing (first contact); the measured one after it opens new
             # connections to hosts whose agents still run (they stay an hour, the connections 2 min).
@@ -394,6 +421,7 @@ def measure(bench: Bench, n: int, reps: int) -> Size:
                 for k, v in got.items():
                     if v == v:  # not NaN
                         size.times[k].append(v)
+                        size.cpu[k].append(cpu[k])
         trace_commands(bench, tb, cfg, size)
         dead(bench, tb, proj, size)
     return size
@@ -528,8 +556,9 @@ def fmt_ratio(x: float) -> str:
 
 
 def tables(sizes: list[Size]) -> list[str]:
-    out = ["| hosts | command | median (s) | min-max (s) | x parallel | target | result |",
-           "|--:|:--|--:|--:|--:|:--|:--|"]
+    out = ["| hosts | command | median (s) | min-max (s) | x parallel | target | result "
+           "| CPU-s, command (median) | CPU-s, instances (median) |",
+           "|--:|:--|--:|--:|--:|:--|:--|--:|--:|"]
     for s in sizes:
         par = s.med("parallel")
         for k in KEYS:
@@ -545,7 +574,8 @@ def tables(sizes: list[Size]) -> list[str]:
             if failed:
                 result += f" ({failed} run(s) failed)"
             out.append(f"| {s.n} | {LABELS[k]} | {s.med(k):.3f} | {min(xs):.3f}-{max(xs):.3f} | "
-                       f"{fmt_ratio(ratio)} | {target} | {result} |")
+                       f"{fmt_ratio(ratio)} | {target} | {result} | {s.cpu_med(k, 0):.3f} | "
+                       f"{s.cpu_med(k, 1):.3f} |")
     out += ["", "| hosts | status with one host dead | wall (s) | exit | over healthy (s) | "
             "ConnectTimeout (s) | about | ssh runs to it | target | result |",
             "|--:|:--|--:|--:|--:|--:|--:|--:|:--|:--|"]
@@ -620,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
             for ctl in list(bench.ctl_root.iterdir()):
                 close_masters(ctl)
             shutil.rmtree(bench.ctl_root, ignore_errors=True)
+            bench.cpu.close()
     cmd = "python3 scripts/bench_fanout.py" + ("" if args.sizes == "8,32" else f" --sizes {args.sizes}") \
         + ("" if reps == 5 else f" --reps {reps}")
     body = tables(results)
@@ -642,7 +673,14 @@ def main(argv: list[str] | None = None) -> int:
              f"Median of {reps} repetitions after one warm-up. GNU parallel: "
              "`parallel -j0 ssh -F CFG -o ControlMaster=no -o ControlPath=none {} true ::: HOSTS`. "
              "Before parallel and after each sequence, the bench ends the agents and waits until the "
-             "launched queues have ended (every instance runs only sshd again)."
+             "launched queues have ended (every instance runs only sshd again). The CPU columns: busy "
+             "CPU-seconds (cgroup accounting) of the command with every process it started (ablate or "
+             "parallel, their ssh clients and masters: what runs on the user's machine), and of the "
+             "instances (their sshd and everything it starts: the login shells, the host agents, the "
+             "probes, tmux: what runs on the instances); on this bed both share the same 2 cores, on "
+             "real instances only the first is on the user's machine. The `OpenSSH alone` row is ablate's "
+             "transport without ablate: per host, in parallel, `ssh -M -N -f` (authenticated, the "
+             "master in the background) then `ssh -S <socket> HOST true`."
              + (" Every instance has its own copy of root's `~/.pyenv/shims` (root's `.bashrc` runs "
                 "`pyenv init -`, so every remote command does a `pyenv rehash` under a lock file "
                 "there, which the instances would otherwise share)." if any(s.private_shims for s in results)

@@ -30,17 +30,21 @@ def test_bench_fanout_runs_and_prints_the_table() -> None:
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in p.stdout.splitlines()
             if line.startswith("| 2 |")]
-    commands = [r[1] for r in rows if len(r) == 7]
+    commands = [r[1] for r in rows if len(r) == 9]
     assert commands == ["`ablate status`, new connections (host agents running)",
                         "`ablate launch --all`, fresh sweep, right after that status",
                         "`ablate status` re-run (connections reused)",
                         "`ablate status`, first contact (no connection, no agent)",
                         "`ablate launch --all`, fresh sweep, first contact",
                         "`parallel -j0 ssh {} true`, new connections",
+                        "OpenSSH alone, ablate's way: `ssh -M -N -f`, then `true` through it, per host",
                         "`ablate --version` (process start, no SSH)",
                         "`python3 -c pass`, this machine's site and its .pth hooks",
                         "`python3 -S -c pass` (no site)"], p.stdout
-    assert all(r[6] in ("PASS", "FAIL") for r in rows[:5] if len(r) == 7), p.stdout
+    assert all(r[6] in ("PASS", "FAIL") for r in rows[:5] if len(r) == 9), p.stdout
+    # busy CPU-seconds of the command's processes and of the instances' (NaN: no cgroup to count in)
+    cpu = [(float(r[7]), float(r[8])) for r in rows if len(r) == 9]
+    assert all(c > 0 and h > 0 for c, h in cpu[:7]) or all(c != c for c, _ in cpu), p.stdout
     dead = [r for r in rows if len(r) == 10]
     assert len(dead) == 3 and all(r[9] in ("PASS", "FAIL") for r in dead), p.stdout
     assert "traced `launch --all`" in p.stdout and "traced `status` (warm)" in p.stdout, p.stdout
