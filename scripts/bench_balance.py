@@ -389,6 +389,13 @@ def learned_estimate(sw: Sweep, ended: Sequence[Observation], running: Sequence[
     return lambda i, h: over[h] + unit[i] / speed[h]
 
 
+def true_speeds(sw: Sweep) -> Estimate:
+    """The declared costs over the hosts' TRUE speeds: the hosts known, the tasks and the overhead not
+    (a reference for scripts/bench_gate.py)."""
+    est, speeds = sw.est, sw.speeds
+    return lambda i, h: est[i] / speeds[h]
+
+
 def true_medians(sw: Sweep) -> Estimate:
     """What a learner that knew everything but the noise would expect (a reference, not a runner)."""
     d = sw.durations(0.0)
@@ -407,6 +414,9 @@ class Plan:
     first: list[list[int]]  # per host: cells run before the shared head
 
 
+# Called at each cell end with the sweep and the cells ended so far (scripts/bench_gate.py).
+Observer = Callable[["Sweep", Sequence[Observation]], None]
+
 # A planner: (sweep) -> the plan the runners read.
 Planner = Callable[[Sweep], Plan]
 
@@ -418,14 +428,17 @@ def planned(longest: bool = True) -> Planner:
 
 def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: bool = True,
                   planner: Planner | None = None, gate: float = 0.0,
-                  gate_knowledge: Knowledge = "", eager: bool = False) -> Policy:
+                  gate_knowledge: Knowledge = "", eager: bool = False,
+                  observe: Observer | None = None) -> Policy:
     """A plan (queues, and a shared head if the planner makes one) run by the runners, each stealing
     by `rule` once it has nothing of its own. gate > 0: a free runner takes the head cell it would be
     dealt (head_pick) by the figures of gate_knowledge (default: those it steals by), where another
     runner's time counts `gate` times its estimate. eager: a runner also steals by `rule` before its
     queue drains, at each cell end once a cell has ended, when the cell it would take lowers the
     later of the victim's expected finish and its own (its queue's remaining time counted first, the
-    cell run now)."""
+    cell run now). gate_knowledge may also be "true speeds" (the declared costs over the hosts' true
+    speeds) or "true at start" (the true medians while no cell has ended, then the declared figures):
+    references for scripts/bench_gate.py. observe(sweep, ended) is called at each cell end."""
     plan_of = planner or planned(longest)
 
     def run(sw: Sweep, d: Durations) -> float:
@@ -439,7 +452,9 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
         stopped: set[int] = set()
         makespan = 0.0
         fixed = true_medians(sw) if knowledge == "true" else declared_estimate(sw)
-        gate_fixed = true_medians(sw) if gate_knowledge == "true" else declared_estimate(sw)
+        gate_of = {"true": true_medians, "true speeds": true_speeds}.get(gate_knowledge, declared_estimate)
+        gate_fixed = gate_of(sw)
+        true_fixed = true_medians(sw) if gate_knowledge == "true at start" else gate_fixed
 
         def estimate(now: float) -> Estimate:
             if knowledge != "learned" or not ended:
@@ -459,6 +474,8 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
             if not gate:
                 return 0
             t = estimate(now) if not gate_knowledge or gate_knowledge == knowledge else gate_fixed
+            if gate_knowledge == "true at start" and not ended:
+                t = true_fixed
             free = [now + (max(0.0, t(cur[0], i) - (now - cur[1])) if cur else 0.0)
                     + sum(t(c, i) for c in first[i]) for i, cur in enumerate(current)]
             free[j] = now
@@ -506,6 +523,8 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
             assert cur is not None
             ended.append((str(j), str(sw.task[cur[0]]), sw.est[cur[0]], now - cur[1]))
             current[j] = None
+            if observe is not None:
+                observe(sw, ended)
             next_cell(j, now)
         return makespan
 

@@ -69,6 +69,26 @@ def test_bench_balance_simulates_every_policy_in_both_worlds() -> None:
     assert run("bench_balance.py", "--sweeps", "12", "--sigmas", "0,0.3", "--jobs", "1") == out
 
 
+def test_bench_gate_compares_what_the_deal_knows_on_the_same_sweeps() -> None:
+    spec = importlib.util.spec_from_file_location("bench_gate", REPO / "scripts" / "bench_gate.py")
+    assert spec and spec.loader
+    gate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gate)
+    labels = [label for label, _, _ in gate.ROWS]
+    out = run("bench_gate.py", "--sweeps", "12", "--jobs", "1")
+    head, errors = out.split("| cells ended per host |")
+    body = rows(head)
+    assert [r[0] for r in body] == labels
+    # no schedule beats the lower bound, on every sweep and on either side of 8 cells per host
+    assert all(float(x) >= 1.0 for r in body for x in (r[1], r[2], *r[4:]) if x != "nan")
+    assert all(r[3] in ("met", "MISSED") for r in body)
+    buckets = rows("| cells ended per host |" + errors)
+    assert len(buckets) == 7 and sum(int(r[1]) for r in buckets) > 0
+    assert all(float(r[2]) >= 0 for r in buckets if r[1] != "0")
+    # the worker processes only split the sweeps: the same figures (the header line has the time)
+    assert rows(run("bench_gate.py", "--sweeps", "12", "--jobs", "2")) == rows(out)
+
+
 def test_bench_overhead_runs_cells_through_the_real_wrappers() -> None:
     out = run("bench_overhead.py", "--cells", "4", "--reps", "1")
     body = rows(out)
