@@ -429,7 +429,7 @@ def planned(longest: bool = True) -> Planner:
 def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: bool = True,
                   planner: Planner | None = None, gate: float = 0.0,
                   gate_knowledge: Knowledge = "", eager: bool = False,
-                  observe: Observer | None = None) -> Policy:
+                  observe: Observer | None = None, calibrate: tuple[float, float] | None = None) -> Policy:
     """A plan (queues, and a shared head if the planner makes one) run by the runners, each stealing
     by `rule` once it has nothing of its own. gate > 0: a free runner takes the head cell it would be
     dealt (head_pick) by the figures of gate_knowledge (default: those it steals by), where another
@@ -438,7 +438,10 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
     later of the victim's expected finish and its own (its queue's remaining time counted first, the
     cell run now). gate_knowledge may also be "true speeds" (the declared costs over the hosts' true
     speeds) or "true at start" (the true medians while no cell has ended, then the declared figures):
-    references for scripts/bench_gate.py. observe(sweep, ended) is called at each cell end."""
+    references for scripts/bench_gate.py. observe(sweep, ended) is called at each cell end.
+    calibrate (cost, error): every runner first measures its speed, for `cost` x a mean small cell's
+    seconds on a speed-1 host divided by its true speed, getting its true speed x exp(error x Z);
+    gate_knowledge "calibrated" deals the head by the declared costs over the measured speeds."""
     plan_of = planner or planned(longest)
 
     def run(sw: Sweep, d: Durations) -> float:
@@ -454,6 +457,13 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
         fixed = true_medians(sw) if knowledge == "true" else declared_estimate(sw)
         gate_of = {"true": true_medians, "true speeds": true_speeds}.get(gate_knowledge, declared_estimate)
         gate_fixed = gate_of(sw)
+        ready = [0.0] * m  # when each runner can take its first cell (after its calibration)
+        if calibrate is not None:
+            draw = random.Random(f"calibrate/{sw.z}")
+            measured = [v * math.exp(calibrate[1] * draw.gauss(0.0, 1.0)) for v in sw.speeds]
+            ready = [calibrate[0] * SMALL_MEAN / v for v in sw.speeds]
+            if gate_knowledge == "calibrated":
+                gate_fixed = lambda i, h: sw.est[i] / measured[h]  # noqa: E731
         true_fixed = true_medians(sw) if gate_knowledge == "true at start" else gate_fixed
 
         def estimate(now: float) -> Estimate:
@@ -476,7 +486,7 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
             t = estimate(now) if not gate_knowledge or gate_knowledge == knowledge else gate_fixed
             if gate_knowledge == "true at start" and not ended:
                 t = true_fixed
-            free = [now + (max(0.0, t(cur[0], i) - (now - cur[1])) if cur else 0.0)
+            free = [max(ready[i], now + (max(0.0, t(cur[0], i) - (now - cur[1])) if cur else 0.0))
                     + sum(t(c, i) for c in first[i]) for i, cur in enumerate(current)]
             free[j] = now
             live = [i for i in range(m) if i not in stopped]
@@ -515,12 +525,17 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
         # At t=0 the runners start in host order; with a shared head, the one declared fastest first.
         order = sorted(range(m), key=lambda j: (-sw.declared[j], j)) if plan.head else range(m)
         for j in order:
-            next_cell(j, 0.0)
+            if ready[j]:
+                heapq.heappush(ends, (ready[j], j))  # its calibration ends then: no cell ran
+            else:
+                next_cell(j, 0.0)
         while ends:
             now, j = heapq.heappop(ends)
             makespan = now
             cur = current[j]
-            assert cur is not None
+            if cur is None:  # a calibration's end
+                next_cell(j, now)
+                continue
             ended.append((str(j), str(sw.task[cur[0]]), sw.est[cur[0]], now - cur[1]))
             current[j] = None
             if observe is not None:

@@ -14,6 +14,10 @@ runner has nothing of its own, and differs only in the figures the deal is made 
   true speeds       the declared costs over the hosts' TRUE speeds (the hosts known, the tasks'
                     scales and the fixed overhead not)
   true medians      every cell's true median time on every host (a limit)
+  calibrated        each runner first measures its speed (a timed benchmark, before any cell): it
+                    costs a fraction of a mean small cell's seconds (on a speed-1 host, divided by
+                    the runner's true speed, no fixed start-up) and is off by exp(error x Z); the deal
+                    uses the declared costs over the measured speeds
 
 The first row is what a runner does today (no shared head). Then, from the runs of the best
 candidate (gate 1.5 on the declared figures): at each cell end, the error of the hosts' RELATIVE
@@ -44,25 +48,35 @@ from benchlib import ablate_version, measured_line, p90, publish
 TARGET = (1.08, 1.15)  # issue 13: mean and p90 of makespan / lower bound at sigma = 0.3
 BUCKETS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # ended cells per host, lower edges
 
-ROWS: list[tuple[str, str, float]] = [  # (label, the deal's figures, gate); "" = no shared head
-    ("learned: plan+steal, min-max (what a runner does today)", "", 0.0),
-    ("shared head, gate 1.5, declared figures (the best candidate)", "declared", 1.5),
-    ("shared head, gate 1.0, declared figures", "declared", 1.0),
-    ("shared head, gate 1.5, learned figures", "learned", 1.5),
-    ("shared head, gate 1.0, learned figures", "learned", 1.0),
-    ("reference: shared head, gate 1.5, true medians at the start only", "true at start", 1.5),
-    ("reference: shared head, gate 1.0, true medians at the start only", "true at start", 1.0),
-    ("reference: shared head, gate 1.5, true speeds", "true speeds", 1.5),
-    ("reference: shared head, gate 1.0, true speeds", "true speeds", 1.0),
-    ("reference: shared head, gate 1.0, true medians", "true", 1.0),
+Calibration = tuple[float, float] | None  # (cost x a mean small cell, measurement error)
+# (label, the deal's figures, gate, calibration); "" = no shared head
+ROWS: list[tuple[str, str, float, Calibration]] = [
+    ("learned: plan+steal, min-max (what a runner does today)", "", 0.0, None),
+    ("shared head, gate 1.5, declared figures (the best candidate)", "declared", 1.5, None),
+    ("shared head, gate 1.0, declared figures", "declared", 1.0, None),
+    ("shared head, gate 1.5, learned figures", "learned", 1.5, None),
+    ("shared head, gate 1.0, learned figures", "learned", 1.0, None),
+    ("reference: shared head, gate 1.5, true medians at the start only", "true at start", 1.5, None),
+    ("reference: shared head, gate 1.0, true medians at the start only", "true at start", 1.0, None),
+    ("reference: shared head, gate 1.5, true speeds", "true speeds", 1.5, None),
+    ("reference: shared head, gate 1.0, true speeds", "true speeds", 1.0, None),
+    ("reference: shared head, gate 1.0, true medians", "true", 1.0, None),
+    ("shared head, gate 1.0, speeds calibrated at launch: 1 % of a small cell, 5 % error",
+     "calibrated", 1.0, (0.01, 0.05)),
+    ("shared head, gate 1.0, speeds calibrated at launch: 5 % of a small cell, 5 % error",
+     "calibrated", 1.0, (0.05, 0.05)),
+    ("shared head, gate 1.0, speeds calibrated at launch: 10 % of a small cell, 5 % error",
+     "calibrated", 1.0, (0.10, 0.05)),
+    ("shared head, gate 1.0, speeds calibrated at launch: 5 % of a small cell, 15 % error",
+     "calibrated", 1.0, (0.05, 0.15)),
 ]
 
 
-def policy(knowledge: str, gate: float) -> bb.Policy:
+def policy(knowledge: str, gate: float, calibrate: Calibration) -> bb.Policy:
     if not knowledge:
         return bb.with_stealing(bb.rule_min_max, "learned")
     return bb.with_stealing(bb.rule_min_max, "learned", planner=bb.SHARED_HEAD, gate=gate,
-                            gate_knowledge=knowledge)
+                            gate_knowledge=knowledge, calibrate=calibrate)
 
 
 def relative(speeds: Sequence[float]) -> list[float]:
@@ -92,7 +106,7 @@ Part = tuple[dict[str, list[float]], list[bool], list[tuple[float, float, float]
 def run(sweeps: Sequence[bb.Sweep], sigma: float) -> Part:
     """Each row's makespan / lower bound per sweep, whether the sweep has fewer than 8 cells per host,
     and the speed errors seen at each cell end of the best candidate's runs."""
-    ratios: dict[str, list[float]] = {label: [] for label, _, _ in ROWS}
+    ratios: dict[str, list[float]] = {row[0]: [] for row in ROWS}
     errors: list[tuple[float, float, float]] = []
     observed = bb.with_stealing(bb.rule_min_max, "learned", planner=bb.SHARED_HEAD, gate=1.5,
                                 gate_knowledge="declared",
@@ -101,8 +115,8 @@ def run(sweeps: Sequence[bb.Sweep], sigma: float) -> Part:
     for sw in sweeps:
         d = sw.durations(sigma)
         lb = bb.lower_bound(sw, sigma, d)
-        for label, knowledge, gate in ROWS:
-            ratios[label].append(policy(knowledge, gate)(sw, d) / lb)
+        for label, knowledge, gate, calibrate in ROWS:
+            ratios[label].append(policy(knowledge, gate, calibrate)(sw, d) / lb)
         observed(sw, d)
         small.append(len(sw.est) < 8 * len(sw.speeds))
     return ratios, small, errors
@@ -114,7 +128,7 @@ def run_parallel(sweeps: list[bb.Sweep], sigma: float, jobs: int) -> Part:
     bounds = [len(sweeps) * k // jobs for k in range(jobs + 1)]
     with mp.get_context("fork").Pool(jobs) as pool:
         parts = pool.starmap(run, [(sweeps[a:b], sigma) for a, b in itertools.pairwise(bounds)])
-    return ({label: [x for p in parts for x in p[0][label]] for label, _, _ in ROWS},
+    return ({row[0]: [x for p in parts for x in p[0][row[0]]] for row in ROWS},
             [x for p in parts for x in p[1]], [x for p in parts for x in p[2]])
 
 
@@ -127,7 +141,7 @@ def tables(part: Part) -> list[str]:
     out = ["| deal by | mean | p90 | target (mean <= 1.08, p90 <= 1.15) | mean, < 8 cells per host "
            "| p90, < 8 cells per host | mean, >= 8 | p90, >= 8 |",
            "|:--|--:|--:|:--|--:|--:|--:|--:|"]
-    for label, _, _ in ROWS:
+    for label, *_ in ROWS:
         xs = ratios[label]
         few = [x for x, s in zip(xs, small, strict=True) if s]
         many = [x for x, s in zip(xs, small, strict=True) if not s]
