@@ -18,7 +18,16 @@ import pytest
 
 from ablate.errors import FSError
 from ablate.remote.agent import HELLO
-from ablate.transport.agentlink import AgentLive, AgentLost, agent_code, bootstrap, remote_socket, request
+from ablate.transport.agentlink import (
+    SILENT_RETRY,
+    AgentLive,
+    AgentLost,
+    Marks,
+    agent_code,
+    bootstrap,
+    remote_socket,
+    request,
+)
 from ablate.transport.shellhost import HostUnreachable, Live, ShellHost
 from ablate.transport.ssh import SSHHost
 from ablate.transport.sshfs import SSHFS, probe_command, probe_lib
@@ -618,7 +627,8 @@ def test_an_agent_that_takes_connections_but_never_answers_is_gone_around(
     """A stopped or hung agent (the forward reaches its socket, no hello ever comes) must not make
     its host unreachable while `ssh` reaches it: after half the time-out, a session the usual way
     starts, so the command goes that way (once); the next ones, of this process and the next,
-    go there at once, never to the agent (`.refused`)."""
+    go there at once, never to the agent (`.refused`), for SILENT_RETRY seconds: then it is tried
+    again, and, answering again, used."""
     first = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
     first.run(["true"]).check()
     wait_for(lambda: _agent_serves(testbed, "tb-h1"), 20)
@@ -640,7 +650,32 @@ def test_an_agent_that_takes_connections_but_never_answers_is_gone_around(
         later.close()
     finally:
         _on(testbed, "tb-h1", "pkill -CONT -f 'ablate[_]agent' || true")
-    assert _on(testbed, "tb-h1", f"cat {tag}; rm -f {tag}") == "1\n2\n3\n"  # each ran once
+    marks = [fresh / n for n in os.listdir(fresh) if n.endswith(".refused")]
+    assert len(marks) == 1 and marks[0].read_text() == "silent"
+    aged = marks[0].stat().st_mtime - SILENT_RETRY - 1
+    os.utime(marks[0], (aged, aged))  # the stall is over: the agent is tried again
+    monkeypatch.setattr("ablate.transport.ssh.request", request)  # (not undo(): fresh's env stays)
+    again = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config), connect_timeout=2)
+    for i in (4, 5):  # tried again (over the kept master) and, answering, used
+        assert "ablate_agent" in again.run(["sh", "-c", f"echo {i} >>{tag}; " + CHAIN]).check().stdout
+    again.close()
+    assert _on(testbed, "tb-h1", f"cat {tag}; rm -f {tag}") == "1\n2\n3\n4\n5\n"  # each ran once
+
+
+def test_a_silent_agent_is_gone_around_for_a_while_and_a_refusing_host_for_an_idle_time(
+        tmp_path: Path) -> None:
+    silent, refusing = Marks(str(tmp_path / "a")), Marks(str(tmp_path / "b"))
+    silent.started(True)
+    silent.silent()
+    refusing.started(False)  # no Python there, say
+    assert silent.refused() and refusing.refused() and not silent.seen()
+    for m, age in ((silent, SILENT_RETRY + 1), (refusing, SILENT_RETRY + 1)):
+        t = os.stat(m.refused_path).st_mtime - age
+        os.utime(m.refused_path, (t, t))
+    assert not silent.refused() and refusing.refused()
+    t = os.stat(refusing.refused_path).st_mtime - 3600
+    os.utime(refusing.refused_path, (t, t))
+    assert not refusing.refused()  # an idle time (the default hour) later, tried again
 
 
 def test_the_agent_code_is_versioned_by_content() -> None:

@@ -32,6 +32,9 @@ from ablate.remote.agent import HELLO, frame, read_exact
 from ablate.transport.shellhost import Sink
 
 DEFAULT_IDLE = 3600
+# A silent agent (its host's sessions start, it does not say hello) is gone around this long, not
+# an idle time: a stall may pass (a host too busy for a while), a missing Python does not.
+SILENT_RETRY = 300
 SAFE_USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,63}$")
 
 
@@ -137,8 +140,21 @@ class Marks:
 
     def refused(self) -> bool:
         """None can serve here (no Python there, a foreign directory, sshd refuses the forward):
-        no bootstrap again for an idle time."""
-        return _fresh(self.refused_path, agent_idle_seconds())
+        no bootstrap again for an idle time; an agent that was silent (`silent`): for SILENT_RETRY
+        seconds at most."""
+        try:
+            age = time.time() - os.stat(self.refused_path).st_mtime
+        except OSError:
+            return False
+        if age >= agent_idle_seconds():
+            return False
+        return age < SILENT_RETRY or _read(self.refused_path) != "silent"
+
+    def silent(self) -> None:
+        """The agent said no hello where a session started: the usual way for a while."""
+        with contextlib.suppress(OSError):
+            _write(self.refused_path, "silent")
+            os.unlink(self.seen_path)
 
     def started(self, up: bool) -> None:
         """What a bootstrap said."""

@@ -89,7 +89,7 @@ class AgentRoute:
         master; the command's on one proven here): no hello for half of it (at most the connect
         time-out), then a session the usual way (`_session_starts`) for the rest. It starts: the
         link carries and the agent alone is silent (stopped, hung, or too busy to answer), so the
-        command goes the usual way, and so do the next ones (`.refused`, for an idle time), where
+        command goes the usual way, and so do the next ones (`.refused`, for SILENT_RETRY s), where
         before the host was taken for unreachable while `ssh` reached it. It does not: the host or
         the link is gone, the master is ended, HostUnreachable."""
         link = self._agent_link()
@@ -116,7 +116,7 @@ class AgentRoute:
                 raise e from None
             with self._lock:
                 self._agent_up = False
-            Marks(local).started(False)
+            Marks(local).silent()
             return None
         except AgentLost as e:
             raise RemoteError(f"{self.name}: the connection dropped while running `{command[:200]}`: "
