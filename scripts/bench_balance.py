@@ -389,6 +389,13 @@ def learned_estimate(sw: Sweep, ended: Sequence[Observation], running: Sequence[
     return lambda i, h: over[h] + unit[i] / speed[h]
 
 
+def measured_speeds(sw: Sweep, error: float) -> list[float]:
+    """Each host's speed as a launch-time benchmark would measure it: true x exp(error x Z), one Z
+    per host drawn from the sweep's own seed (the same for every policy)."""
+    draw = random.Random(f"calibrate/{sw.z}")
+    return [v * math.exp(error * draw.gauss(0.0, 1.0)) for v in sw.speeds]
+
+
 def true_speeds(sw: Sweep) -> Estimate:
     """The declared costs over the hosts' TRUE speeds: the hosts known, the tasks and the overhead not
     (a reference for scripts/bench_gate.py)."""
@@ -459,8 +466,7 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
         gate_fixed = gate_of(sw)
         ready = [0.0] * m  # when each runner can take its first cell (after its calibration)
         if calibrate is not None:
-            draw = random.Random(f"calibrate/{sw.z}")
-            measured = [v * math.exp(calibrate[1] * draw.gauss(0.0, 1.0)) for v in sw.speeds]
+            measured = measured_speeds(sw, calibrate[1])
             ready = [calibrate[0] * SMALL_MEAN / v for v in sw.speeds]
             if gate_knowledge == "calibrated":
                 gate_fixed = lambda i, h: sw.est[i] / measured[h]  # noqa: E731
