@@ -42,6 +42,7 @@ import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -52,32 +53,40 @@ TARGET = (1.08, 1.15)  # issue 13: mean and p90 of makespan / lower bound at sig
 BUCKETS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # ended cells per host, lower edges
 
 Calibration = tuple[float, float] | None  # (cost x a mean small cell, measurement error)
-# (label, the deal's figures, gate, calibration); "" = no shared head
-ROWS: list[tuple[str, str, float, Calibration]] = [
-    ("learned: plan+steal, min-max (what a runner does today)", "", 0.0, None),
-    ("shared head, gate 1.5, declared figures (the best candidate)", "declared", 1.5, None),
-    ("shared head, gate 1.0, declared figures", "declared", 1.0, None),
-    ("shared head, gate 1.5, learned figures", "learned", 1.5, None),
-    ("shared head, gate 1.0, learned figures", "learned", 1.0, None),
-    ("reference: shared head, gate 1.5, true medians at the start only", "true at start", 1.5, None),
-    ("reference: shared head, gate 1.0, true medians at the start only", "true at start", 1.0, None),
-    ("reference: shared head, gate 1.5, true speeds", "true speeds", 1.5, None),
-    ("reference: shared head, gate 1.0, true speeds", "true speeds", 1.0, None),
-    ("reference: shared head, gate 1.0, true medians", "true", 1.0, None),
-    ("shared head, gate 1.0, speeds calibrated at launch: 1 % of a small cell, 5 % error",
-     "calibrated", 1.0, (0.01, 0.05)),
-    ("shared head, gate 1.0, speeds calibrated at launch: 5 % of a small cell, 5 % error",
-     "calibrated", 1.0, (0.05, 0.05)),
-    ("shared head, gate 1.0, speeds calibrated at launch: 10 % of a small cell, 5 % error",
-     "calibrated", 1.0, (0.10, 0.05)),
-    ("shared head, gate 1.0, speeds calibrated at launch: 5 % of a small cell, 15 % error",
-     "calibrated", 1.0, (0.05, 0.15)),
-    ("no shared head, speeds calibrated at launch (5 %, 5 % error), everywhere",
-     "", 0.0, (0.05, 0.05)),
-    ("shared head, gate 1.0, speeds calibrated at launch (5 %, 5 % error), everywhere",
-     "declared", 1.0, (0.05, 0.05)),
+
+
+class Row(NamedTuple):
+    label: str
+    knowledge: str  # the deal's figures; "" = no shared head
+    gate: float
+    calibrate: Calibration = None
+    everywhere: bool = False  # the measured speeds replace the declared ones (`measured_sweep`)
+
+
+ROWS: list[Row] = [
+    Row("learned: plan+steal, min-max (what a runner does today)", "", 0.0),
+    Row("shared head, gate 1.5, declared figures (the best candidate)", "declared", 1.5),
+    Row("shared head, gate 1.0, declared figures", "declared", 1.0),
+    Row("shared head, gate 1.5, learned figures", "learned", 1.5),
+    Row("shared head, gate 1.0, learned figures", "learned", 1.0),
+    Row("reference: shared head, gate 1.5, true medians at the start only", "true at start", 1.5),
+    Row("reference: shared head, gate 1.0, true medians at the start only", "true at start", 1.0),
+    Row("reference: shared head, gate 1.5, true speeds", "true speeds", 1.5),
+    Row("reference: shared head, gate 1.0, true speeds", "true speeds", 1.0),
+    Row("reference: shared head, gate 1.0, true medians", "true", 1.0),
+    Row("shared head, gate 1.0, speeds calibrated at launch: 1 % of a small cell, 5 % error",
+        "calibrated", 1.0, (0.01, 0.05)),
+    Row("shared head, gate 1.0, speeds calibrated at launch: 5 % of a small cell, 5 % error",
+        "calibrated", 1.0, (0.05, 0.05)),
+    Row("shared head, gate 1.0, speeds calibrated at launch: 10 % of a small cell, 5 % error",
+        "calibrated", 1.0, (0.10, 0.05)),
+    Row("shared head, gate 1.0, speeds calibrated at launch: 5 % of a small cell, 15 % error",
+        "calibrated", 1.0, (0.05, 0.15)),
+    Row("no shared head, speeds calibrated at launch (5 %, 5 % error), everywhere", "", 0.0,
+        (0.05, 0.05), everywhere=True),
+    Row("shared head, gate 1.0, speeds calibrated at launch (5 %, 5 % error), everywhere", "declared", 1.0,
+        (0.05, 0.05), everywhere=True),
 ]
-EVERYWHERE = "everywhere"  # rows whose measured speeds replace the declared ones (`measured_sweep`)
 
 
 def measured_sweep(sw: bb.Sweep, error: float) -> bb.Sweep:
@@ -121,7 +130,7 @@ Part = tuple[dict[str, list[float]], list[bool], list[tuple[float, float, float]
 def run(sweeps: Sequence[bb.Sweep], sigma: float) -> Part:
     """Each row's makespan / lower bound per sweep, whether the sweep has fewer than 8 cells per host,
     and the speed errors seen at each cell end of the best candidate's runs."""
-    ratios: dict[str, list[float]] = {row[0]: [] for row in ROWS}
+    ratios: dict[str, list[float]] = {row.label: [] for row in ROWS}
     errors: list[tuple[float, float, float]] = []
     observed = bb.with_stealing(bb.rule_min_max, "learned", planner=bb.SHARED_HEAD, gate=1.5,
                                 gate_knowledge="declared",
@@ -130,9 +139,9 @@ def run(sweeps: Sequence[bb.Sweep], sigma: float) -> Part:
     for sw in sweeps:
         d = sw.durations(sigma)
         lb = bb.lower_bound(sw, sigma, d)
-        for label, knowledge, gate, calibrate in ROWS:
-            seen = measured_sweep(sw, calibrate[1]) if calibrate and label.endswith(EVERYWHERE) else sw
-            ratios[label].append(policy(knowledge, gate, calibrate)(seen, d) / lb)
+        for row in ROWS:
+            seen = measured_sweep(sw, row.calibrate[1]) if row.calibrate and row.everywhere else sw
+            ratios[row.label].append(policy(row.knowledge, row.gate, row.calibrate)(seen, d) / lb)
         observed(sw, d)
         small.append(len(sw.est) < 8 * len(sw.speeds))
     return ratios, small, errors
@@ -144,7 +153,7 @@ def run_parallel(sweeps: list[bb.Sweep], sigma: float, jobs: int) -> Part:
     bounds = [len(sweeps) * k // jobs for k in range(jobs + 1)]
     with mp.get_context("fork").Pool(jobs) as pool:
         parts = pool.starmap(run, [(sweeps[a:b], sigma) for a, b in itertools.pairwise(bounds)])
-    return ({row[0]: [x for p in parts for x in p[0][row[0]]] for row in ROWS},
+    return ({row.label: [x for p in parts for x in p[0][row.label]] for row in ROWS},
             [x for p in parts for x in p[1]], [x for p in parts for x in p[2]])
 
 

@@ -102,13 +102,8 @@ class CpuGroups:
     def join(self, name: str, pid: int) -> None:
         """Put `pid` (and so its later children) into group `name`; a process gone meanwhile is skipped."""
         if self.available:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # ESRCH: it has exited
                 (self.dirs[name] / "cgroup.procs").write_text(str(pid))
-            except ProcessLookupError:
-                pass
-            except OSError as e:
-                if e.errno != 3:  # ESRCH: the process has exited
-                    raise
 
     def seconds(self, name: str) -> float:
         if not self.available:
