@@ -396,6 +396,17 @@ def measured_speeds(sw: Sweep, error: float) -> list[float]:
     return [v * math.exp(error * draw.gauss(0.0, 1.0)) for v in sw.speeds]
 
 
+def live_speeds(sw: Sweep, measured: Sequence[float], known: Sequence[bool]) -> Estimate:
+    """The declared costs over the speeds a runner has at hand (run_queue's deal): the measured ones
+    where known, scaled to the geometric mean of the same hosts' declared speeds; else declared."""
+    got = [h for h, k in enumerate(known) if k]
+    if not got:
+        return declared_estimate(sw)
+    k = math.exp(mean([math.log(sw.declared[h] / measured[h]) for h in got]))
+    speed = [measured[h] * k if known[h] else sw.declared[h] for h in range(len(sw.declared))]
+    return lambda i, h: sw.est[i] / speed[h]
+
+
 def true_speeds(sw: Sweep) -> Estimate:
     """The declared costs over the hosts' TRUE speeds: the hosts known, the tasks and the overhead not
     (a reference for scripts/bench_gate.py)."""
@@ -436,7 +447,8 @@ def planned(longest: bool = True) -> Planner:
 def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: bool = True,
                   planner: Planner | None = None, gate: float = 0.0,
                   gate_knowledge: Knowledge = "", eager: bool = False,
-                  observe: Observer | None = None, calibrate: tuple[float, float] | None = None) -> Policy:
+                  observe: Observer | None = None, calibrate: tuple[float, float] | None = None,
+                  keep_own: bool = False) -> Policy:
     """A plan (queues, and a shared head if the planner makes one) run by the runners, each stealing
     by `rule` once it has nothing of its own. gate > 0: a free runner takes the head cell it would be
     dealt (head_pick) by the figures of gate_knowledge (default: those it steals by), where another
@@ -448,7 +460,11 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
     references for scripts/bench_gate.py. observe(sweep, ended) is called at each cell end.
     calibrate (cost, error): every runner first measures its speed, for `cost` x a mean small cell's
     seconds on a speed-1 host divided by its true speed, getting its true speed x exp(error x Z);
-    gate_knowledge "calibrated" deals the head by the declared costs over the measured speeds."""
+    gate_knowledge "calibrated" deals the head by the declared costs over the measured speeds;
+    "calibrated live" as run_queue does: a host's measured speed is known once its calibration has
+    ended, the others count at their declared speeds, the measured ones scaled to the same geometric
+    mean as their declared ones. keep_own: a runner with nothing else to do takes the head cells of
+    its own planned queue (run_queue never leaves a line of its own file behind) before it stops."""
     plan_of = planner or planned(longest)
 
     def run(sw: Sweep, d: Durations) -> float:
@@ -468,8 +484,11 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
         if calibrate is not None:
             measured = measured_speeds(sw, calibrate[1])
             ready = [calibrate[0] * SMALL_MEAN / v for v in sw.speeds]
-            if gate_knowledge == "calibrated":
+            if gate_knowledge == "calibrated barrier":  # every runner waits for the last calibration
+                ready = [max(ready)] * m
+            if gate_knowledge in ("calibrated", "calibrated barrier"):
                 gate_fixed = lambda i, h: sw.est[i] / measured[h]  # noqa: E731
+        home = {c: j for j, q in enumerate(queues_of(sw)) for c in q} if keep_own else {}
         true_fixed = true_medians(sw) if gate_knowledge == "true at start" else gate_fixed
 
         def estimate(now: float) -> Estimate:
@@ -492,6 +511,8 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
             t = estimate(now) if not gate_knowledge or gate_knowledge == knowledge else gate_fixed
             if gate_knowledge == "true at start" and not ended:
                 t = true_fixed
+            if gate_knowledge == "calibrated live":
+                t = live_speeds(sw, measured, [r <= now for r in ready])
             free = [max(ready[i], now + (max(0.0, t(cur[0], i) - (now - cur[1])) if cur else 0.0))
                     + sum(t(c, i) for c in first[i]) for i, cur in enumerate(current)]
             free[j] = now
@@ -525,6 +546,8 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
                 start(j, pending[pick[0]].pop(pick[1]), now)
             elif head and not any(current[i] for i in range(m) if i != j):
                 start(j, head.pop(0), now)  # the gate said no, but nobody else is left
+            elif (own := [k for k, c in enumerate(head) if home.get(c) == j]):
+                start(j, head.pop(own[0]), now)  # its own file's line: never left behind
             else:
                 stopped.add(j)  # this host's runner exits (queue_end) and never comes back
 

@@ -20,6 +20,14 @@ runner has nothing of its own, and differs only in the figures the deal is made 
                     uses the declared costs over the measured speeds
   ..., everywhere   the measured speeds replace the declared ones for everything: the plan (balanced
                     on them), the learner's prior and the deal (with or without a shared head)
+  calibrated live   as calibrated, but a runner deals as soon as its own measurement has ended, by the
+                    speeds measured by then (the others' declared ones, scaled to the measured ones)
+  ..., waiting      (calibrated barrier) every runner waits for the last measurement before its first
+                    cell, as run_queue does
+  own lines kept    a runner with nothing else to do takes the head cells of its own planned queue
+                    before it stops (run_queue never leaves a line of its own file behind)
+
+The `run_queue with calibrate` row is what wrappers/run_queue.sh does (its "shared head" and "calibration").
 
 The first row is what a runner does today (no shared head). Then, from the runs of the best
 candidate (gate 1.5 on the declared figures): at each cell end, the error of the hosts' RELATIVE
@@ -61,6 +69,7 @@ class Row(NamedTuple):
     gate: float
     calibrate: Calibration = None
     everywhere: bool = False  # the measured speeds replace the declared ones (`measured_sweep`)
+    keep_own: bool = False  # a runner takes its own planned queue's head cells before it stops
 
 
 ROWS: list[Row] = [
@@ -86,6 +95,14 @@ ROWS: list[Row] = [
         (0.05, 0.05), everywhere=True),
     Row("shared head, gate 1.0, speeds calibrated at launch (5 %, 5 % error), everywhere", "declared", 1.0,
         (0.05, 0.05), everywhere=True),
+    Row("shared head, gate 1.0, calibrated, dealing before the others have measured (5 %, 5 % error)",
+        "calibrated live", 1.0, (0.05, 0.05)),
+    Row("shared head, gate 1.0, calibrated, waiting for every measurement (5 %, 5 % error)",
+        "calibrated barrier", 1.0, (0.05, 0.05)),
+    Row("shared head, gate 1.5, declared figures, own lines kept (not shipped: run_queue deals only with "
+        "calibrate)", "declared", 1.5, keep_own=True),
+    Row("run_queue with calibrate: shared head, gate 1.0, measured speeds, waiting for every measurement, "
+        "own lines kept (5 %, 5 % error)", "calibrated barrier", 1.0, (0.05, 0.05), keep_own=True),
 ]
 
 
@@ -96,11 +113,11 @@ def measured_sweep(sw: bb.Sweep, error: float) -> bb.Sweep:
     return dataclasses.replace(sw, declared=speeds, plan=tuple(bb.balance(list(sw.est), list(speeds))))
 
 
-def policy(knowledge: str, gate: float, calibrate: Calibration) -> bb.Policy:
-    if not knowledge:
-        return bb.with_stealing(bb.rule_min_max, "learned", calibrate=calibrate)
-    return bb.with_stealing(bb.rule_min_max, "learned", planner=bb.SHARED_HEAD, gate=gate,
-                            gate_knowledge=knowledge, calibrate=calibrate)
+def policy(row: Row) -> bb.Policy:
+    if not row.knowledge:
+        return bb.with_stealing(bb.rule_min_max, "learned", calibrate=row.calibrate)
+    return bb.with_stealing(bb.rule_min_max, "learned", planner=bb.SHARED_HEAD, gate=row.gate,
+                            gate_knowledge=row.knowledge, calibrate=row.calibrate, keep_own=row.keep_own)
 
 
 def relative(speeds: Sequence[float]) -> list[float]:
@@ -141,7 +158,7 @@ def run(sweeps: Sequence[bb.Sweep], sigma: float) -> Part:
         lb = bb.lower_bound(sw, sigma, d)
         for row in ROWS:
             seen = measured_sweep(sw, row.calibrate[1]) if row.calibrate and row.everywhere else sw
-            ratios[row.label].append(policy(row.knowledge, row.gate, row.calibrate)(seen, d) / lb)
+            ratios[row.label].append(policy(row)(seen, d) / lb)
         observed(sw, d)
         small.append(len(sw.est) < 8 * len(sw.speeds))
     return ratios, small, errors

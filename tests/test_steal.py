@@ -9,13 +9,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import signal
-import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,6 +21,7 @@ from ablate.remote.layout import session_name
 from ablate.run.launch import launch
 from ablate.transport.local import LocalHost
 from tests.helpers.project import LocalProject, events
+from tests.helpers.runners import Runners, all_events, ends, estimates, finish, own_queue, victim_drained
 from tests.helpers.tmux import require_tmux
 from tests.helpers.wait import wait_for
 
@@ -33,34 +31,6 @@ def _tmux() -> None:
     require_tmux()
 
 
-class Runners:
-    """run_queue processes started by a test; any still alive at teardown gets its group killed."""
-
-    def __init__(self, lp: LocalProject) -> None:
-        self.lp = lp
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, host: str, queue: str, start: int = 0, slot: int | None = None,
-              gate: Path | None = None) -> subprocess.Popen[bytes]:
-        """Start run_queue; with `gate`, only once a shared flock on it is granted (`release`)."""
-        deployed = json.loads((self.lp.shared / "DEPLOYED.json").read_text())
-        argv = ["bash", str(self.lp.shared / "wrappers" / deployed["run_queue"]),
-                str(self.lp.shared / "specs" / deployed["specs"][host]), queue, str(start)]
-        if slot is not None:
-            argv.append(str(slot))
-        if gate is not None:
-            argv = ["flock", "-s", str(gate), *argv]
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(p)
-        return p
-
-    def close(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-
-
 @pytest.fixture
 def runners(local_project: LocalProject) -> Iterator[Runners]:
     r = Runners(local_project)
@@ -68,55 +38,11 @@ def runners(local_project: LocalProject) -> Iterator[Runners]:
     r.close()
 
 
-def finish(p: subprocess.Popen[bytes], timeout: float = 60) -> str:
-    out, _ = p.communicate(timeout=timeout)
-    assert p.returncode == 0, out.decode(errors="replace")
-    return out.decode(errors="replace")
-
-
-def all_events(lp: LocalProject) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for path in sorted((lp.shared / "events").glob("*.jsonl")):
-        out += [json.loads(x) for x in path.read_text().splitlines()]
-    return out
-
-
-def ends(lp: LocalProject) -> Counter[str]:
-    """How many times each cell ran to an `end`, over every queue's events."""
-    return Counter(e["cell"] for e in all_events(lp) if e["ev"] == "end")
-
-
-def victim_drained(lp: LocalProject) -> list[dict[str, Any]]:
-    def done() -> list[dict[str, Any]] | None:
-        evs = events(lp, "h1", "q1")
-        live = session_name("t1", "h1", "q1") in LocalHost("h1").tmux_sessions()
-        return evs if not live and any(e["ev"] == "queue_end" for e in evs) else None
-
-    result = wait_for(done, timeout=60)
-    assert isinstance(result, list)
-    return result
-
-
 def start_victim(lp: LocalProject, tails: list[str], long_epochs: int = 10) -> None:
     """q1 on h1: a long cell (0.5 s an epoch), then short ones; returns once `long` is running."""
     lp.queue("q1", [lp.cfg("cfgs/v/long.yaml", step_time=0.5) + f" recon {long_epochs}", *tails])
     launch(load_project(lp.root), "q1", "h1")
     wait_for(lambda: any(e["ev"] == "start" and e["cell"] == "long" for e in events(lp, "h1", "q1")))
-
-
-def own_queue(lp: LocalProject, queue: str, lines: list[str]) -> None:
-    """A stealer's queue: the local file and its FS copy (what `launch` would place)."""
-    path = lp.queue(queue, lines)
-    (lp.shared / "queues").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(path, lp.shared / "queues" / path.name)
-
-
-def estimates(lp: LocalProject, hosts: list[str], cells: dict[str, int]) -> None:
-    text = "# ablate estimates 0 declared\n" + "".join(f"{h}\n" for h in hosts)
-    text += "".join(f"cell\t{name}\t{ms}\n" for name, ms in cells.items())
-    tmp = lp.shared / ".estimates.tmp"
-    tmp.write_text(text)
-    tmp.replace(lp.shared / "estimates.tsv")
 
 
 CELLS = {"long": 5000, "t1": 1000, "t2": 1000, "t3": 1000, "s1": 500}

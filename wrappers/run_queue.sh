@@ -117,11 +117,15 @@ hb_write() {  # the heartbeat file, tmp + mv: readers never see half of it; its 
       lmt=${BASH_REMATCH[1]} lsz=${BASH_REMATCH[3]}
     fi
   fi
+  # next: our own next line (idx is another queue's line while on a cell taken from it); deferred:
+  # own lines before it left to the head deal
+  local deferred=${DEFERRED[*]-}
   svc_json
   now
-  printf '{"t": %s, "host": "%s", "queue": "%s", "slot": %s, "pid": %s, "pgid": %s, "state": "%s", "idx": %s, "cell": %s, "cell_started": %s, "from_queue": %s, "log_mtime": %s, "log_size": %s, "run_queue": "%s", "spec": "%s", "services": %s}\n' \
+  printf '{"t": %s, "host": "%s", "queue": "%s", "slot": %s, "pid": %s, "pgid": %s, "state": "%s", "idx": %s, "cell": %s, "cell_started": %s, "from_queue": %s, "log_mtime": %s, "log_size": %s, "run_queue": "%s", "spec": "%s", "next": %s, "deferred": [%s], "services": %s}\n' \
     "$T" "$ABLATE_HOST" "$QUEUE" "$slot" "$$" "$PGID" "$STATE" "$CUR_IDX" "$cell" "$started" \
-    "$from" "$lmt" "$lsz" "$RQ_FILE" "$SPEC_FILE" "$REPLY" >"$tmp" && mv -f "$tmp" "$HB"
+    "$from" "$lmt" "$lsz" "$RQ_FILE" "$SPEC_FILE" "${idx:-$START}" "${deferred// /, }" "$REPLY" >"$tmp" \
+    && mv -f "$tmp" "$HB"
 }
 
 # ---- services beside the trainer (docs/ARCHITECTURE.md, "Services"): each in its own process
@@ -679,17 +683,16 @@ jfield() {  # jfield KEY: REPLY = KEY's value in the one-line JSON object $J (''
   return 0
 }
 
-S_QUEUE= S_HOST= S_IDX= S_NAME= S_HERE=
-SILENT_REM=$(( 1 << 50 ))  # ms: a silent victim's remaining time (never finishes)
-steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth stealing
-  load_estimates || return 1
-  local my_speed my_over fs_now= fresh row mt f q h s i c cs ht spd ov rem cands j n k m e here entry silent
-  local -a rows=() lines=() q_name=() q_host=() q_rem=() q_cands=() order=() list=()
-  speed_of "$ABLATE_HOST" "$SLOT"
-  my_speed=$REPLY
-  over_of "$ABLATE_HOST" "$SLOT"
-  my_over=$REPLY
-  # Ages on the FS's clock: write a probe, then one stat for it and every heartbeat.
+# The other running queues as their heartbeats show them, ages on the FS's clock (a probe written,
+# then one stat for it and every heartbeat): per runner R_Q queue, R_H host, R_S slot, R_IDX line,
+# R_FROM the queue its current cell was stolen from, R_CELL that cell, R_RAN ms it has run (-1:
+# none), R_SILENT 1 when it has not beaten for `fresh` (cut off or dead: it finishes nothing). 1 when
+# the FS's clock cannot be read.
+R_Q=() R_H=() R_S=() R_IDX=() R_FROM=() R_CELL=() R_RAN=() R_SILENT=() R_NEXT=() R_DEFER=()
+scan_runners() {
+  local fs_now= fresh row mt f q h s i c cs ht ran nx
+  local -a rows=()
+  R_Q=() R_H=() R_S=() R_IDX=() R_FROM=() R_CELL=() R_RAN=() R_SILENT=() R_NEXT=() R_DEFER=()
   printf '%s\n' "$EPOCHREALTIME" >"$CLOCK" 2>/dev/null || return 1
   mapfile -t rows < <(stat -c "$MT_FMT %n" -- "$CLOCK" "$ROOT"/heartbeats/* 2>/dev/null)
   for row in "${rows[@]}"; do
@@ -702,11 +705,6 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
     [[ $f == "$CLOCK" || $f == "$HB" ]] && continue
     ms_of "${row%% *}" || continue
     mt=$REPLY
-    # A runner whose heartbeat says running but has not beaten for `fresh` is cut off or dead (a
-    # node or instance gone): it finishes nothing, so each of its unclaimed cells is worth taking
-    # (claims keep every cell to one run if it comes back).
-    silent=0
-    (( fs_now - mt < fresh )) || silent=1
     { read -r J <"$f"; } 2>/dev/null || continue
     jfield state; [[ $REPLY == running ]] || continue
     jfield queue; q=$REPLY
@@ -715,41 +713,71 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
     jfield idx; i=$REPLY
     [[ $q =~ $NAME_RE && $q != "$QUEUE" && $h =~ $NAME_RE && $s =~ ^[0-9]{0,6}$ && $i =~ ^[0-9]{1,9}$ ]] \
       || continue
+    # Its current cell's time so far: its own clock from the cell's start to the beat, the FS's
+    # clock since the beat.
+    jfield cell; c=$REPLY
+    jfield cell_started; cs=$REPLY
+    jfield t; ht=$REPLY
+    ran=-1
+    if [[ $c =~ $NAME_RE ]] && ms_of "$cs"; then
+      cs=$REPLY
+      ms_of "$ht" && ran=$(( REPLY - cs + fs_now - mt ))
+      (( ran < 0 )) && ran=0
+    fi
+    # Its own next line (-1: a run_queue before the shared head, which only left its own file to
+    # take another's line once drained) and the own lines it left to the head deal.
+    jfield next
+    nx=-1
+    [[ $REPLY =~ ^[0-9]{1,9}$ ]] && nx=$REPLY
+    R_NEXT+=("$nx")
+    if [[ $J =~ \"deferred\":\ \[([0-9, ]*)\] ]]; then R_DEFER+=("${BASH_REMATCH[1]//,/}"); else R_DEFER+=(""); fi
+    jfield from_queue
+    R_Q+=("$q") R_H+=("$h") R_S+=("$s") R_IDX+=("$i") R_FROM+=("$REPLY") R_CELL+=("$c") R_RAN+=("$ran")
+    R_SILENT+=("$(( fs_now - mt >= fresh ))")
+  done
+}
+
+S_QUEUE= S_HOST= S_IDX= S_NAME= S_HERE=
+SILENT_REM=$(( 1 << 50 ))  # ms: a silent victim's remaining time (never finishes)
+steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth stealing
+  load_estimates || return 1
+  local my_speed my_over r q h s i spd ov rem cands j n k m e here entry
+  local -a lines=() q_name=() q_host=() q_rem=() q_cands=() order=() list=()
+  speed_of "$ABLATE_HOST" "$SLOT"
+  my_speed=$REPLY
+  over_of "$ABLATE_HOST" "$SLOT"
+  my_over=$REPLY
+  scan_runners || return 1
+  for (( r = 0; r < ${#R_Q[@]}; r++ )); do
+    q=${R_Q[r]} h=${R_H[r]} s=${R_S[r]} i=${R_IDX[r]}
     speed_of "$h" "$s"
     spd=$REPLY
     over_of "$h" "$s"
     ov=$REPLY
-    rem=0
-    # Its current cell: expected duration there minus the time it has run so far (its own clock
-    # from the cell's start to the beat, the FS's clock since the beat).
-    jfield cell; c=$REPLY
-    jfield cell_started; cs=$REPLY
-    jfield t; ht=$REPLY
-    if [[ $c =~ $NAME_RE ]] && ms_of "$cs"; then
-      cs=$REPLY
-      if ms_of "$ht"; then
-        ht=$REPLY
-        est_of "$c"
-        rem=$(( ov + REPLY * 1000 / spd - (ht - cs) - (fs_now - mt) ))
-        (( rem < 0 )) && rem=0
-      fi
+    rem=0  # its current cell: expected duration there minus the time it has run so far
+    if (( R_RAN[r] >= 0 )); then
+      est_of "${R_CELL[r]}"
+      rem=$(( ov + REPLY * 1000 / spd - R_RAN[r] ))
+      (( rem < 0 )) && rem=0
     fi
-    # Its lines from idx on that nobody has claimed or finished (a runner that is on a stolen cell
-    # has drained its own file: nothing more to count there).
+    # Its lines from its own next one on that nobody has claimed or finished (idx, or `next` while
+    # it is on another queue's cell). While the shared head has cells, they are the deal's
+    # (deal_pick), not a steal's.
     cands=
-    jfield from_queue
-    if [[ -z $REPLY ]] && mapfile -t lines 2>/dev/null <"$ROOT/queues/$q.txt"; then
+    [[ -n ${R_FROM[r]} ]] && i=${R_NEXT[r]}
+    if (( i >= 0 )) && mapfile -t lines 2>/dev/null <"$ROOT/queues/$q.txt"; then
       n=${#lines[@]}
       for (( j = i; j < n; j++ )); do
         parse_line "${lines[j]//$'\r'/}" || continue
         [[ -e $CLAIMS/$P_NAME || -e $FINAL/$P_NAME/MANIFEST.json ]] && continue
+        (( HEAD_ON )) && [[ -n ${HEAD_CELL[$P_NAME]-} ]] && continue
         est_of "$P_NAME"
         e=$(( ov + REPLY * 1000 / spd ))  # this line's expected time there
         rem=$(( rem + e ))  # when it would finish there, at its place
         [[ -n ${STEAL_SKIP["$q:$j"]-} ]] || cands+=" $j:$P_NAME:$P_PRIO:$REPLY:$rem:$e"
       done
     fi
-    (( silent )) && rem=$SILENT_REM
+    (( R_SILENT[r] )) && rem=$SILENT_REM
     q_name+=("$q") q_host+=("$h") q_rem+=("$rem") q_cands+=("$cands")
   done
   # Victims by remaining time, largest first (ties: queue name).
@@ -803,25 +831,231 @@ steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth ste
 steal_once() {  # 0 = ran a stolen cell or lost a race (look again); 1 = nothing worth stealing
   learn_now  # the figures of this sweep so far (its ended cells), else the controller's
   steal_pick || return 1
-  local key=$S_QUEUE:$S_IDX secs
+  local by=estimates  # the figures the pick was made by: the controller's, or learned here
+  [[ -n $LEARNED ]] && by=learned
+  take_other "$S_QUEUE" "$S_HOST" "$S_IDX" "$S_NAME" "$S_HERE" "$by"
+}
+take_other() {  # take_other QUEUE HOST IDX NAME HERE_MS BY: claim another queue's line and run it;
+  # 0 = ran it or lost the race (look again)
+  local key=$1:$3 secs
   # Re-read and re-validate the victim's line: only values that pass parse_line are ever used.
-  if ! read_line_of "$ROOT/queues/$S_QUEUE.txt" "$S_IDX" || ! parse_line "$LINE" \
-      || [[ $P_NAME != "$S_NAME" ]] || published "$P_NAME"; then
+  if ! read_line_of "$ROOT/queues/$1.txt" "$3" || ! parse_line "$LINE" \
+      || [[ $P_NAME != "$4" ]] || published "$P_NAME"; then
     STEAL_SKIP[$key]=1
     return 0
   fi
-  if ! claim "$P_NAME" "$S_IDX"; then
+  if ! claim "$P_NAME" "$3"; then
     STEAL_SKIP[$key]=1  # claimed by someone else meanwhile (or claims/ is not writable)
-    say "lost the claim of $P_NAME (line $S_IDX of $S_QUEUE); looking again"
+    say "lost the claim of $P_NAME (line $3 of $1); looking again"
     return 0
   fi
-  printf -v secs '%d.%03d' $((S_HERE / 1000)) $((S_HERE % 1000))
-  local by=estimates  # the figures the pick was made by: the controller's, or learned here
-  [[ -n $LEARNED ]] && by=learned
-  ev steal ", \"idx\": $S_IDX, \"cell\": \"$P_NAME\", \"from_queue\": \"$S_QUEUE\", \"from_host\": \"$S_HOST\", \"est\": $secs, \"by\": \"$by\""
-  say "stealing $P_NAME (line $S_IDX of $S_QUEUE on $S_HOST, expected ${secs}s here)"
-  run_cell "$S_IDX" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0 "$S_QUEUE"
+  printf -v secs '%d.%03d' $(($5 / 1000)) $(($5 % 1000))
+  ev steal ", \"idx\": $3, \"cell\": \"$P_NAME\", \"from_queue\": \"$1\", \"from_host\": \"$2\", \"est\": $secs, \"by\": \"$6\""
+  say "taking $P_NAME (line $3 of $1 on $2, expected ${secs}s here, by $6)"
+  run_cell "$3" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0 "$1"
   return 0
+}
+
+# ---- calibration (`calibrate:`): the user's benchmark, timed once per host and slot of the sweep
+# by this host's own clock, before the first cell; calib/<host>.<slot|-> = its milliseconds (the
+# number its last line prints, in seconds, when it prints one: the timed part without its start-up;
+# else the command's wall time). Then the queue waits, at most ABLATE_CALIBRATE_WAIT seconds, until
+# every other running queue has measured too (or started a cell): the head deal needs all speeds.
+CALIB_DIR=$ROOT/calib
+calibrate() {
+  [[ -n ${ABLATE_CALIBRATE-} ]] || return 0
+  local f=$CALIB_DIR/$ABLATE_HOST.${SLOT:--} log=$ABLATE_CKPT_ROOT/.calibrate.$QUEUE.log
+  local cmd out rc t0 us ms secs
+  { read -r ms <"$f"; } 2>/dev/null || ms=
+  if [[ ! $ms =~ ^[1-9][0-9]{0,9}$ ]]; then  # measured before (a relaunch on the same host): kept
+    mkdir -p "$CALIB_DIR" "$ABLATE_CKPT_ROOT" || return 0
+    cmd=${ABLATE_CALIBRATE//"{gpu}"/"$SLOT"}
+    say "calibrating: $cmd"
+    now
+    t0=$T
+    out=$(
+      cd -- "$ABLATE_WORKDIR" || exit 125
+      set +u  # activation scripts (conda) reference unset variables
+      if [[ -n ${ABLATE_ENV-} ]]; then
+        eval "$ABLATE_ENV" >>"$log" 2>&1 || exit 125
+      fi
+      timeout -k 10 "${ABLATE_CALIBRATE_TIMEOUT:-600}" bash -c "$cmd" </dev/null 2>>"$log" | tee -a "$log" | tail -n 1
+      exit "${PIPESTATUS[0]}"
+    )
+    rc=$?
+    now
+    us=$(( ${T/./} - ${t0/./} ))
+    ms=$(( us / 1000 ))
+    [[ $out =~ ^[[:space:]]*([0-9]{1,9}(\.[0-9]{1,6})?)[[:space:]]*$ ]] && ms_of "${BASH_REMATCH[1]}" && ms=$REPLY
+    (( ms > 0 )) || ms=1
+    printf -v secs '%d.%03d' $((ms / 1000)) $((ms % 1000))
+    if (( rc != 0 )); then  # marked, so that nobody waits for it; measured again on a relaunch
+      printf 'failed %s\n' "$rc" >"$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f"
+      ev calibrate ", \"rc\": $rc, \"dur\": $((us / 1000000)).$(printf '%06d' $((us % 1000000)))"
+      say "calibration exited $rc (log $log): the deal uses the declared speed of this host"
+      return 0
+    fi
+    printf '%s\n' "$ms" >"$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f" || return 0
+    ev calibrate ", \"rc\": 0, \"dur\": $((us / 1000000)).$(printf '%06d' $((us % 1000000))), \"secs\": $secs"
+    say "calibrated: ${secs}s"
+  fi
+  local until=$((SECONDS + ${ABLATE_CALIBRATE_WAIT:-${ABLATE_CALIBRATE_TIMEOUT:-600}})) r waiting
+  while :; do
+    waiting=
+    scan_runners || break
+    for (( r = 0; r < ${#R_Q[@]}; r++ )); do
+      (( R_SILENT[r] || R_RAN[r] >= 0 )) && continue
+      [[ -n ${R_CELL[r]} || -s $CALIB_DIR/${R_H[r]}.${R_S[r]:--} ]] || waiting+=" ${R_H[r]}/${R_Q[r]}"
+    done
+    [[ -z $waiting ]] && break
+    if (( SECONDS >= until )); then
+      say "still not calibrated:$waiting; dealing by their declared speeds"
+      break
+    fi
+    [[ -e $STOP_FILE ]] && break
+    sleep 0.5
+  done
+}
+
+# ---- the shared head (docs/ARCHITECTURE.md, "run_queue"): the cells of at least half the largest
+# estimate that nobody has claimed, in this queue's file and every running queue's, are dealt out
+# before any other line: largest first, each to the runner that would end it earliest, each runner
+# free once its current cell is expected to end and another runner's time counted GATE x; this
+# runner takes the first one dealt to it, and leaves its own head lines dealt to others (deferred:
+# taken back when it has nothing else). scripts/bench_balance.py simulates it (with_stealing's gate).
+declare -A HEAD_CELL=() DEALT_AHEAD=()
+HEAD_ON=1  # 0: no calibration or stealing is off, or no head cell was left unclaimed
+[[ $STEAL == 0 || -z ${ABLATE_CALIBRATE-} ]] && HEAD_ON=0
+DEFERRED=()  # own lines left to the deal, in order
+GATE=1000  # x1000: another runner's time counts GATE x (1.0: the speeds are measured)
+D_QUEUE= D_HOST= D_IDX= D_NAME= D_HERE=
+deal_speeds() {  # SPD[k] for runner key KEYS[k] ("host slot|-"): measured (calib/), scaled to the
+  # sum of the same runners' declared speeds; declared where not measured
+  local k f ms sum_d=0 sum_r=0
+  local -a raw=()
+  SPD=()
+  for (( k = 0; k < ${#KEYS[@]}; k++ )); do
+    speed_of "${KEYS[k]% *}" "${KEYS[k]#* }"
+    SPD[k]=$REPLY raw[k]=0
+    f=$CALIB_DIR/${KEYS[k]/ /.}
+    if [[ -n ${ABLATE_CALIBRATE-} ]] && { read -r ms <"$f"; } 2>/dev/null && [[ $ms =~ ^[1-9][0-9]{0,9}$ ]]; then
+      raw[k]=$(( 1000000000 / ms + 1 ))
+      sum_d=$(( sum_d + SPD[k] )) sum_r=$(( sum_r + raw[k] ))
+    fi
+  done
+  (( sum_r )) || return 0
+  for (( k = 0; k < ${#KEYS[@]}; k++ )); do
+    (( raw[k] )) && SPD[k]=$(( raw[k] * sum_d / sum_r ))
+    (( SPD[k] > 0 )) || SPD[k]=1
+  done
+}
+deal_pick() {  # the head cell dealt to this runner (sets D_*); 1 when none is
+  (( HEAD_ON )) || return 1
+  local saved=$LEARNED max=0 c e r k q j n p best best_t t rem top=-1000000
+  local -a lines=() entries=() free=() KEYS=() SPD=() qs=() hosts=() from=() rest=() at=()
+  local -A seen=()
+  LEARNED=  # the deal is made by the declared costs (over the measured speeds), never learned ones
+  load_estimates || { LEARNED=$saved; return 1; }
+  LEARNED=$saved
+  for c in "${!EST_CELL[@]}"; do (( EST_CELL[$c] > max )) && max=${EST_CELL[$c]}; done
+  (( max > 0 )) && scan_runners || return 1
+  # Each queue's lines the deal may give: from its own next line on, and those it deferred.
+  KEYS=("$ABLATE_HOST ${SLOT:--}") qs=("$QUEUE") hosts=("$ABLATE_HOST") from=("${idx:-$START}")
+  rest=("${DEFERRED[*]-}")
+  for (( r = 0; r < ${#R_Q[@]}; r++ )); do
+    (( R_SILENT[r] )) && continue  # it would never take a cell dealt to it
+    KEYS+=("${R_H[r]} ${R_S[r]:--}") qs+=("${R_Q[r]}") hosts+=("${R_H[r]}") rest+=("${R_DEFER[r]}")
+    if [[ -z ${R_FROM[r]} ]]; then from+=("${R_IDX[r]}"); else from+=("${R_NEXT[r]}"); fi
+  done
+  deal_speeds
+  free=(0)
+  k=1
+  for (( r = 0; r < ${#R_Q[@]}; r++ )); do
+    (( R_SILENT[r] )) && continue
+    rem=0
+    if (( R_RAN[r] >= 0 )); then
+      est_of "${R_CELL[r]}"
+      rem=$(( REPLY * 1000 / SPD[k] - R_RAN[r] ))
+      (( rem < 0 )) && rem=0
+    fi
+    free[k++]=$rem
+  done
+  HEAD_CELL=()
+  for (( k = 0; k < ${#qs[@]}; k++ )); do
+    mapfile -t lines 2>/dev/null <"$ROOT/queues/${qs[k]}.txt" || continue
+    n=${#lines[@]}
+    at=()
+    # shellcheck disable=SC2206  # a list of line numbers
+    (( from[k] >= 0 )) && at=(${rest[k]} $(seq "${from[k]}" $((n - 1))))
+    for j in "${at[@]}"; do
+      (( j < n )) || continue
+      parse_line "${lines[j]//$'\r'/}" || continue
+      [[ -n ${seen[$P_NAME]-} ]] && continue
+      seen[$P_NAME]=1
+      est_of "$P_NAME"
+      (( 2 * REPLY >= max )) || continue
+      [[ -e $CLAIMS/$P_NAME || -e $FINAL/$P_NAME/MANIFEST.json ]] && continue
+      (( P_PRIO > top )) && top=$P_PRIO
+      entries+=("$REPLY $P_NAME $k $j $P_PRIO")
+    done
+  done
+  for e in "${entries[@]}"; do  # the head: its lines of the highest priority (a steal takes none)
+    read -r _ c _ _ p <<<"$e"
+    (( p == top )) && HEAD_CELL[$c]=1
+  done
+  if (( ! ${#entries[@]} )); then
+    HEAD_ON=0  # every head cell is taken: from here on, lines and steals as before
+    say "the shared head is dealt out"
+    return 1
+  fi
+  # Ties go to the runner whose file holds the line, then to this one: runners that deal at the same
+  # moment agree.
+  while read -r e c k j p; do
+    (( p == top )) || continue  # priorities first: only the highest one still in the head is dealt
+    best=$k best_t=$(( free[k] + e * 1000 / SPD[k] * (k ? GATE : 1000) / 1000 ))
+    for (( r = 0; r < ${#KEYS[@]}; r++ )); do
+      t=$(( free[r] + e * 1000 / SPD[r] * (r ? GATE : 1000) / 1000 ))
+      (( t < best_t )) && best=$r best_t=$t
+    done
+    if (( best == 0 )); then
+      D_NAME=$c D_QUEUE=${qs[k]} D_HOST=${hosts[k]} D_IDX=$j D_HERE=$(( e * 1000 / SPD[0] ))
+      return 0
+    fi
+    free[best]=$(( free[best] + e * 1000 / SPD[best] ))
+  done < <(printf '%s\n' "${entries[@]}" | sort -k1,1nr -k2,2)
+  return 1
+}
+take_dealt() {  # run the cell deal_pick chose; 0 = ran it or lost the race (deal again)
+  if [[ $D_QUEUE != "$QUEUE" ]]; then
+    take_other "$D_QUEUE" "$D_HOST" "$D_IDX" "$D_NAME" "$D_HERE" deal
+    return 0
+  fi
+  local i rest=()
+  for i in "${DEFERRED[@]}"; do [[ $i == "$D_IDX" ]] || rest+=("$i"); done
+  DEFERRED=("${rest[@]}")
+  read_line "$D_IDX" && parse_line "$LINE" && [[ $P_NAME == "$D_NAME" ]] || return 0
+  claim "$P_NAME" "$D_IDX" || return 0  # someone's since the deal: deal again
+  (( D_IDX > idx )) && DEALT_AHEAD[$D_IDX]=1  # the main loop passes it when it gets there
+  (( D_IDX == idx )) && idx=$((idx + 1))
+  run_cell "$D_IDX" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0
+  return 0
+}
+run_deferred() {  # 0 when it ran (or lost) one of this queue's deferred lines; 1 when none is left
+  local i
+  while (( ${#DEFERRED[@]} )); do
+    i=${DEFERRED[0]}
+    DEFERRED=("${DEFERRED[@]:1}")
+    read_line "$i" && parse_line "$LINE" || continue
+    published "$P_NAME" && continue
+    if ! claim "$P_NAME" "$i"; then
+      ev skip ", \"idx\": $i, \"cell\": \"$P_NAME\", \"reason\": \"claimed\""
+      continue
+    fi
+    say "line $i: taking back $P_NAME (deferred to the head deal, still unclaimed)"
+    run_cell "$i" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0
+    return 0
+  done
+  return 1
 }
 
 # Cells this queue stole and that were cut (stop, reboot) before their `end`: re-entered with
@@ -886,6 +1120,7 @@ elif [[ ${ABLATE_PIN_GPU:-1} == 0 ]]; then
   ABLATE_GPU=${CUDA_VISIBLE_DEVICES-}
 fi
 
+calibrate
 idx=$START
 while :; do
   [[ -e $STOP_FILE ]] && stop_after_current "$idx"  # before every line, re-entry and steal
@@ -897,7 +1132,12 @@ while :; do
       find_reentries
     fi
     reenter_one && continue
+    if (( HEAD_ON )) && deal_pick; then
+      take_dealt
+      continue
+    fi
     [[ $STEAL != 0 && -e $ESTIMATES ]] && steal_once && continue
+    run_deferred && continue
     STATE=drained CUR_STARTED=
     ticker_stop
     svc_stop_all
@@ -926,9 +1166,26 @@ while :; do
       continue ;;
   esac
   name=$P_NAME
+  if [[ -n ${DEALT_AHEAD[$idx]-} ]]; then  # dealt to us before we got here: its events are written
+    idx=$((idx + 1))
+    continue
+  fi
   if published "$name"; then
     ev skip ", \"idx\": $idx, \"cell\": \"$name\", \"reason\": \"done\""
     idx=$((idx + 1))
+    continue
+  fi
+  if (( HEAD_ON )) && [[ ! -e $CLAIMS/$name ]] && deal_pick; then  # the head deal first (this
+    # line, if it is dealt to us); a line already claimed is skipped or re-entered as before
+    take_dealt
+    continue
+  fi
+  if (( HEAD_ON )) && [[ -n ${HEAD_CELL[$name]-} ]]; then  # the deal gave it to another runner
+    DEFERRED+=("$idx")
+    ev defer ", \"idx\": $idx, \"cell\": \"$name\""
+    say "line $idx: $name dealt to a runner expected to end it earlier; deferred"
+    idx=$((idx + 1))
+    transition
     continue
   fi
   if claim "$name" "$idx"; then

@@ -21,9 +21,12 @@ from ablate.config.services import Service, gpus_per_queue, parse_services, trai
 from ablate.config.settings import (
     DEFAULT_MONITOR,
     DEFAULT_REPORT,
+    NO_CALIBRATE,
+    Calibrate,
     CostOverride,
     Monitor,
     ReportSettings,
+    parse_calibrate,
     parse_costs,
     parse_monitor,
     parse_report,
@@ -148,6 +151,7 @@ class Project:
     report: ReportSettings = DEFAULT_REPORT
     steal: bool = True
     services: tuple[Service, ...] = ()
+    calibrate: Calibrate = NO_CALIBRATE
 
     @property
     def queues_dir(self) -> Path:
@@ -286,7 +290,7 @@ def _local_path(p: str, base: Path) -> str:
 TOP_KEYS = {
     "profile", "sweep", "workdir", "train", "artifacts", "tasks", "cells", "budget", "resources",
     "candidates", "ssh_config", "hosts", "heartbeat_secs", "costs", "monitor", "report", "steal",
-    "services",
+    "services", "calibrate",
 }
 HOST_KEYS = {"profile", "ssh", "speed", "gpus", "slots", "instance_id", "transport", "queues"}
 
@@ -392,6 +396,7 @@ def load_project(directory: Path | str = ".") -> Project:
         report=parse_report(r, artifacts.metrics_keys),
         steal=parse_steal(r),
         services=services,
+        calibrate=parse_calibrate(r),
     )
 
 

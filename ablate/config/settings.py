@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ablate.config.reader import Reader
+from ablate.config.reader import Reader, check_template
 from ablate.errors import ConfigError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
@@ -165,3 +165,33 @@ def parse_steal(r: Reader) -> bool:
     if not isinstance(v, bool):
         raise r.err("steal", f"must be true or false, got {v!r}")
     return v
+
+
+@dataclass(frozen=True)
+class Calibrate:
+    """`calibrate:` (docs/ARCHITECTURE.md, "Calibration"): a short benchmark each queue times once per
+    host before its first cell; the head deal uses the measured speeds instead of the declared ones."""
+
+    command: str = ""  # empty: no calibration
+    timeout: int = 600  # seconds; a benchmark still running then is killed (the declared speed counts)
+
+
+def parse_calibrate(r: Reader) -> Calibrate:
+    v = r.data.get("calibrate")
+    if v is None:
+        return Calibrate()
+    if isinstance(v, dict):
+        c, key = r.sub("calibrate", {"command", "timeout"}), "command"
+        timeout = c.whole("timeout", 600) or 600
+    elif isinstance(v, str):
+        c, key, timeout = r, "calibrate", 600
+    else:
+        raise r.err("calibrate", f"must be a command, or a mapping with command and timeout; got {v!r}")
+    command = (c.text(key, required=True) or "").strip()
+    if "\n" in command:
+        raise c.err(key, "spans several lines; write one command (YAML `>-` folds a long one onto one line)")
+    check_template(command, {"gpu"}, c, key)
+    return Calibrate(command, timeout)
+
+
+NO_CALIBRATE = Calibrate()

@@ -68,6 +68,9 @@ def render_spec(project: Project, host: Host, run_one_path: str, learn_path: str
         # What a draining runner learns its steal figures with (stdlib only: any python3 runs it).
         "ABLATE_LEARN": learn_path,
         "ABLATE_LEARN_PYTHON": host.profile.python,
+        # `calibrate:`: the benchmark each queue times before its first cell (empty: none).
+        "ABLATE_CALIBRATE": project.calibrate.command,
+        "ABLATE_CALIBRATE_TIMEOUT": str(project.calibrate.timeout),
         **service_spec(project, host),
         **slurm_spec(host),
     }

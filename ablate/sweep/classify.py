@@ -313,16 +313,18 @@ def _positions(state: SweepState) -> tuple[
         hb, age = view.heartbeat, view.heartbeat_age
         if view.live:
             assert host is not None
-            if hb is not None and hb.from_queue:
-                cur = len(q.lines)  # on a stolen cell: its own lines are all behind it
+            if hb is not None and hb.from_queue:  # on another queue's cell: its own position is
+                # `next` (an older run_queue took one only once its own lines were all behind it)
+                cur = hb.next_line if hb.next_line is not None else len(q.lines)
             elif hb is not None and hb.idx is not None:
                 cur = hb.idx
             else:
                 start = state.ledger(q.name)[-1].start_index
                 cur = start if start is not None else 0
+            later = set(hb.deferred) if hb is not None else set()  # lines it left to the head deal
             for ln in q.cells:
                 assert ln.cell is not None
-                if ln.index >= cur and ln.cell.name not in queued:
+                if (ln.index >= cur or ln.index in later) and ln.cell.name not in queued:
                     queued[ln.cell.name] = (host, q.name)
             continue
         if not state.reachable(host) and (age is None or age > state.stale_after):

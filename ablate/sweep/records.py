@@ -62,6 +62,9 @@ class Heartbeat:
     spec: str | None = None
     # services: name -> {"state": starting|ready|down|stopped|failed|off, "port", "gpus", "pid", "starts"}
     services: tuple[tuple[str, dict[str, Any]], ...] = ()
+    # own lines passed and left to the shared head's deal: this queue takes them back if nobody does
+    deferred: tuple[int, ...] = ()
+    next_line: int | None = None  # its own next line (`idx` is another queue's on a cell taken from it)
 
     @classmethod
     def parse(cls, key: str, mtime: float, data: Any) -> Heartbeat:
@@ -69,12 +72,15 @@ class Heartbeat:
         svc = d.get("services")
         services = tuple((str(k), v) for k, v in svc.items() if isinstance(v, dict)) \
             if isinstance(svc, dict) else ()
+        raw = d.get("deferred")
+        deferred = tuple(x for x in raw if as_int(x) is not None) if isinstance(raw, list) else ()
         return cls(key, mtime, as_str(d.get("host")), as_str(d.get("queue")),
                    str(as_str(d.get("state")) or ""),
                    as_num(d.get("t")), as_int(d.get("slot")), as_int(d.get("pid")), as_int(d.get("pgid")),
                    as_int(d.get("idx")), as_str(d.get("cell")), as_num(d.get("cell_started")),
                    as_str(d.get("from_queue")), as_num(d.get("log_mtime")), as_int(d.get("log_size")),
-                   as_str(d.get("run_queue")), as_str(d.get("spec")), services)
+                   as_str(d.get("run_queue")), as_str(d.get("spec")), services, deferred,
+                   as_int(d.get("next")))
 
     @classmethod
     def from_bytes(cls, key: str, raw: bytes | None) -> Heartbeat | None:

@@ -1,0 +1,183 @@
+"""The shared head in run_queue (issue 13), on with `calibrate:`: each queue's host times a benchmark
+before its first cell; then the cells of at least half the largest estimate are dealt out before any
+other line, by the measured speeds, each to the runner expected to end it first; a runner leaves its
+own head line dealt to another (deferred) and takes it back when nobody else will.
+Real run_queue processes (one under tmux via `launch`, the others started directly, each leading its
+own process group), the real trainer, real checkpoints."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ablate.config.project import load_project
+from ablate.errors import ConfigError
+from ablate.run.launch import launch
+from ablate.sweep.records import Heartbeat
+from tests.helpers.project import LocalProject, events
+from tests.helpers.runners import Runners, ends, estimates, finish, own_queue, victim_drained
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
+
+DECLARED = ["host\th1\t-\t1000", "host\th2\t-\t200"]  # h2 declared 5x slower
+
+
+def measured(lp: LocalProject, q1: str, q2: str) -> None:
+    """`calibrate:` on; the benchmark of q1 and of q2 prints these seconds."""
+    lp.write_config(calibrate="cat speed_$ABLATE_QUEUE.txt")
+    (lp.root / "speed_q1.txt").write_text(q1)
+    (lp.root / "speed_q2.txt").write_text(q2)
+COSTS = {"x": 1500, "big": 3000, "s1": 500}
+
+
+@pytest.fixture(autouse=True)
+def _tmux() -> None:
+    require_tmux()
+
+
+@pytest.fixture
+def runners(local_project: LocalProject) -> Iterator[Runners]:
+    r = Runners(local_project)
+    yield r
+    r.close()
+
+
+def start_q1(lp: LocalProject) -> None:
+    """q1 on h1 (under tmux): x, ~1.5 s; returns once it runs."""
+    lp.queue("q1", [lp.cfg("cfgs/v/x.yaml", step_time=0.5) + " recon 3"])
+    launch(load_project(lp.root), "q1", "h1")
+    wait_for(lambda: any(e["ev"] == "start" and e["cell"] == "x" for e in events(lp, "h1", "q1")))
+
+
+def q2_lines(lp: LocalProject) -> list[str]:
+    """h2's own queue: big (a head cell, ~0.9 s), then s1 (~3 s: h1 drains while it runs)."""
+    return [lp.cfg("cfgs/v/big.yaml", step_time=0.3) + " recon 3",
+            lp.cfg("cfgs/v/s1.yaml", step_time=1.0) + " recon 3"]
+
+
+def kinds(evs: list[dict[str, Any]], cell: str) -> list[str]:
+    return [e["ev"] for e in evs if e.get("cell") == cell]
+
+
+def test_a_head_line_is_dealt_to_the_runner_that_ends_it_first(
+        local_project: LocalProject, runners: Runners) -> None:
+    """h2 (measured 5x slower) reaches its own `big` while h1 runs x: h1 would end it first, so h2
+    defers it (its heartbeat lists the line) and runs s1; h1, draining, takes big from q2 by the
+    deal. Every cell runs once."""
+    lp = local_project
+    measured(lp, "0.2\n", "1.0\n")
+    start_q1(lp)
+    estimates(lp, DECLARED, COSTS)
+    own_queue(lp, "q2", q2_lines(lp))
+    p = runners.start("h2", "q2")
+
+    def deferred() -> tuple[int, ...]:
+        path = lp.shared / "heartbeats/h2.q2"
+        hb = Heartbeat.from_bytes("h2.q2", path.read_bytes() if path.exists() else None)
+        return hb.deferred if hb is not None else ()
+
+    assert wait_for(lambda: deferred() == (0,))
+    finish(p)
+    victim_drained(lp)
+    mine, theirs = events(lp, "h2", "q2"), events(lp, "h1", "q1")
+    assert kinds(mine, "big") == ["defer", "skip"], mine  # left to the deal; claimed by h1 by then
+    deal = next(e for e in theirs if e["ev"] == "steal")
+    assert (deal["cell"], deal["from_queue"], deal["from_host"], deal["idx"], deal["by"]) == \
+        ("big", "q2", "h2", 0, "deal")
+    assert ends(lp) == Counter({"x": 1, "big": 1, "s1": 1})  # every cell ran exactly once
+    assert json.loads((lp.shared / "final_ckpts/big/MANIFEST.json").read_text())["host"] == "h1"
+
+
+def test_a_deferred_line_is_taken_back_when_its_taker_stops(
+        local_project: LocalProject, runners: Runners) -> None:
+    """As above, but q1 is asked to stop after x: nobody else is left to deal big to, so h2 takes its
+    own deferred line back once s1 ends. A line is never left behind."""
+    lp = local_project
+    measured(lp, "0.2\n", "1.0\n")
+    start_q1(lp)
+    (lp.shared / "control").mkdir(exist_ok=True)
+    (lp.shared / "control/h1.q1.stop").write_text('{"t": 0, "by": "test"}\n')
+    estimates(lp, DECLARED, COSTS)
+    own_queue(lp, "q2", q2_lines(lp))
+    finish(runners.start("h2", "q2"))
+    victim_drained_or_stopped = events(lp, "h1", "q1")
+    assert [e["ev"] for e in victim_drained_or_stopped][-1] == "queue_stop"
+    mine = events(lp, "h2", "q2")
+    assert kinds(mine, "big") == ["defer", "start", "synced", "end"], mine
+    assert [e["cell"] for e in mine if e["ev"] == "start"] == ["s1", "big"]
+    assert next(e for e in mine if e["ev"] == "start" and e["cell"] == "big")["idx"] == 0
+    assert ends(lp) == Counter({"x": 1, "big": 1, "s1": 1})
+
+
+def test_measured_speeds_decide_the_deal(local_project: LocalProject, runners: Runners) -> None:
+    """`calibrate:` measures h2 10x faster than h1 (the benchmark prints its own seconds), against
+    the declared 5x slower: h2 keeps big and runs it first. Each queue's measurement is an event and
+    a file under calib/, made once per host."""
+    lp = local_project
+    measured(lp, "1.0\n", "warming up\n0.1\n")
+    start_q1(lp)
+    estimates(lp, DECLARED, COSTS)
+    own_queue(lp, "q2", q2_lines(lp))
+    finish(runners.start("h2", "q2"))
+    victim_drained(lp)
+    mine = events(lp, "h2", "q2")
+    assert [e["ev"] for e in mine][:2] == ["queue_start", "calibrate"]
+    assert (mine[1]["rc"], mine[1]["secs"]) == (0, 0.1)
+    assert next(e["secs"] for e in events(lp, "h1", "q1") if e["ev"] == "calibrate") == 1.0
+    assert (lp.shared / "calib/h2.-").read_text() == "100\n"
+    assert (lp.shared / "calib/h1.-").read_text() == "1000\n"
+    assert "defer" not in [e["ev"] for e in mine]
+    assert next(e["cell"] for e in mine if e["ev"] == "start") == "big"
+    assert ends(lp) == Counter({"x": 1, "big": 1, "s1": 1})
+
+
+def test_a_queue_waits_for_the_others_calibration_before_its_first_cell(
+        local_project: LocalProject, runners: Runners) -> None:
+    """q2's benchmark takes 2 s, q3's none: q3 starts its first cell only once q2 has measured (the
+    deal needs every running queue's speed); a failed benchmark is marked, not waited for."""
+    lp = local_project
+    lp.write_config(calibrate="sh -c 'sleep $(cat wait_$ABLATE_QUEUE.txt); echo 0.5'")
+    (lp.root / "wait_q2.txt").write_text("2\n")
+    (lp.root / "wait_q3.txt").write_text("0\n")
+    lp.queue("q0", ["# deploys"])
+    launch(load_project(lp.root), "q0", "h1")
+    estimates(lp, DECLARED, COSTS)
+    own_queue(lp, "q2", [lp.cfg("cfgs/v/s1.yaml") + " recon 1"])
+    own_queue(lp, "q3", [lp.cfg("cfgs/v/x.yaml") + " recon 1"])
+    p2 = runners.start("h2", "q2")
+    assert wait_for(lambda: (lp.shared / "heartbeats/h2.q2").exists())
+    p3 = runners.start("h1", "q3")
+    finish(p2)
+    finish(p3)
+    calibrated = next(e["t"] for e in events(lp, "h2", "q2") if e["ev"] == "calibrate")
+    first = next(e["t"] for e in events(lp, "h1", "q3") if e["ev"] == "start")
+    assert first >= calibrated
+    assert ends(lp) == Counter({"x": 1, "s1": 1})
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("python bench.py --cfg {cfg}", "{cfg}"),
+    (["python", "bench.py"], "must be a command"),
+    ({"command": "python bench.py", "timeout": 0}, "positive whole number"),
+    ({"command": "python bench.py", "every": 1}, "every"),
+])
+def test_a_bad_calibrate_setting_is_refused_with_its_fix(
+        local_project: LocalProject, value: object, why: str) -> None:
+    local_project.write_config(calibrate=value)
+    with pytest.raises(ConfigError, match="calibrate") as e:
+        load_project(local_project.root)
+    assert why in str(e.value)
+
+
+def test_calibrate_reaches_the_run_spec(local_project: LocalProject) -> None:
+    from ablate.run.deploy import render_spec
+
+    local_project.write_config(calibrate={"command": "python bench.py --gpu {gpu}", "timeout": 30})
+    project = load_project(local_project.root)
+    spec = render_spec(project, project.host("h1"), "run_one.sh").decode()
+    assert "ABLATE_CALIBRATE='python bench.py --gpu {gpu}'\n" in spec
+    assert "ABLATE_CALIBRATE_TIMEOUT=30\n" in spec
