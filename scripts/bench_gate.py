@@ -27,13 +27,15 @@ runner has nothing of its own, and differs only in the figures the deal is made 
   own lines kept    a runner with nothing else to do takes the head cells of its own planned queue
                     before it stops (run_queue never leaves a line of its own file behind)
 
-The `run_queue with calibrate` row is what wrappers/run_queue.sh does (its "shared head" and "calibration").
+The `run_queue with calibrate` row is what wrappers/run_queue.sh does (its "shared head" and
+"calibration").
 
-The first row is what a runner does today (no shared head). Then, from the runs of the best
-candidate (gate 1.5 on the declared figures): at each cell end, the error of the hosts' RELATIVE
-speeds (log speed minus its mean over the sweep's hosts; root mean square over hosts, then over the
-cell ends of each bucket) as declared and as `learn_rates` has them by then, by how many cells have
-ended per host.
+The first rows are what a runner does without `calibrate:` (no shared head) and other policies of
+bench_balance.py on the same sweeps (pull queues and its best other variant), for the verdict.
+Then, from the runs of the best candidate (gate 1.5 on the declared figures): at each cell end, the
+error of the hosts' RELATIVE speeds (log speed minus its mean over the sweep's hosts; root mean
+square over hosts, then over the cell ends of each bucket) as declared and as `learn_rates` has them
+by then, by how many cells have ended per host.
 
     python3 scripts/bench_gate.py [--sweeps 2000] [--seed 4] [--sigma 0.3] [--jobs N] [--no-write]
 """
@@ -70,10 +72,19 @@ class Row(NamedTuple):
     calibrate: Calibration = None
     everywhere: bool = False  # the measured speeds replace the declared ones (`measured_sweep`)
     keep_own: bool = False  # a runner takes its own planned queue's head cells before it stops
+    rival: str = ""  # instead: this policy of bench_balance (run on the same sweeps, for the verdict)
 
 
+SHIPPED = ("run_queue with calibrate: shared head, gate 1.0, measured speeds, waiting for every measurement, "
+           "own lines kept (5 %, 5 % error)")
+TODAY = "learned: plan+steal, min-max (what a runner does without calibrate)"
 ROWS: list[Row] = [
-    Row("learned: plan+steal, min-max (what a runner does today)", "", 0.0),
+    Row(TODAY, "", 0.0),
+    Row("pull queue (knows nothing)", "", 0.0, rival="pull queue"),
+    Row("pull, fastest first (the longest cells to the hosts declared fastest)", "", 0.0,
+        rival="reference: pull, fastest first"),
+    Row("shared head, spread 1 rest, gate 1.5, declared figures (bench_balance's best other variant)", "",
+        0.0, rival="variant: shared head, spread 1 rest, gate 1.5, learned min-max"),
     Row("shared head, gate 1.5, declared figures (the best candidate)", "declared", 1.5),
     Row("shared head, gate 1.0, declared figures", "declared", 1.0),
     Row("shared head, gate 1.5, learned figures", "learned", 1.5),
@@ -101,8 +112,7 @@ ROWS: list[Row] = [
         "calibrated barrier", 1.0, (0.05, 0.05)),
     Row("shared head, gate 1.5, declared figures, own lines kept (not shipped: run_queue deals only with "
         "calibrate)", "declared", 1.5, keep_own=True),
-    Row("run_queue with calibrate: shared head, gate 1.0, measured speeds, waiting for every measurement, "
-        "own lines kept (5 %, 5 % error)", "calibrated barrier", 1.0, (0.05, 0.05), keep_own=True),
+    Row(SHIPPED, "calibrated barrier", 1.0, (0.05, 0.05), keep_own=True),
 ]
 
 
@@ -113,7 +123,15 @@ def measured_sweep(sw: bb.Sweep, error: float) -> bb.Sweep:
     return dataclasses.replace(sw, declared=speeds, plan=tuple(bb.balance(list(sw.est), list(speeds))))
 
 
+RIVALS = (TODAY, "pull queue (knows nothing)",
+          "pull, fastest first (the longest cells to the hosts declared fastest)",
+          "shared head, gate 1.5, declared figures (the best candidate)",
+          "shared head, spread 1 rest, gate 1.5, declared figures (bench_balance's best other variant)")
+
+
 def policy(row: Row) -> bb.Policy:
+    if row.rival:
+        return {**bb.POLICIES, **bb.VARIANTS, **bb.EXTRA}[row.rival]
     if not row.knowledge:
         return bb.with_stealing(bb.rule_min_max, "learned", calibrate=row.calibrate)
     return bb.with_stealing(bb.rule_min_max, "learned", planner=bb.SHARED_HEAD, gate=row.gate,
@@ -190,6 +208,12 @@ def tables(part: Part) -> list[str]:
         met = "met" if mean(xs) <= TARGET[0] and p90(xs) <= TARGET[1] else "MISSED"
         out.append(f"| {label} | {mean(xs):.4f} | {p90(xs):.4f} | {met} | {mean(few):.3f} | {p90(few):.3f} "
                    f"| {mean(many):.3f} | {p90(many):.3f} |")
+    got = ratios[SHIPPED]
+    behind = [r for r in RIVALS if not (mean(got) < mean(ratios[r]) and p90(got) < p90(ratios[r]))]
+    met = mean(got) <= TARGET[0] and p90(got) <= TARGET[1]
+    out += ["", f"- what run_queue does with `calibrate:`: mean {mean(got):.4f}, p90 {p90(got):.4f} (target "
+            f"mean <= {TARGET[0]}, p90 <= {TARGET[1]}: {'met' if met else 'MISSED'}); ahead of every other "
+            f"policy on both: {'yes' if not behind else 'no, not of ' + ', '.join(behind)}"]
     out += ["", "| cells ended per host | cell ends | declared relative speeds, rms log error "
             "| learned relative speeds, rms log error |", "|:--|--:|--:|--:|"]
     for lo, hi in zip(BUCKETS, [*BUCKETS[1:], math.inf], strict=True):

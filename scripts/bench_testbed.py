@@ -234,11 +234,21 @@ TRAINER = '''"""Bench trainer: the real PyTorch start-up, emulated training time
 import time
 t_start = time.time()
 import json, math, os, socket, sys
-cfg_path, out = sys.argv[1], sys.argv[2]
 here = os.path.dirname(os.path.abspath(__file__))
+host = socket.gethostname()
+if sys.argv[1] == "--calibrate":  # `calibrate:`: the start-up, then SECONDS of work at speed 1 timed
+    import torch
+    torch.set_num_threads(1)
+    torch.nn.functional.relu(torch.randn(256, 32)).sum()
+    with open(os.path.join(here, "speeds.json")) as f:
+        speed = json.load(f)[host]
+    t = time.time()
+    time.sleep(float(sys.argv[2]) / speed)
+    print(f"{time.time() - t:.6f}")  # the timed part's seconds, without the start-up
+    sys.exit(0)
+cfg_path, out = sys.argv[1], sys.argv[2]
 with open(cfg_path) as f:
     cfg = json.load(f)  # JSON is YAML too
-host = socket.gethostname()
 with open(os.path.join(here, "runs.log"), "a") as f:  # one line per invocation: exactly once?
     f.write(f"{cfg['name']} {host} {t_start:.3f}\\n")
 import torch
@@ -360,7 +370,7 @@ class Side:
 
 
 def run_ablate_peer(tb: Testbed, base: Path, name: str, world: World, timeout: float,
-                    dest: Path | None) -> Side:
+                    dest: Path | None, calibrate: float = 0.0) -> Side:
     work = peer_workdir(tb, name, world)
     proj = base / name
     (proj / "profiles").mkdir(parents=True)
@@ -377,6 +387,7 @@ def run_ablate_peer(tb: Testbed, base: Path, name: str, world: World, timeout: f
         "tasks": {t: {"epochs": 1, "cost_per_epoch": u} for t, u in TASK_UNITS.items()},
         "cells": [{"glob": f"configs/*-{t}-e{e}.yaml", "task": t, "epochs": e} for t, e in kinds],
         "steal": True, "ssh_config": str(ssh_config),
+        **({"calibrate": f"{sys.executable} train.py --calibrate {calibrate:g}"} if calibrate else {}),
         "hosts": {h: {"speed": s} for h, s in world.declared.items()}}, sort_keys=False))
     project = load_project(proj)
     planned = plan(project)
@@ -552,7 +563,8 @@ def run_peer(args: argparse.Namespace) -> int:
                 got: dict[str, Side] = {}
                 for way in order:
                     if way == "ablate":
-                        s = run_ablate_peer(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep)
+                        s = run_ablate_peer(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep,
+                                            args.calibrate)
                     else:
                         s = run_parallel_peer(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep,
                                               args.controlmaster)
@@ -582,12 +594,20 @@ def run_peer(args: argparse.Namespace) -> int:
     cmd = (f"sudo python3 scripts/bench_testbed.py --peer parallel --cells {args.cells} "
            f"--sigma {args.sigma:g} --train {args.train:g} --seed {args.seed} --speeds {args.speeds} "
            f"--misspeed {args.misspeed} --reps {args.reps}{' --torch-optim' if args.torch_optim else ''}"
-           f"{' --controlmaster' if args.controlmaster else ''}")
+           f"{' --controlmaster' if args.controlmaster else ''}"
+           f"{f' --calibrate {args.calibrate:g}' if args.calibrate else ''}")
+    calibration = (
+        f" With `calibrate:` (`--calibrate {args.calibrate:g}`): before its first cell each queue runs "
+        f"the trainer's benchmark mode (the same start-up, then {args.calibrate:g} s of work at speed 1, "
+        "divided by the host's true speed; it prints the timed part's seconds), the runners wait for "
+        "every measurement, and the shared head is dealt by the measured speeds; the calibration counts "
+        "in ablate's makespan and wall." if args.calibrate else "")
     steps = ("5 `torch.optim.SGD` steps (its first use imports torch._dynamo, ~1.1 s of CPU)"
              if args.torch_optim else "5 SGD steps (forward, backward, update by hand: `torch.optim`'s "
              "first use would import torch._dynamo, another ~1.1 s of CPU per start on these shared cores)")
     lines = [
-        "## Real makespan on the test bed against GNU parallel, declared figures wrong (issue 13)", "",
+        "## Real makespan on the test bed against GNU parallel, declared figures wrong (issue 13)"
+        + (", speeds measured (`calibrate:`)" if args.calibrate else ""), "",
         measured_line(cmd) + f" ablate at {ablate_version(('ablate', 'wrappers'))}.", "",
         f"{args.cells} cells on {len(declared_list)} test-bed instances (tests/testbed.py), declared speeds "
         f"{args.speeds}; each host's true emulated speed is declared x U({lo:g}, {hi:g}), drawn per "
@@ -607,7 +627,8 @@ def run_peer(args: argparse.Namespace) -> int:
         "makespan = last job end - first job start (joblog); wall = the command's. Each repetition r "
         f"draws its world with seed {args.seed} + r, runs both sides on it one after the other (order "
         "alternating) and checks that each side ran every cell exactly once (the trainer's own "
-        f"runs.log). {len(pairs)} repetitions; the machine's 2 cores are every instance's CPU.", "",
+        f"runs.log). {len(pairs)} repetitions; the machine's 2 cores are every instance's CPU."
+        f"{calibration}", "",
         *rows, "", *(f"- {v}" for v in verdicts), "",
         "Where the time went, per repetition, from the trainer's own clock (seconds from the side's "
         "start: `launch --all` or the parallel command): start-up = the trainer's start to the end of "
@@ -618,7 +639,8 @@ def run_peer(args: argparse.Namespace) -> int:
         *peer_notes(worlds, pairs), ""]
     print("\n".join(lines))
     if not args.no_write:
-        path = write_section("bench_testbed_peer", lines)
+        key = "bench_testbed_peer_calibrate" if args.calibrate else "bench_testbed_peer"
+        path = write_section(key, lines)
         print(f"wrote {path.relative_to(REPO)}")
     return 0
 
@@ -642,6 +664,8 @@ def main(argv: list[str] | None = None) -> int:
                     "torch.optim (imports torch._dynamo: ~1.1 s more CPU per start)")
     ap.add_argument("--controlmaster", action="store_true", help="--peer: GNU parallel with -M (one ssh "
                     "ControlMaster per host, reused by its jobs: the peer without a new connection per job)")
+    ap.add_argument("--calibrate", type=float, default=0.0, help="--peer: ablate's side with `calibrate:`, "
+                    "a benchmark of this many seconds of work at speed 1 (default 0: none); its own section")
     ap.add_argument("--keep", type=Path, help="--peer: copy each run's events, queues, joblog and the "
                     "trainer's runs.log / times.log into this directory")
     ap.add_argument("--timeout", type=float, default=300,

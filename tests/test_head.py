@@ -16,8 +16,13 @@ import pytest
 
 from ablate.config.project import load_project
 from ablate.errors import ConfigError
+from ablate.remote.layout import session_name
 from ablate.run.launch import launch
+from ablate.run.stop import stop
+from ablate.sweep.classify import cfg_hashes, classify
 from ablate.sweep.records import Heartbeat
+from ablate.sweep.snapshot import state_of
+from ablate.transport.local import LocalFS
 from tests.helpers.project import LocalProject, events
 from tests.helpers.runners import Runners, ends, estimates, finish, own_queue, victim_drained
 from tests.helpers.tmux import require_tmux
@@ -181,3 +186,32 @@ def test_calibrate_reaches_the_run_spec(local_project: LocalProject) -> None:
     spec = render_spec(project, project.host("h1"), "run_one.sh").decode()
     assert "ABLATE_CALIBRATE='python bench.py --gpu {gpu}'\n" in spec
     assert "ABLATE_CALIBRATE_TIMEOUT=30\n" in spec
+
+
+def test_a_deferred_line_is_classified_queued_not_never_ran(local_project: LocalProject) -> None:
+    """Both queues launched: h2 (measured 5x slower) defers its own `big` to h1, which still runs x
+    for seconds. Meanwhile big is in no claim and behind q2's `idx`: classification counts it
+    queued on q2 (the heartbeat's `deferred`), not `never_ran`, which remediate would re-run."""
+    lp = local_project
+    measured(lp, "0.2\n", "1.0\n")
+    project = load_project(lp.root)
+    lp.queue("q1", [lp.cfg("cfgs/v/x.yaml", step_time=2.0) + " recon 3"])  # ~6 s
+    lp.queue("q2", [lp.cfg("cfgs/v/big.yaml", step_time=0.2) + " recon 4",
+                    lp.cfg("cfgs/v/s1.yaml", step_time=6.0) + " recon 1"])
+    launch(project, "q1", "h1")
+    wait_for(lambda: any(e["ev"] == "start" for e in events(lp, "h1", "q1")))
+    launch(project, "q2", "h2")
+
+    def deferred_snapshot() -> dict[str, Any] | None:
+        snap = LocalFS(str(lp.shared)).probe("snapshot", {"root": str(lp.shared)})
+        data = (snap["heartbeats"].get("h2.q2") or {}).get("data") or {}
+        return snap if data.get("deferred") == [0] and "big" not in snap["claims"] else None
+
+    snap = wait_for(deferred_snapshot, timeout=20)
+    assert isinstance(snap, dict)
+    live = {"h1": {session_name("t1", "h1", "q1")}, "h2": {session_name("t1", "h2", "q2")}}
+    st = state_of(project, snap, live)
+    cells = classify(st, cfg_sha=cfg_hashes(project, st.queues), verification=None, hung_after=1800)
+    assert (cells["big"].state, cells["big"].queue) == ("queued", "q2"), cells["big"]
+    stop(project, "q1", "h1")
+    stop(project, "q2", "h2")

@@ -863,13 +863,13 @@ take_other() {  # take_other QUEUE HOST IDX NAME HERE_MS BY: claim another queue
 # every other running queue has measured too (or started a cell): the head deal needs all speeds.
 CALIB_DIR=$ROOT/calib
 calibrate() {
-  [[ -n ${ABLATE_CALIBRATE-} ]] || return 0
+  [[ -n ${ABLATE_CALIBRATE-} && $STEAL != 0 ]] || return 0  # only the head deal uses it
   local f=$CALIB_DIR/$ABLATE_HOST.${SLOT:--} log=$ABLATE_CKPT_ROOT/.calibrate.$QUEUE.log
   local cmd out rc t0 us ms secs
   { read -r ms <"$f"; } 2>/dev/null || ms=
   if [[ ! $ms =~ ^[1-9][0-9]{0,9}$ ]]; then  # measured before (a relaunch on the same host): kept
     mkdir -p "$CALIB_DIR" "$ABLATE_CKPT_ROOT" || return 0
-    cmd=${ABLATE_CALIBRATE//"{gpu}"/"$SLOT"}
+    cmd=${ABLATE_CALIBRATE//"{gpu}"/"${ABLATE_GPU-}"}  # as run_one: the slot (a Slurm job: its GPUs)
     say "calibrating: $cmd"
     now
     t0=$T
@@ -919,15 +919,14 @@ calibrate() {
 
 # ---- the shared head (docs/ARCHITECTURE.md, "run_queue"): the cells of at least half the largest
 # estimate that nobody has claimed, in this queue's file and every running queue's, are dealt out
-# before any other line: largest first, each to the runner that would end it earliest, each runner
-# free once its current cell is expected to end and another runner's time counted GATE x; this
-# runner takes the first one dealt to it, and leaves its own head lines dealt to others (deferred:
+# before any other line: largest first, each to the runner that would end it earliest by the
+# measured speeds, each runner free once its current cell is expected to end; this runner takes the
+# first one dealt to it, and leaves its own head lines dealt to others (deferred:
 # taken back when it has nothing else). scripts/bench_balance.py simulates it (with_stealing's gate).
 declare -A HEAD_CELL=() DEALT_AHEAD=()
 HEAD_ON=1  # 0: no calibration or stealing is off, or no head cell was left unclaimed
 [[ $STEAL == 0 || -z ${ABLATE_CALIBRATE-} ]] && HEAD_ON=0
 DEFERRED=()  # own lines left to the deal, in order
-GATE=1000  # x1000: another runner's time counts GATE x (1.0: the speeds are measured)
 D_QUEUE= D_HOST= D_IDX= D_NAME= D_HERE=
 deal_speeds() {  # SPD[k] for runner key KEYS[k] ("host slot|-"): measured (calib/), scaled to the
   # sum of the same runners' declared speeds; declared where not measured
@@ -951,8 +950,8 @@ deal_speeds() {  # SPD[k] for runner key KEYS[k] ("host slot|-"): measured (cali
 }
 deal_pick() {  # the head cell dealt to this runner (sets D_*); 1 when none is
   (( HEAD_ON )) || return 1
-  local saved=$LEARNED max=0 c e r k q j n p best best_t t rem top=-1000000
-  local -a lines=() entries=() free=() KEYS=() SPD=() qs=() hosts=() from=() rest=() at=()
+  local saved=$LEARNED max=0 c e r k q j n best best_t t rem top=-1000000
+  local -a lines=() entries=() free=() KEYS=() SPD=() qs=() hosts=() from=() rest=() at=() names=() prios=()
   local -A seen=()
   LEARNED=  # the deal is made by the declared costs (over the measured speeds), never learned ones
   load_estimates || { LEARNED=$saved; return 1; }
@@ -984,9 +983,10 @@ deal_pick() {  # the head cell dealt to this runner (sets D_*); 1 when none is
   for (( k = 0; k < ${#qs[@]}; k++ )); do
     mapfile -t lines 2>/dev/null <"$ROOT/queues/${qs[k]}.txt" || continue
     n=${#lines[@]}
-    at=()
     # shellcheck disable=SC2206  # a list of line numbers
-    (( from[k] >= 0 )) && at=(${rest[k]} $(seq "${from[k]}" $((n - 1))))
+    at=(${rest[k]})
+    (( from[k] >= 0 )) || at=()
+    for (( j = from[k]; j >= 0 && j < n; j++ )); do at+=("$j"); done
     for j in "${at[@]}"; do
       (( j < n )) || continue
       parse_line "${lines[j]//$'\r'/}" || continue
@@ -996,12 +996,12 @@ deal_pick() {  # the head cell dealt to this runner (sets D_*); 1 when none is
       (( 2 * REPLY >= max )) || continue
       [[ -e $CLAIMS/$P_NAME || -e $FINAL/$P_NAME/MANIFEST.json ]] && continue
       (( P_PRIO > top )) && top=$P_PRIO
+      names+=("$P_NAME") prios+=("$P_PRIO")
       entries+=("$REPLY $P_NAME $k $j $P_PRIO")
     done
   done
-  for e in "${entries[@]}"; do  # the head: its lines of the highest priority (a steal takes none)
-    read -r _ c _ _ p <<<"$e"
-    (( p == top )) && HEAD_CELL[$c]=1
+  for (( j = 0; j < ${#names[@]}; j++ )); do  # the head: the lines of the highest priority left
+    (( prios[j] == top )) && HEAD_CELL[${names[j]}]=1  # (a steal takes none of them)
   done
   if (( ! ${#entries[@]} )); then
     HEAD_ON=0  # every head cell is taken: from here on, lines and steals as before
@@ -1010,11 +1010,12 @@ deal_pick() {  # the head cell dealt to this runner (sets D_*); 1 when none is
   fi
   # Ties go to the runner whose file holds the line, then to this one: runners that deal at the same
   # moment agree.
+  local p
   while read -r e c k j p; do
     (( p == top )) || continue  # priorities first: only the highest one still in the head is dealt
-    best=$k best_t=$(( free[k] + e * 1000 / SPD[k] * (k ? GATE : 1000) / 1000 ))
+    best=$k best_t=$(( free[k] + e * 1000 / SPD[k] ))
     for (( r = 0; r < ${#KEYS[@]}; r++ )); do
-      t=$(( free[r] + e * 1000 / SPD[r] * (r ? GATE : 1000) / 1000 ))
+      t=$(( free[r] + e * 1000 / SPD[r] ))
       (( t < best_t )) && best=$r best_t=$t
     done
     if (( best == 0 )); then
@@ -1032,9 +1033,12 @@ take_dealt() {  # run the cell deal_pick chose; 0 = ran it or lost the race (dea
   fi
   local i rest=()
   for i in "${DEFERRED[@]}"; do [[ $i == "$D_IDX" ]] || rest+=("$i"); done
-  DEFERRED=("${rest[@]}")
   read_line "$D_IDX" && parse_line "$LINE" && [[ $P_NAME == "$D_NAME" ]] || return 0
-  claim "$P_NAME" "$D_IDX" || return 0  # someone's since the deal: deal again
+  if ! claim "$P_NAME" "$D_IDX"; then  # someone's since the deal (deal again), or the FS failed
+    [[ -e $CLAIMS/$P_NAME/owner ]] && DEFERRED=("${rest[@]}")  # (then it stays ours to take back)
+    return 0
+  fi
+  DEFERRED=("${rest[@]}")
   (( D_IDX > idx )) && DEALT_AHEAD[$D_IDX]=1  # the main loop passes it when it gets there
   (( D_IDX == idx )) && idx=$((idx + 1))
   run_cell "$D_IDX" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0

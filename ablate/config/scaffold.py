@@ -77,6 +77,8 @@ cells:                          # what `ablate plan` splits; or delete this and 
   - {{glob: "configs/ablation/recon/*.yaml", task: reconstruction}}
   - {{glob: "configs/ablation/det/*.yaml", task: detection}}
 # ssh_config: ~/.ssh/config     # HostName, Port, User, IdentityFile, ProxyJump are honoured
+# calibrate: python train.py --benchmark --gpu {{gpu}}   # a few seconds of your steps, timed once per
+#                               # host and GPU: the longest cells go to the GPUs measured fastest
 """
 
 _SSH_HOSTS = """\
