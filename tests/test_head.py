@@ -64,6 +64,13 @@ def q2_lines(lp: LocalProject) -> list[str]:
             lp.cfg("cfgs/v/s1.yaml", step_time=1.0) + " recon 3"]
 
 
+def each_ran_its_own_config(lp: LocalProject, cells: set[str]) -> None:
+    """Every cell published, from the config of its own name (what the trainer was given)."""
+    for cell in cells:
+        manifest = json.loads((lp.shared / "final_ckpts" / cell / "MANIFEST.json").read_text())
+        assert manifest["cfg"] == f"cfgs/v/{cell}.yaml", (cell, manifest["cfg"])
+
+
 def kinds(evs: list[dict[str, Any]], cell: str) -> list[str]:
     return [e["ev"] for e in evs if e.get("cell") == cell]
 
@@ -94,6 +101,7 @@ def test_a_head_line_is_dealt_to_the_runner_that_ends_it_first(
     assert (deal["cell"], deal["from_queue"], deal["from_host"], deal["idx"], deal["by"]) == \
         ("big", "q2", "h2", 0, "deal")
     assert ends(lp) == Counter({"x": 1, "big": 1, "s1": 1})  # every cell ran exactly once
+    each_ran_its_own_config(lp, {"x", "big", "s1"})
     assert json.loads((lp.shared / "final_ckpts/big/MANIFEST.json").read_text())["host"] == "h1"
 
 
@@ -116,6 +124,7 @@ def test_a_deferred_line_is_taken_back_when_its_taker_stops(
     assert [e["cell"] for e in mine if e["ev"] == "start"] == ["s1", "big"]
     assert next(e for e in mine if e["ev"] == "start" and e["cell"] == "big")["idx"] == 0
     assert ends(lp) == Counter({"x": 1, "big": 1, "s1": 1})
+    each_ran_its_own_config(lp, {"x", "big", "s1"})
 
 
 def test_measured_speeds_decide_the_deal(local_project: LocalProject, runners: Runners) -> None:
@@ -138,6 +147,7 @@ def test_measured_speeds_decide_the_deal(local_project: LocalProject, runners: R
     assert "defer" not in [e["ev"] for e in mine]
     assert next(e["cell"] for e in mine if e["ev"] == "start") == "big"
     assert ends(lp) == Counter({"x": 1, "big": 1, "s1": 1})
+    each_ran_its_own_config(lp, {"x", "big", "s1"})
 
 
 def test_a_queue_waits_for_the_others_calibration_before_its_first_cell(
@@ -162,6 +172,7 @@ def test_a_queue_waits_for_the_others_calibration_before_its_first_cell(
     first = next(e["t"] for e in events(lp, "h1", "q3") if e["ev"] == "start")
     assert first >= calibrated
     assert ends(lp) == Counter({"x": 1, "s1": 1})
+    each_ran_its_own_config(lp, {"x", "s1"})
 
 
 @pytest.mark.parametrize(("value", "why"), [

@@ -1050,7 +1050,10 @@ run_deferred() {  # 0 when it ran (or lost) one of this queue's deferred lines; 
     i=${DEFERRED[0]}
     DEFERRED=("${DEFERRED[@]:1}")
     read_line "$i" && parse_line "$LINE" || continue
-    published "$P_NAME" && continue
+    if published "$P_NAME"; then  # each own line ends with its own outcome, as in the main loop
+      ev skip ", \"idx\": $i, \"cell\": \"$P_NAME\", \"reason\": \"done\""
+      continue
+    fi
     if ! claim "$P_NAME" "$i"; then
       ev skip ", \"idx\": $i, \"cell\": \"$P_NAME\", \"reason\": \"claimed\""
       continue
@@ -1179,10 +1182,13 @@ while :; do
     idx=$((idx + 1))
     continue
   fi
-  if (( HEAD_ON )) && [[ ! -e $CLAIMS/$name ]] && deal_pick; then  # the head deal first (this
-    # line, if it is dealt to us); a line already claimed is skipped or re-entered as before
-    take_dealt
-    continue
+  if (( HEAD_ON )) && [[ ! -e $CLAIMS/$name ]]; then  # the head deal first (this line, if it is
+    # dealt to us); a line already claimed is skipped or re-entered as before
+    if deal_pick; then
+      take_dealt
+      continue
+    fi
+    parse_line "$LINE"  # the deal parsed other lines: this one's fields (P_*) again
   fi
   if (( HEAD_ON )) && [[ -n ${HEAD_CELL[$name]-} ]]; then  # the deal gave it to another runner
     DEFERRED+=("$idx")
