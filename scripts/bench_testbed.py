@@ -370,7 +370,7 @@ class Side:
 
 
 def run_ablate_peer(tb: Testbed, base: Path, name: str, world: World, timeout: float,
-                    dest: Path | None, calibrate: float = 0.0) -> Side:
+                    dest: Path | None, calibrate: float = 0.0, measured_before: bool = False) -> Side:
     work = peer_workdir(tb, name, world)
     proj = base / name
     (proj / "profiles").mkdir(parents=True)
@@ -393,6 +393,10 @@ def run_ablate_peer(tb: Testbed, base: Path, name: str, world: World, timeout: f
     planned = plan(project)
     queues = {q.queue for q in planned.queues if q.cells}
     root = tb.shared_dir / "ablate" / name
+    if calibrate and measured_before:  # as a relaunch finds them: what each host's benchmark measured
+        (root / "calib").mkdir(parents=True)
+        for h, v in world.true.items():
+            (root / "calib" / f"{h}.-").write_text(f"{round(calibrate * 1000 / v)}\n")
     waiting = {c.name: root / "final_ckpts" / c.name / "MANIFEST.json" for c in world.cells}
     cpu0, t0, t0_wall = busy_cpu(), time.monotonic(), time.time()
     results = launch_all(project)
@@ -564,7 +568,7 @@ def run_peer(args: argparse.Namespace) -> int:
                 for way in order:
                     if way == "ablate":
                         s = run_ablate_peer(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep,
-                                            args.calibrate)
+                                            args.calibrate, args.measured_before)
                     else:
                         s = run_parallel_peer(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep,
                                               args.controlmaster)
@@ -595,19 +599,24 @@ def run_peer(args: argparse.Namespace) -> int:
            f"--sigma {args.sigma:g} --train {args.train:g} --seed {args.seed} --speeds {args.speeds} "
            f"--misspeed {args.misspeed} --reps {args.reps}{' --torch-optim' if args.torch_optim else ''}"
            f"{' --controlmaster' if args.controlmaster else ''}"
-           f"{f' --calibrate {args.calibrate:g}' if args.calibrate else ''}")
+           f"{f' --calibrate {args.calibrate:g}' if args.calibrate else ''}"
+           f"{' --measured-before' if args.measured_before else ''}")
     calibration = (
         f" With `calibrate:` (`--calibrate {args.calibrate:g}`): before its first cell each queue runs "
         f"the trainer's benchmark mode (the same start-up, then {args.calibrate:g} s of work at speed 1, "
         "divided by the host's true speed; it prints the timed part's seconds), the runners wait for "
         "every measurement, and the shared head is dealt by the measured speeds; the calibration counts "
         "in ablate's makespan and wall." if args.calibrate else "")
+    if args.measured_before:
+        calibration += (" `--measured-before`: each host's `calib/` file is in place before the launch (as "
+                        "a relaunch finds it), so no benchmark runs and nobody waits: the deal alone.")
     steps = ("5 `torch.optim.SGD` steps (its first use imports torch._dynamo, ~1.1 s of CPU)"
              if args.torch_optim else "5 SGD steps (forward, backward, update by hand: `torch.optim`'s "
              "first use would import torch._dynamo, another ~1.1 s of CPU per start on these shared cores)")
     lines = [
         "## Real makespan on the test bed against GNU parallel, declared figures wrong (issue 13)"
-        + (", speeds measured (`calibrate:`)" if args.calibrate else ""), "",
+        + (", speeds measured (`calibrate:`)" if args.calibrate else "")
+        + (", measured before the launch" if args.measured_before else ""), "",
         measured_line(cmd) + f" ablate at {ablate_version(('ablate', 'wrappers'))}.", "",
         f"{args.cells} cells on {len(declared_list)} test-bed instances (tests/testbed.py), declared speeds "
         f"{args.speeds}; each host's true emulated speed is declared x U({lo:g}, {hi:g}), drawn per "
@@ -639,7 +648,8 @@ def run_peer(args: argparse.Namespace) -> int:
         *peer_notes(worlds, pairs), ""]
     print("\n".join(lines))
     if not args.no_write:
-        key = "bench_testbed_peer_calibrate" if args.calibrate else "bench_testbed_peer"
+        key = ("bench_testbed_peer_measured" if args.measured_before else "bench_testbed_peer_calibrate") \
+            if args.calibrate else "bench_testbed_peer"
         path = write_section(key, lines)
         print(f"wrote {path.relative_to(REPO)}")
     return 0
@@ -666,6 +676,8 @@ def main(argv: list[str] | None = None) -> int:
                     "ControlMaster per host, reused by its jobs: the peer without a new connection per job)")
     ap.add_argument("--calibrate", type=float, default=0.0, help="--peer: ablate's side with `calibrate:`, "
                     "a benchmark of this many seconds of work at speed 1 (default 0: none); its own section")
+    ap.add_argument("--measured-before", action="store_true", help="--peer --calibrate: the hosts' "
+                    "measurements already on the FS (a relaunch): the deal without the benchmark's cost")
     ap.add_argument("--keep", type=Path, help="--peer: copy each run's events, queues, joblog and the "
                     "trainer's runs.log / times.log into this directory")
     ap.add_argument("--timeout", type=float, default=300,
