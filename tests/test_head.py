@@ -17,6 +17,7 @@ import pytest
 from ablate.config.project import load_project
 from ablate.errors import ConfigError
 from ablate.remote.layout import session_name
+from ablate.run.deploy import deploy
 from ablate.run.launch import launch
 from ablate.run.stop import stop
 from ablate.sweep.classify import cfg_hashes, classify
@@ -158,8 +159,7 @@ def test_a_queue_waits_for_the_others_calibration_before_its_first_cell(
     lp.write_config(calibrate="sh -c 'sleep $(cat wait_$ABLATE_QUEUE.txt); echo 0.5'")
     (lp.root / "wait_q2.txt").write_text("2\n")
     (lp.root / "wait_q3.txt").write_text("0\n")
-    lp.queue("q0", ["# deploys"])
-    launch(load_project(lp.root), "q0", "h1")
+    deploy(load_project(lp.root))
     estimates(lp, DECLARED, COSTS)
     own_queue(lp, "q2", [lp.cfg("cfgs/v/s1.yaml") + " recon 1"])
     own_queue(lp, "q3", [lp.cfg("cfgs/v/x.yaml") + " recon 1"])
@@ -226,3 +226,39 @@ def test_a_deferred_line_is_classified_queued_not_never_ran(local_project: Local
     assert (cells["big"].state, cells["big"].queue) == ("queued", "q2"), cells["big"]
     stop(project, "q1", "h1")
     stop(project, "q2", "h2")
+
+
+def test_a_runner_on_another_queues_line_shows_its_own_next_line(
+        local_project: LocalProject, runners: Runners) -> None:
+    """h1 (measured 5x faster) is dealt q2's big2 before its own s1: while it runs it, its heartbeat's
+    `idx` is big2's line in q2's file and `next` its own next line (0), which the other runners' deals
+    and steals and the classification read its queue from. (`next` once came from run_cell's own
+    `idx`, the stolen line's number: h1's own head line big1 was hidden from the others.)"""
+    lp = local_project
+    lp.write_config(calibrate="sh -c 'sleep $(cat wait_$ABLATE_QUEUE.txt); cat speed_$ABLATE_QUEUE.txt'")
+    for q, wait, secs in (("q1", "1", "0.2"), ("q2", "0", "1.0")):
+        (lp.root / f"wait_{q}.txt").write_text(wait + "\n")
+        (lp.root / f"speed_{q}.txt").write_text(secs + "\n")
+    deploy(load_project(lp.root))
+    estimates(lp, DECLARED, {"s1": 500, "big1": 2500, "big2": 3000})
+    own_queue(lp, "q1", [lp.cfg("cfgs/v/s1.yaml") + " recon 1",
+                         lp.cfg("cfgs/v/big1.yaml", step_time=0.5) + " recon 2"])
+    own_queue(lp, "q2", ["# big2 is line 1", lp.cfg("cfgs/v/big2.yaml", step_time=1.0) + " recon 3"])
+    p1 = runners.start("h1", "q1")
+    assert wait_for(lambda: (lp.shared / "heartbeats/h1.q1").exists())
+    p2 = runners.start("h2", "q2")
+    beat = lp.shared / "heartbeats/h1.q1"
+
+    def on_big2() -> dict[str, Any] | None:
+        hb = json.loads(beat.read_text()) if beat.exists() else {}
+        return hb if hb.get("cell") == "big2" and hb.get("cell_started") else None
+
+    hb = wait_for(on_big2, timeout=20)
+    assert isinstance(hb, dict)
+    assert (hb["idx"], hb["from_queue"], hb["next"]) == (1, "q2", 0), hb
+    finish(p1)
+    finish(p2)
+    deal = next(e for e in events(lp, "h1", "q1") if e["ev"] == "steal")
+    assert (deal["cell"], deal["by"]) == ("big2", "deal")
+    assert ends(lp) == Counter({"s1": 1, "big1": 1, "big2": 1})
+    each_ran_its_own_config(lp, {"s1", "big1", "big2"})

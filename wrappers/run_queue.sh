@@ -103,7 +103,7 @@ ev() {  # ev KIND ', "key": value, ...' -- one JSON line, one O_APPEND write (ag
 
 # idx, cell and from_queue always describe the same (current or last) cell: idx is a line of
 # from_queue's file when the cell was stolen, else of ours. CUR_STARTED is empty between cells.
-STATE=running CUR_IDX=$START CUR_CELL= CUR_STARTED= FROM_Q= CUR_LOG=
+STATE=running CUR_IDX=$START CUR_CELL= CUR_STARTED= FROM_Q= CUR_LOG= NEXT=$START  # NEXT: our own next line
 hb_write() {  # the heartbeat file, tmp + mv: readers never see half of it; its mtime is the beat
   local cell=null started=null slot=null from=null lmt=null lsz=null st tmp=$HB_TMP_PREFIX.$BASHPID.tmp
   [[ -n $CUR_CELL ]] && cell="\"$CUR_CELL\""
@@ -119,12 +119,12 @@ hb_write() {  # the heartbeat file, tmp + mv: readers never see half of it; its 
   fi
   # next: our own next line (idx is another queue's line while on a cell taken from it); deferred:
   # own lines before it left to the head deal
-  local deferred=${DEFERRED[*]-}
+  local deferred=${DEFERRED[*]-}  # (not the loop's idx: run_cell has a local idx, its cell's line)
   svc_json
   now
   printf '{"t": %s, "host": "%s", "queue": "%s", "slot": %s, "pid": %s, "pgid": %s, "state": "%s", "idx": %s, "cell": %s, "cell_started": %s, "from_queue": %s, "log_mtime": %s, "log_size": %s, "run_queue": "%s", "spec": "%s", "next": %s, "deferred": [%s], "services": %s}\n' \
     "$T" "$ABLATE_HOST" "$QUEUE" "$slot" "$$" "$PGID" "$STATE" "$CUR_IDX" "$cell" "$started" \
-    "$from" "$lmt" "$lsz" "$RQ_FILE" "$SPEC_FILE" "${idx:-$START}" "${deferred// /, }" "$REPLY" >"$tmp" \
+    "$from" "$lmt" "$lsz" "$RQ_FILE" "$SPEC_FILE" "$NEXT" "${deferred// /, }" "$REPLY" >"$tmp" \
     && mv -f "$tmp" "$HB"
 }
 
@@ -959,7 +959,7 @@ deal_pick() {  # the head cell dealt to this runner (sets D_*); 1 when none is
   for c in "${!EST_CELL[@]}"; do (( EST_CELL[$c] > max )) && max=${EST_CELL[$c]}; done
   (( max > 0 )) && scan_runners || return 1
   # Each queue's lines the deal may give: from its own next line on, and those it deferred.
-  KEYS=("$ABLATE_HOST ${SLOT:--}") qs=("$QUEUE") hosts=("$ABLATE_HOST") from=("${idx:-$START}")
+  KEYS=("$ABLATE_HOST ${SLOT:--}") qs=("$QUEUE") hosts=("$ABLATE_HOST") from=("$NEXT")
   rest=("${DEFERRED[*]-}")
   for (( r = 0; r < ${#R_Q[@]}; r++ )); do
     (( R_SILENT[r] )) && continue  # it would never take a cell dealt to it
@@ -1040,7 +1040,7 @@ take_dealt() {  # run the cell deal_pick chose; 0 = ran it or lost the race (dea
   fi
   DEFERRED=("${rest[@]}")
   (( D_IDX > idx )) && DEALT_AHEAD[$D_IDX]=1  # the main loop passes it when it gets there
-  (( D_IDX == idx )) && idx=$((idx + 1))
+  if (( D_IDX == idx )); then idx=$((idx + 1)); NEXT=$idx; fi
   run_cell "$D_IDX" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0
   return 0
 }
@@ -1130,6 +1130,7 @@ fi
 calibrate
 idx=$START
 while :; do
+  NEXT=$idx
   [[ -e $STOP_FILE ]] && stop_after_current "$idx"  # before every line, re-entry and steal
   svc_up queue || svc_fail "$SVC_FAILED"  # before the first claim; again after one died
   if ! read_line "$idx"; then
@@ -1189,14 +1190,15 @@ while :; do
       continue
     fi
     parse_line "$LINE"  # the deal parsed other lines: this one's fields (P_*) again
-  fi
-  if (( HEAD_ON )) && [[ -n ${HEAD_CELL[$name]-} ]]; then  # the deal gave it to another runner
-    DEFERRED+=("$idx")
-    ev defer ", \"idx\": $idx, \"cell\": \"$name\""
-    say "line $idx: $name dealt to a runner expected to end it earlier; deferred"
-    idx=$((idx + 1))
-    transition
-    continue
+    if (( HEAD_ON )) && [[ -n ${HEAD_CELL[$name]-} ]]; then  # the deal gave it to another runner
+      DEFERRED+=("$idx")
+      ev defer ", \"idx\": $idx, \"cell\": \"$name\""
+      say "line $idx: $name dealt to a runner expected to end it earlier; deferred"
+      idx=$((idx + 1))
+      NEXT=$idx
+      transition
+      continue
+    fi
   fi
   if claim "$name" "$idx"; then
     resume=0
