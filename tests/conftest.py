@@ -15,6 +15,7 @@ import pytest
 from tests import slurmbed
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
+from tests.helpers.runners import Runners
 from tests.helpers.testbed_projects import LIVE_BEDS, session_bed
 from tests.testbed import Testbed
 
@@ -48,6 +49,14 @@ def local_project(tmp_path: Path) -> LocalProject:
     p = LocalProject(root)
     p.write_config()
     return p
+
+
+@pytest.fixture
+def runners(local_project: LocalProject) -> Iterator[Runners]:
+    """run_queue processes a test starts by hand; any still alive at teardown gets its group killed."""
+    r = Runners(local_project)
+    yield r
+    r.close()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -43,13 +42,6 @@ COSTS = {"x": 1500, "big": 3000, "s1": 500}
 @pytest.fixture(autouse=True)
 def _tmux() -> None:
     require_tmux()
-
-
-@pytest.fixture
-def runners(local_project: LocalProject) -> Iterator[Runners]:
-    r = Runners(local_project)
-    yield r
-    r.close()
 
 
 def start_q1(lp: LocalProject) -> None:

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,13 +28,6 @@ from tests.helpers.wait import wait_for
 @pytest.fixture(autouse=True)
 def _tmux() -> None:
     require_tmux()
-
-
-@pytest.fixture
-def runners(local_project: LocalProject) -> Iterator[Runners]:
-    r = Runners(local_project)
-    yield r
-    r.close()
 
 
 def start_victim(lp: LocalProject, tails: list[str], long_epochs: int = 10) -> None:
