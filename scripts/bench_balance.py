@@ -461,10 +461,12 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
     calibrate (cost, error): every runner first measures its speed, for `cost` x a mean small cell's
     seconds on a speed-1 host divided by its true speed, getting its true speed x exp(error x Z);
     gate_knowledge "calibrated" deals the head by the declared costs over the measured speeds;
-    "calibrated live" as run_queue does: a host's measured speed is known once its calibration has
-    ended, the others count at their declared speeds, the measured ones scaled to the same geometric
-    mean as their declared ones. keep_own: a runner with nothing else to do takes the head cells of
-    its own planned queue (run_queue never leaves a line of its own file behind) before it stops."""
+    "calibrated live" deals without run_queue's wait for every measurement: a host's measured speed
+    is known once its calibration has ended, the others count at their declared speeds, the measured
+    ones scaled to the same geometric mean as their declared ones; "calibrated barrier" as run_queue
+    does: every runner waits for the last calibration. keep_own: a runner with nothing else to do
+    takes the head cells of its own planned queue (run_queue never leaves a line of its own file
+    behind) before it stops."""
     plan_of = planner or planned(longest)
 
     def run(sw: Sweep, d: Durations) -> float:

@@ -688,6 +688,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md alone")
     args = ap.parse_args(argv)
     peer = args.peer is not None
+    calibrating = bool(args.calibrate or args.measured_before)
+    if (calibrating and not peer) or (args.measured_before and not args.calibrate):
+        ap.error("--calibrate goes with --peer, and --measured-before with --calibrate")
+    if args.calibrate < 0:
+        ap.error(f"--calibrate: seconds of work, 0 or more; got {args.calibrate:g}")
     args.cells = max(1, args.cells or (24 if peer else 30))
     args.sigma = args.sigma if args.sigma is not None else (0.4 if peer else 0.3)
     args.speeds = args.speeds or ("1.0,0.6,1.4" if peer else "0.6,1.0,1.4")

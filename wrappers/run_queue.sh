@@ -117,9 +117,10 @@ hb_write() {  # the heartbeat file, tmp + mv: readers never see half of it; its 
       lmt=${BASH_REMATCH[1]} lsz=${BASH_REMATCH[3]}
     fi
   fi
-  # next: our own next line (idx is another queue's line while on a cell taken from it); deferred:
-  # own lines before it left to the head deal
-  local deferred=${DEFERRED[*]-}  # (not the loop's idx: run_cell has a local idx, its cell's line)
+  # next: our own next line, NEXT (idx is another queue's line while on a cell taken from it; and
+  # not the loop's $idx, which run_cell shadows with its cell's line); deferred: own lines before it
+  # left to the head deal
+  local deferred=${DEFERRED[*]-}
   svc_json
   now
   printf '{"t": %s, "host": "%s", "queue": "%s", "slot": %s, "pid": %s, "pgid": %s, "state": "%s", "idx": %s, "cell": %s, "cell_started": %s, "from_queue": %s, "log_mtime": %s, "log_size": %s, "run_queue": "%s", "spec": "%s", "next": %s, "deferred": [%s], "services": %s}\n' \
@@ -865,7 +866,7 @@ CALIB_DIR=$ROOT/calib
 calibrate() {
   [[ -n ${ABLATE_CALIBRATE-} && $STEAL != 0 ]] || return 0  # only the head deal uses it
   local f=$CALIB_DIR/$ABLATE_HOST.${SLOT:--} log=$ABLATE_CKPT_ROOT/.calibrate.$QUEUE.log
-  local cmd out rc t0 us ms secs
+  local cmd out rc t0 us ms secs dur
   { read -r ms <"$f"; } 2>/dev/null || ms=
   if [[ ! $ms =~ ^[1-9][0-9]{0,9}$ ]]; then  # measured before (a relaunch on the same host): kept
     mkdir -p "$CALIB_DIR" "$ABLATE_CKPT_ROOT" || return 0
@@ -889,14 +890,15 @@ calibrate() {
     [[ $out =~ ^[[:space:]]*([0-9]{1,9}(\.[0-9]{1,6})?)[[:space:]]*$ ]] && ms_of "${BASH_REMATCH[1]}" && ms=$REPLY
     (( ms > 0 )) || ms=1
     printf -v secs '%d.%03d' $((ms / 1000)) $((ms % 1000))
+    printf -v dur '%d.%06d' $((us / 1000000)) $((us % 1000000))
     if (( rc != 0 )); then  # marked, so that nobody waits for it; measured again on a relaunch
       printf 'failed %s\n' "$rc" >"$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f"
-      ev calibrate ", \"rc\": $rc, \"dur\": $((us / 1000000)).$(printf '%06d' $((us % 1000000)))"
+      ev calibrate ", \"rc\": $rc, \"dur\": $dur"
       say "calibration exited $rc (log $log): the deal uses the declared speed of this host"
       return 0
     fi
     printf '%s\n' "$ms" >"$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f" || return 0
-    ev calibrate ", \"rc\": 0, \"dur\": $((us / 1000000)).$(printf '%06d' $((us % 1000000))), \"secs\": $secs"
+    ev calibrate ", \"rc\": 0, \"dur\": $dur, \"secs\": $secs"
     say "calibrated: ${secs}s"
   fi
   local until=$((SECONDS + ${ABLATE_CALIBRATE_WAIT:-${ABLATE_CALIBRATE_TIMEOUT:-600}})) r waiting
@@ -937,7 +939,7 @@ deal_speeds() {  # SPD[k] for runner key KEYS[k] ("host slot|-"): measured (cali
     speed_of "${KEYS[k]% *}" "${KEYS[k]#* }"
     SPD[k]=$REPLY raw[k]=0
     f=$CALIB_DIR/${KEYS[k]/ /.}
-    if [[ -n ${ABLATE_CALIBRATE-} ]] && { read -r ms <"$f"; } 2>/dev/null && [[ $ms =~ ^[1-9][0-9]{0,9}$ ]]; then
+    if { read -r ms <"$f"; } 2>/dev/null && [[ $ms =~ ^[1-9][0-9]{0,9}$ ]]; then
       raw[k]=$(( 1000000000 / ms + 1 ))
       sum_d=$(( sum_d + SPD[k] )) sum_r=$(( sum_r + raw[k] ))
     fi
@@ -950,7 +952,9 @@ deal_speeds() {  # SPD[k] for runner key KEYS[k] ("host slot|-"): measured (cali
 }
 deal_pick() {  # the head cell dealt to this runner (sets D_*); 1 when none is
   (( HEAD_ON )) || return 1
-  local saved=$LEARNED max=0 c e r k q j n best best_t t rem top=-1000000
+  # parse_line's fields stay in here (bash scopes dynamically): the caller's line keeps its own.
+  local P_CFG= P_TASK= P_EPOCHS= P_NAME= P_CAT= P_PRIO=0
+  local saved=$LEARNED max=0 c e r k j n best best_t t rem top=-1000000
   local -a lines=() entries=() free=() KEYS=() SPD=() qs=() hosts=() from=() rest=() at=() names=() prios=()
   local -A seen=()
   LEARNED=  # the deal is made by the declared costs (over the measured speeds), never learned ones
@@ -1189,8 +1193,7 @@ while :; do
       take_dealt
       continue
     fi
-    parse_line "$LINE"  # the deal parsed other lines: this one's fields (P_*) again
-    if (( HEAD_ON )) && [[ -n ${HEAD_CELL[$name]-} ]]; then  # the deal gave it to another runner
+    if [[ -n ${HEAD_CELL[$name]-} ]]; then  # the deal gave it to another runner
       DEFERRED+=("$idx")
       ev defer ", \"idx\": $idx, \"cell\": \"$name\""
       say "line $idx: $name dealt to a runner expected to end it earlier; deferred"
