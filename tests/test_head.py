@@ -8,6 +8,8 @@ own process group), the real trainer, real checkpoints."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections import Counter
 from typing import Any
 
@@ -172,6 +174,7 @@ def test_a_queue_waits_for_the_others_calibration_before_its_first_cell(
     (["python", "bench.py"], "must be a command"),
     ({"command": "python bench.py", "timeout": 0}, "positive whole number"),
     ({"command": "python bench.py", "every": 1}, "every"),
+    ({"command": "python bench.py", "keep": "yes"}, "true or false"),
 ])
 def test_a_bad_calibrate_setting_is_refused_with_its_fix(
         local_project: LocalProject, value: object, why: str) -> None:
@@ -189,6 +192,10 @@ def test_calibrate_reaches_the_run_spec(local_project: LocalProject) -> None:
     spec = render_spec(project, project.host("h1"), "run_one.sh").decode()
     assert "ABLATE_CALIBRATE='python bench.py --gpu {gpu}'\n" in spec
     assert "ABLATE_CALIBRATE_TIMEOUT=30\n" in spec
+    assert "ABLATE_CALIBRATE_KEEP=1\n" in spec
+    local_project.write_config(calibrate={"command": "python bench.py", "keep": False})
+    project = load_project(local_project.root)
+    assert "ABLATE_CALIBRATE_KEEP=0\n" in render_spec(project, project.host("h1"), "run_one.sh").decode()
 
 
 def test_a_deferred_line_is_classified_queued_not_never_ran(local_project: LocalProject) -> None:
@@ -254,3 +261,58 @@ def test_a_runner_on_another_queues_line_shows_its_own_next_line(
     assert (deal["cell"], deal["by"]) == ("big2", "deal")
     assert ends(lp) == Counter({"s1": 1, "big1": 1, "big2": 1})
     each_ran_its_own_config(lp, {"s1", "big1", "big2"})
+
+
+BENCH = "sh -c 'uname -n >> benchmarks.txt; echo 0.3'"  # one line per run: which machine ran it
+
+
+def one_sweep(lp: LocalProject, runners: Runners, sweep: str, calibrate: object,
+              prefix: tuple[str, ...] = ()) -> list[tuple[float, bool]]:
+    """Sweep `sweep` of the project, its one cell on h1, run to the end (under `prefix`): its
+    `calibrate` events' (secs, kept)."""
+    lp.write_config(sweep=sweep, calibrate=calibrate)
+    deploy(load_project(lp.root))
+    root = lp.shared.parent / sweep
+    (root / "queues").mkdir(parents=True, exist_ok=True)
+    (root / "queues/q1.txt").write_text(lp.cfg("cfgs/v/s1.yaml", step_time=0.05) + " recon 1\n")
+    finish(runners.start("h1", "q1", root=root, prefix=prefix))
+    evs = [json.loads(x) for x in (root / "events/h1.q1.jsonl").read_text().splitlines()]
+    assert [e["cell"] for e in evs if e["ev"] == "end" and e["rc"] == 0] == ["s1"]
+    return [(e["secs"], e.get("kept", False)) for e in evs if e["ev"] == "calibrate"]
+
+
+def benchmarks(lp: LocalProject) -> list[str]:
+    path = lp.root / "benchmarks.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_measurement_is_kept_for_the_next_sweep_on_the_same_machine(
+        local_project: LocalProject, runners: Runners) -> None:
+    """Sweep t1 times the benchmark on h1; t2, the same benchmark on the same machine, takes the kept
+    figure without running it (event `calibrate` with `kept`, the same calib/ file); with `keep:
+    false` (t3) or another benchmark command (t4) it is measured again."""
+    lp = local_project
+    assert one_sweep(lp, runners, "t1", BENCH) == [(0.3, False)]
+    assert one_sweep(lp, runners, "t2", BENCH) == [(0.3, True)]
+    assert (lp.shared.parent / "t2/calib/h1.-").read_text() == "300\n"
+    assert len(benchmarks(lp)) == 1
+    assert one_sweep(lp, runners, "t3", {"command": BENCH, "keep": False}) == [(0.3, False)]
+    assert len(benchmarks(lp)) == 2
+    assert one_sweep(lp, runners, "t4", BENCH.replace("0.3", "0.4")) == [(0.4, False)]
+    assert len(benchmarks(lp)) == 3
+
+
+def test_a_new_machine_under_the_same_host_name_is_measured_again(
+        local_project: LocalProject, runners: Runners) -> None:
+    """A rented name can be a new instance tomorrow: the kept figure is the machine's, not the name's.
+    h1's queue run in a UTS namespace named otherwise (another machine) measures again, and a second
+    sweep there takes that machine's own kept figure."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a UTS namespace (another machine's name)")
+    lp = local_project
+    elsewhere = ("unshare", "--uts", "sh", "-c", 'hostname ablate-other-machine && exec "$@"', "sh")
+    assert one_sweep(lp, runners, "t1", BENCH) == [(0.3, False)]
+    assert one_sweep(lp, runners, "t2", BENCH, elsewhere) == [(0.3, False)]
+    assert one_sweep(lp, runners, "t3", BENCH, elsewhere) == [(0.3, True)]
+    assert benchmarks(lp)[1:] == ["ablate-other-machine"]
+    assert benchmarks(lp)[0] != "ablate-other-machine"

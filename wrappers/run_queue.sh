@@ -860,46 +860,80 @@ take_other() {  # take_other QUEUE HOST IDX NAME HERE_MS BY: claim another queue
 # ---- calibration (`calibrate:`): the user's benchmark, timed once per host and slot of the sweep
 # by this host's own clock, before the first cell; calib/<host>.<slot|-> = its milliseconds (the
 # number its last line prints, in seconds, when it prints one: the timed part without its start-up;
-# else the command's wall time). Then the queue waits, at most ABLATE_CALIBRATE_WAIT seconds, until
-# every other running queue has measured too (or started a cell): the head deal needs all speeds.
+# else the command's wall time). A measurement is also kept beside the sweep roots, under a key of
+# the benchmark, the host and slot and this machine (ABLATE_CALIBRATE_KEEP=0: not kept): the next
+# sweep on the same machine takes it instead of measuring again; a new instance under the same name
+# is another machine. Then the queue waits, at most ABLATE_CALIBRATE_WAIT seconds, until every other
+# running queue has measured too (or started a cell): the head deal needs all speeds.
 CALIB_DIR=$ROOT/calib
+KEPT_DIR=${ROOT%/*}/.calib
+calib_kept() {  # REPLY: the file keeping this benchmark's measurement on this machine and slot
+  local mid= gpus= sum
+  { read -r mid </etc/machine-id; } 2>/dev/null || mid=
+  if command -v nvidia-smi >/dev/null 2>&1; then  # the GPUs themselves: a container's name can stay
+    if [[ -n $SLOT && ${ABLATE_PIN_GPU:-1} != 0 ]]; then
+      gpus=$(timeout 20 nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$SLOT" 2>/dev/null) || gpus=
+    else
+      gpus=$(timeout 20 nvidia-smi --query-gpu=uuid --format=csv,noheader 2>/dev/null) || gpus=
+    fi
+  fi
+  sum=$(printf '%s\n' "$ABLATE_CALIBRATE" "${ABLATE_ENV-}" "$ABLATE_HOST" "${SLOT:--}" "$(uname -n)" \
+    "$mid" "$gpus" | sha256sum) || return 1
+  REPLY=$KEPT_DIR/${sum:0:16}
+}
+calib_run() {  # time the benchmark; MS its milliseconds, DUR its wall seconds; the benchmark's rc
+  local log=$ABLATE_CKPT_ROOT/.calibrate.$QUEUE.log cmd out rc t0 us
+  cmd=${ABLATE_CALIBRATE//"{gpu}"/"${ABLATE_GPU-}"}  # as run_one: the slot (a Slurm job: its GPUs)
+  say "calibrating: $cmd"
+  now
+  t0=$T
+  out=$(
+    cd -- "$ABLATE_WORKDIR" || exit 125
+    set +u  # activation scripts (conda) reference unset variables
+    if [[ -n ${ABLATE_ENV-} ]]; then
+      eval "$ABLATE_ENV" >>"$log" 2>&1 || exit 125
+    fi
+    timeout -k 10 "${ABLATE_CALIBRATE_TIMEOUT:-600}" bash -c "$cmd" </dev/null 2>>"$log" | tee -a "$log" | tail -n 1
+    exit "${PIPESTATUS[0]}"
+  )
+  rc=$?
+  now
+  us=$(( ${T/./} - ${t0/./} ))
+  MS=$(( us / 1000 ))
+  [[ $out =~ ^[[:space:]]*([0-9]{1,9}(\.[0-9]{1,6})?)[[:space:]]*$ ]] && ms_of "${BASH_REMATCH[1]}" && MS=$REPLY
+  (( MS > 0 )) || MS=1
+  printf -v DUR '%d.%06d' $((us / 1000000)) $((us % 1000000))
+  (( rc == 0 )) || say "calibration exited $rc (log $log): the deal uses the declared speed of this host"
+  return "$rc"
+}
 calibrate() {
   [[ -n ${ABLATE_CALIBRATE-} && $STEAL != 0 ]] || return 0  # only the head deal uses it
-  local f=$CALIB_DIR/$ABLATE_HOST.${SLOT:--} log=$ABLATE_CKPT_ROOT/.calibrate.$QUEUE.log
-  local cmd out rc t0 us ms secs dur
+  local f=$CALIB_DIR/$ABLATE_HOST.${SLOT:--} kept= ms rc secs MS DUR
   { read -r ms <"$f"; } 2>/dev/null || ms=
   if [[ ! $ms =~ ^[1-9][0-9]{0,9}$ ]]; then  # measured before (a relaunch on the same host): kept
     mkdir -p "$CALIB_DIR" "$ABLATE_CKPT_ROOT" || return 0
-    cmd=${ABLATE_CALIBRATE//"{gpu}"/"${ABLATE_GPU-}"}  # as run_one: the slot (a Slurm job: its GPUs)
-    say "calibrating: $cmd"
-    now
-    t0=$T
-    out=$(
-      cd -- "$ABLATE_WORKDIR" || exit 125
-      set +u  # activation scripts (conda) reference unset variables
-      if [[ -n ${ABLATE_ENV-} ]]; then
-        eval "$ABLATE_ENV" >>"$log" 2>&1 || exit 125
+    [[ ${ABLATE_CALIBRATE_KEEP:-1} == 0 ]] || { calib_kept && kept=$REPLY; }
+    if [[ -n $kept ]] && { read -r ms <"$kept"; } 2>/dev/null && [[ $ms =~ ^[1-9][0-9]{0,9}$ ]]; then
+      printf -v secs '%d.%03d' $((ms / 1000)) $((ms % 1000))
+      printf '%s\n' "$ms" >"$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f" || return 0
+      ev calibrate ", \"rc\": 0, \"dur\": 0, \"secs\": $secs, \"kept\": true"
+      say "calibrated on this machine before: ${secs}s (${kept##*/} in $KEPT_DIR)"
+    else
+      calib_run
+      rc=$?
+      if (( rc != 0 )); then  # marked, so that nobody waits for it; measured again on a relaunch
+        printf 'failed %s\n' "$rc" >"$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f"
+        ev calibrate ", \"rc\": $rc, \"dur\": $DUR"
+        return 0
       fi
-      timeout -k 10 "${ABLATE_CALIBRATE_TIMEOUT:-600}" bash -c "$cmd" </dev/null 2>>"$log" | tee -a "$log" | tail -n 1
-      exit "${PIPESTATUS[0]}"
-    )
-    rc=$?
-    now
-    us=$(( ${T/./} - ${t0/./} ))
-    ms=$(( us / 1000 ))
-    [[ $out =~ ^[[:space:]]*([0-9]{1,9}(\.[0-9]{1,6})?)[[:space:]]*$ ]] && ms_of "${BASH_REMATCH[1]}" && ms=$REPLY
-    (( ms > 0 )) || ms=1
-    printf -v secs '%d.%03d' $((ms / 1000)) $((ms % 1000))
-    printf -v dur '%d.%06d' $((us / 1000000)) $((us % 1000000))
-    if (( rc != 0 )); then  # marked, so that nobody waits for it; measured again on a relaunch
-      printf 'failed %s\n' "$rc" >"$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f"
-      ev calibrate ", \"rc\": $rc, \"dur\": $dur"
-      say "calibration exited $rc (log $log): the deal uses the declared speed of this host"
-      return 0
+      printf -v secs '%d.%03d' $((MS / 1000)) $((MS % 1000))
+      printf '%s\n' "$MS" >"$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f" || return 0
+      if [[ -n $kept ]] && mkdir -p "$KEPT_DIR" 2>/dev/null; then
+        printf '%s\n' "$MS" >"$kept.tmp.$$" 2>/dev/null && mv -f -- "$kept.tmp.$$" "$kept" 2>/dev/null
+      fi
+      ev calibrate ", \"rc\": 0, \"dur\": $DUR, \"secs\": $secs"
+      say "calibrated: ${secs}s"
     fi
-    printf '%s\n' "$ms" >"$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f" || return 0
-    ev calibrate ", \"rc\": 0, \"dur\": $dur, \"secs\": $secs"
-    say "calibrated: ${secs}s"
   fi
   local until=$((SECONDS + ${ABLATE_CALIBRATE_WAIT:-${ABLATE_CALIBRATE_TIMEOUT:-600}})) r waiting
   while :; do

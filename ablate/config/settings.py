@@ -174,24 +174,29 @@ class Calibrate:
 
     command: str = ""  # empty: no calibration
     timeout: int = 600  # seconds; a benchmark still running then is killed (the declared speed counts)
+    keep: bool = True  # the measurement is kept for the next sweeps on the same machine
 
 
 def parse_calibrate(r: Reader) -> Calibrate:
     v = r.data.get("calibrate")
     if v is None:
         return Calibrate()
+    keep = True
     if isinstance(v, dict):
-        c, key = r.sub("calibrate", {"command", "timeout"}), "command"
+        c, key = r.sub("calibrate", {"command", "timeout", "keep"}), "command"
         timeout = c.whole("timeout", 600) or 600
+        keep = c.data.get("keep", True)
+        if not isinstance(keep, bool):
+            raise c.err("keep", f"must be true or false (false: measure again at every sweep), got {keep!r}")
     elif isinstance(v, str):
         c, key, timeout = r, "calibrate", 600
     else:
-        raise r.err("calibrate", f"must be a command, or a mapping with command and timeout; got {v!r}")
+        raise r.err("calibrate", f"must be a command, or a mapping with command, timeout and keep; got {v!r}")
     command = (c.text(key, required=True) or "").strip()
     if "\n" in command:
         raise c.err(key, "spans several lines; write one command (YAML `>-` folds a long one onto one line)")
     check_template(command, {"gpu"}, c, key)
-    return Calibrate(command, timeout)
+    return Calibrate(command, timeout, keep)
 
 
 NO_CALIBRATE = Calibrate()

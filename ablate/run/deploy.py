@@ -71,6 +71,7 @@ def render_spec(project: Project, host: Host, run_one_path: str, learn_path: str
         # `calibrate:`: the benchmark each queue times before its first cell (empty: none).
         "ABLATE_CALIBRATE": project.calibrate.command,
         "ABLATE_CALIBRATE_TIMEOUT": str(project.calibrate.timeout),
+        "ABLATE_CALIBRATE_KEEP": "1" if project.calibrate.keep else "0",
         **service_spec(project, host),
         **slurm_spec(host),
     }

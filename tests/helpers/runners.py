@@ -25,15 +25,19 @@ class Runners:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, host: str, queue: str, start: int = 0, slot: int | None = None,
-              gate: Path | None = None) -> subprocess.Popen[bytes]:
-        """Start run_queue; with `gate`, only once a shared flock on it is granted (`release`)."""
-        deployed = json.loads((self.lp.shared / "DEPLOYED.json").read_text())
-        argv = ["bash", str(self.lp.shared / "wrappers" / deployed["run_queue"]),
-                str(self.lp.shared / "specs" / deployed["specs"][host]), queue, str(start)]
+              gate: Path | None = None, root: Path | None = None,
+              prefix: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+        """Start run_queue of the sweep at `root` (default the project's); with `gate`, only once a
+        shared flock on it is granted (`release`); under `prefix` (a command that runs its argv)."""
+        root = root or self.lp.shared
+        deployed = json.loads((root / "DEPLOYED.json").read_text())
+        argv = ["bash", str(root / "wrappers" / deployed["run_queue"]),
+                str(root / "specs" / deployed["specs"][host]), queue, str(start)]
         if slot is not None:
             argv.append(str(slot))
         if gate is not None:
             argv = ["flock", "-s", str(gate), *argv]
+        argv = [*prefix, *argv]
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(p)
         return p
