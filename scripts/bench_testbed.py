@@ -367,10 +367,14 @@ class Side:
     cpu: float  # busy CPU seconds of the machine during the side (every process, not niced)
     steals: list[str] = field(default_factory=list)  # one line per steal
     learned: str = ""  # the learned figures at the end, against the truth
+    calibrated: str = ""  # ablate with `calibrate:`: each queue's measurement, and whether it was kept
 
 
 def run_ablate_peer(tb: Testbed, base: Path, name: str, world: World, timeout: float,
-                    dest: Path | None, calibrate: float = 0.0, measured_before: bool = False) -> Side:
+                    dest: Path | None, calibrate: float = 0.0, measured_before: bool = False,
+                    kept: bool | None = None) -> Side:
+    """ablate's side; with `kept` (`calibrate:` on), every queue's measurement must have been kept
+    from an earlier sweep (True) or measured by this one (False)."""
     work = peer_workdir(tb, name, world)
     proj = base / name
     (proj / "profiles").mkdir(parents=True)
@@ -430,8 +434,15 @@ def run_ablate_peer(tb: Testbed, base: Path, name: str, world: World, timeout: f
     steals = [f"{e['t'] - t0_wall:.1f} s {e['host']} took {e['cell']} from {e['from_host']} (est "
               f"{e['est']:.1f} s, by {e.get('by', '?')})"
               for e in sorted((e for e in evs if e["ev"] == "steal"), key=lambda e: e["t"])]
+    calib = sorted((e for e in evs if e["ev"] == "calibrate"), key=lambda e: e["host"])
+    if kept is not None and (len(calib) != len(queues) or any(e.get("kept", False) != kept for e in calib)):
+        raise SystemExit(f"bench_testbed: {name}: every queue's measurement must be "
+                         f"{'kept from the sweep before' if kept else 'made by this sweep'}; calibrate "
+                         f"events {calib}")
+    calibrated = ", ".join(f"{e['host']} {e.get('secs', 'failed')} s{' (kept)' if e.get('kept') else ''}"
+                           for e in calib)
     return Side("ablate", max(e["t"] for e in ends) - first, wall, launch, runs, cpu, steals,
-                learned_figures(world, ends))
+                learned_figures(world, ends), calibrated)
 
 
 def learned_figures(world: World, ends: list[dict[str, Any]]) -> str:
@@ -536,15 +547,32 @@ def peer_tables(worlds: list[World], pairs: list[tuple[Side, Side]], first: list
     return out
 
 
-def peer_notes(worlds: list[World], pairs: list[tuple[Side, Side]]) -> list[str]:
+def peer_notes(worlds: list[World], pairs: list[tuple[Side, Side]],
+               nexts: list[tuple[Side, Side]] | None = None) -> list[str]:
     out = []
     for i, (w, (a, p)) in enumerate(zip(worlds, pairs, strict=True)):
         scale = ", ".join(f"{t} {s:.2f}" for t, s in w.scale.items())
-        out += [f"- rep {i} (task seconds per unit {scale})", f"  - ablate: {breakdown(w, a)}",
-                f"  - steals: {'; '.join(a.steals) or 'none'}",
-                f"  - learned at the end, speed / true speed on the same scale and fixed seconds per "
-                f"cell: {a.learned}", f"  - parallel: {breakdown(w, p)}"]
+        out += [f"- rep {i} (task seconds per unit {scale})"]
+        for what, side in (("ablate", a), *((("ablate, next sweep", nexts[i][0]),) if nexts else ())):
+            out += [f"  - {what}: {breakdown(w, side)}",
+                    *([f"  - measured (calibrate): {side.calibrated}"] if side.calibrated else []),
+                    f"  - steals: {'; '.join(side.steals) or 'none'}",
+                    f"  - learned at the end, speed / true speed on the same scale and fixed seconds per "
+                    f"cell: {side.learned}"]
+        out.append(f"  - parallel: {breakdown(w, p)}")
     return out
+
+
+def peer_verdicts(pairs: list[tuple[Side, Side]], what: str) -> list[str]:
+    """The two targets of issue 13 on these pairs (ablate, parallel): medians of the ratios."""
+    if not pairs:
+        return []
+    mk = median([a.makespan / p.makespan for a, p in pairs])
+    wl = median([a.wall / p.wall for a, p in pairs])
+    return [f"{what}makespan ablate / parallel {mk:.3f} (median of the repetitions' ratios; target "
+            f"<= 0.95: {'met' if mk <= 0.95 else 'MISSED'})",
+            f"{what}wall from `launch --all` to the last result published, ablate / parallel {wl:.3f} "
+            f"(target <= 1.0: {'met' if wl <= 1.0 else 'MISSED'})"]
 
 
 def run_peer(args: argparse.Namespace) -> int:
@@ -552,6 +580,7 @@ def run_peer(args: argparse.Namespace) -> int:
     lo, hi = (float(x) for x in args.misspeed.split(","))
     worlds: list[World] = []
     pairs: list[tuple[Side, Side]] = []
+    nexts: list[tuple[Side, Side]] = []  # --next-sweep: the second sweep on the same instances
     first: list[str] = []
     with tempfile.TemporaryDirectory(prefix="ablate-bench-peer-") as tmp, \
             Testbed(len(declared_list)) as tb:
@@ -567,8 +596,16 @@ def run_peer(args: argparse.Namespace) -> int:
                 got: dict[str, Side] = {}
                 for way in order:
                     if way == "ablate":
+                        if args.next_sweep:  # new instances: nothing measured on them yet
+                            shutil.rmtree(tb.shared_dir / "ablate" / ".calib", ignore_errors=True)
                         s = run_ablate_peer(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep,
-                                            args.calibrate, args.measured_before)
+                                            args.calibrate, args.measured_before,
+                                            False if args.next_sweep else None)
+                        if args.next_sweep:
+                            got["next"] = n = run_ablate_peer(tb, base, f"p{rep}n", world, args.timeout,
+                                                              args.keep, args.calibrate, kept=True)
+                            print(f"  ablate, next sweep: makespan {n.makespan:.1f} s, wall {n.wall:.1f} s, "
+                                  f"launch {n.launch:.2f} s; {breakdown(world, n)}", file=sys.stderr)
                     else:
                         s = run_parallel_peer(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep,
                                               args.controlmaster)
@@ -579,6 +616,8 @@ def run_peer(args: argparse.Namespace) -> int:
                         print(f"    steal {line}", file=sys.stderr)
                 worlds.append(world)
                 pairs.append((got["ablate"], got["parallel"]))
+                if args.next_sweep:
+                    nexts.append((got["next"], got["parallel"]))
                 first.append(order[0])
         finally:
             close_all()
@@ -587,20 +626,18 @@ def run_peer(args: argparse.Namespace) -> int:
                     subprocess.run(["ssh", "-S", str(sock), "-O", "exit", "x"], capture_output=True,
                                    timeout=10, check=False)
     rows = peer_tables(worlds, pairs, first)
-    mk = median([a.makespan / p.makespan for a, p in pairs])
-    wl = median([a.wall / p.wall for a, p in pairs])
-    verdicts = [f"makespan ablate / parallel {mk:.3f} (median of the repetitions' ratios; target <= 0.95: "
-                f"{'met' if mk <= 0.95 else 'MISSED'})",
-                f"wall from `launch --all` to the last result published, ablate / parallel {wl:.3f} "
-                f"(target <= 1.0: {'met' if wl <= 1.0 else 'MISSED'})",
+    sides = 3 if nexts else 2
+    verdicts = [*peer_verdicts(pairs, "the first sweep, " if nexts else ""),
+                *peer_verdicts(nexts, "the next sweep, "),
                 f"every cell completed exactly once on each side in each repetition: yes "
-                f"({args.cells} cells x {len(pairs)} repetitions x 2)"]
+                f"({args.cells} cells x {len(pairs)} repetitions x {sides})"]
     cmd = (f"sudo python3 scripts/bench_testbed.py --peer parallel --cells {args.cells} "
            f"--sigma {args.sigma:g} --train {args.train:g} --seed {args.seed} --speeds {args.speeds} "
            f"--misspeed {args.misspeed} --reps {args.reps}{' --torch-optim' if args.torch_optim else ''}"
            f"{' --controlmaster' if args.controlmaster else ''}"
            f"{f' --calibrate {args.calibrate:g}' if args.calibrate else ''}"
-           f"{' --measured-before' if args.measured_before else ''}")
+           f"{' --measured-before' if args.measured_before else ''}"
+           f"{' --next-sweep' if args.next_sweep else ''}")
     calibration = (
         f" With `calibrate:` (`--calibrate {args.calibrate:g}`): before its first cell each queue runs "
         f"the trainer's benchmark mode (the same start-up, then {args.calibrate:g} s of work at speed 1, "
@@ -610,13 +647,22 @@ def run_peer(args: argparse.Namespace) -> int:
     if args.measured_before:
         calibration += (" `--measured-before`: each host's `calib/` file is in place before the launch (as "
                         "a relaunch finds it), so no benchmark runs and nobody waits: the deal alone.")
+    if args.next_sweep:
+        calibration += (" `--next-sweep`: ablate runs two sweeps of the repetition's world, one after the "
+                        "other, with nothing measured before the first (a repetition's instances are new: "
+                        "`ablate/.calib/` is emptied): the **first sweep** runs every host's benchmark, "
+                        "the **next sweep** (another sweep name, the same cells and instances: the next "
+                        "round of an ablation) takes every host's kept measurement and runs none; the "
+                        "bench refuses a run where either is not so. Order in a repetition: first sweep, "
+                        "next sweep, parallel, or parallel first.")
     steps = ("5 `torch.optim.SGD` steps (its first use imports torch._dynamo, ~1.1 s of CPU)"
              if args.torch_optim else "5 SGD steps (forward, backward, update by hand: `torch.optim`'s "
              "first use would import torch._dynamo, another ~1.1 s of CPU per start on these shared cores)")
     lines = [
         "## Real makespan on the test bed against GNU parallel, declared figures wrong (issue 13)"
         + (", speeds measured (`calibrate:`)" if args.calibrate else "")
-        + (", measured before the launch" if args.measured_before else ""), "",
+        + (", measured before the launch" if args.measured_before else "")
+        + (", the first and the next sweep on the same instances" if args.next_sweep else ""), "",
         measured_line(cmd) + f" ablate at {ablate_version(('ablate', 'wrappers'))}.", "",
         f"{args.cells} cells on {len(declared_list)} test-bed instances (tests/testbed.py), declared speeds "
         f"{args.speeds}; each host's true emulated speed is declared x U({lo:g}, {hi:g}), drawn per "
@@ -638,18 +684,22 @@ def run_peer(args: argparse.Namespace) -> int:
         "alternating) and checks that each side ran every cell exactly once (the trainer's own "
         f"runs.log). {len(pairs)} repetitions; the machine's 2 cores are every instance's CPU."
         f"{calibration}", "",
-        *rows, "", *(f"- {v}" for v in verdicts), "",
+        *(["The first sweep (every host runs the benchmark):", ""] if nexts else []), *rows, "",
+        *(["The next sweep on the same instances (every host's measurement kept):", "",
+           *peer_tables(worlds, nexts, first), ""] if nexts else []),
+        *(f"- {v}" for v in verdicts), "",
         "Where the time went, per repetition, from the trainer's own clock (seconds from the side's "
         "start: `launch --all` or the parallel command): start-up = the trainer's start to the end of "
         "its steps; between a host's trainer runs = one run's checkpoint saved to the next one's "
         "first line (ablate: run_one's publishing and run_queue's next claim, a steal's learning "
         "step; parallel: the copy, the job's end, the next ssh and login shell); CPU = the machine's "
         "busy CPU seconds during the side (niced work excluded, other users' not).", "",
-        *peer_notes(worlds, pairs), ""]
+        *peer_notes(worlds, pairs, nexts), ""]
     print("\n".join(lines))
     if not args.no_write:
-        key = ("bench_testbed_peer_measured" if args.measured_before else "bench_testbed_peer_calibrate") \
-            if args.calibrate else "bench_testbed_peer"
+        key = "bench_testbed_peer"
+        if args.calibrate:
+            key += "_measured" if args.measured_before else "_next" if args.next_sweep else "_calibrate"
         path = write_section(key, lines)
         print(f"wrote {path.relative_to(REPO)}")
     return 0
@@ -678,6 +728,9 @@ def main(argv: list[str] | None = None) -> int:
                     "a benchmark of this many seconds of work at speed 1 (default 0: none); its own section")
     ap.add_argument("--measured-before", action="store_true", help="--peer --calibrate: the hosts' "
                     "measurements already on the FS (a relaunch): the deal without the benchmark's cost")
+    ap.add_argument("--next-sweep", action="store_true", help="--peer --calibrate: ablate runs a first "
+                    "sweep on new instances (measuring) and then the next sweep (taking the kept "
+                    "measurements), each against the same parallel run")
     ap.add_argument("--keep", type=Path, help="--peer: copy each run's events, queues, joblog and the "
                     "trainer's runs.log / times.log into this directory")
     ap.add_argument("--timeout", type=float, default=300,
@@ -689,8 +742,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     peer = args.peer is not None
     calibrating = bool(args.calibrate or args.measured_before)
-    if (calibrating and not peer) or (args.measured_before and not args.calibrate):
-        ap.error("--calibrate goes with --peer, and --measured-before with --calibrate")
+    if (calibrating and not peer) or ((args.measured_before or args.next_sweep) and not args.calibrate):
+        ap.error("--calibrate goes with --peer, and --measured-before or --next-sweep with --calibrate")
+    if args.measured_before and args.next_sweep:
+        ap.error("--measured-before and --next-sweep: choose one (the next sweep finds its measurements "
+                 "kept by the first)")
     if args.calibrate < 0:
         ap.error(f"--calibrate: seconds of work, 0 or more; got {args.calibrate:g}")
     args.cells = max(1, args.cells or (24 if peer else 30))

@@ -164,6 +164,10 @@ def test_bench_testbed_peer_mode_draws_its_world_and_tabulates_without_a_bed(
     assert [r[0] for r in body] == ["0", "1", "2", "median"]
     assert [r[5] for r in body] == ["0.900", "1.200", "0.800", "0.900"]  # makespan ratios, median
     assert [r[8] for r in body] == ["0.920", "1.220", "0.820", "0.920"]  # wall ratios, median
+    verdicts = bt.peer_verdicts(pairs, "the next sweep, ")
+    assert verdicts[0].startswith("the next sweep, makespan ablate / parallel 0.900") and "met" in verdicts[0]
+    assert "0.920" in verdicts[1] and "met" in verdicts[1]
+    assert "MISSED" in bt.peer_verdicts(pairs[1:2], "")[0] and bt.peer_verdicts([], "x") == []
 
 
 def test_bench_slurm_runs_the_sweep_both_ways_on_the_slurm_bed() -> None:
