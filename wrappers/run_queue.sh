@@ -935,21 +935,29 @@ calibrate() {
       say "calibrated: ${secs}s"
     fi
   fi
-  local until=$((SECONDS + ${ABLATE_CALIBRATE_WAIT:-${ABLATE_CALIBRATE_TIMEOUT:-600}})) r waiting
+  local until=$((SECONDS + ${ABLATE_CALIBRATE_WAIT:-${ABLATE_CALIBRATE_TIMEOUT:-600}})) r k=0 all w waiting
+  local -a files=()
   while :; do
-    waiting=
-    scan_runners || break
-    for (( r = 0; r < ${#R_Q[@]}; r++ )); do
-      (( R_SILENT[r] || R_RAN[r] >= 0 )) && continue
-      [[ -n ${R_CELL[r]} || -s $CALIB_DIR/${R_H[r]}.${R_S[r]:--} ]] || waiting+=" ${R_H[r]}/${R_Q[r]}"
-    done
-    [[ -z $waiting ]] && break
+    if (( k++ % 10 == 0 )); then  # a full look each second: runners that came, started or went silent
+      waiting= files=()
+      scan_runners || break
+      for (( r = 0; r < ${#R_Q[@]}; r++ )); do
+        (( R_SILENT[r] || R_RAN[r] >= 0 )) && continue
+        w=$CALIB_DIR/${R_H[r]}.${R_S[r]:--}
+        [[ -n ${R_CELL[r]} || -s $w ]] || { waiting+=" ${R_H[r]}/${R_Q[r]}"; files+=("$w"); }
+      done
+      [[ -z $waiting ]] && break
+    else  # in between, only the files awaited, every 0.1 s: a queue starts as soon as the last is in
+      all=1
+      for w in "${files[@]}"; do [[ -s $w ]] || { all=0; break; }; done
+      if (( all )); then k=0; continue; fi  # confirmed by a full look at once
+    fi
     if (( SECONDS >= until )); then
       say "still not calibrated:$waiting; dealing by their declared speeds"
       break
     fi
     [[ -e $STOP_FILE ]] && break
-    sleep 0.5
+    sleep 0.1
   done
 }
 
