@@ -575,6 +575,12 @@ def peer_verdicts(pairs: list[tuple[Side, Side]], what: str) -> list[str]:
             f"(target <= 1.0: {'met' if wl <= 1.0 else 'MISSED'})"]
 
 
+def progress(what: str, world: World, side: Side) -> None:
+    """One side's figures on stderr as soon as it has run."""
+    print(f"  {what}: makespan {side.makespan:.1f} s, wall {side.wall:.1f} s, launch {side.launch:.2f} s; "
+          f"{breakdown(world, side)}", file=sys.stderr)
+
+
 def run_peer(args: argparse.Namespace) -> int:
     declared_list = [float(s) for s in args.speeds.split(",") if s.strip()]
     lo, hi = (float(x) for x in args.misspeed.split(","))
@@ -604,14 +610,12 @@ def run_peer(args: argparse.Namespace) -> int:
                         if args.next_sweep:
                             got["next"] = n = run_ablate_peer(tb, base, f"p{rep}n", world, args.timeout,
                                                               args.keep, args.calibrate, kept=True)
-                            print(f"  ablate, next sweep: makespan {n.makespan:.1f} s, wall {n.wall:.1f} s, "
-                                  f"launch {n.launch:.2f} s; {breakdown(world, n)}", file=sys.stderr)
+                            progress("ablate, next sweep", world, n)
                     else:
                         s = run_parallel_peer(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep,
                                               args.controlmaster)
                     got[way] = s
-                    print(f"  {way}: makespan {s.makespan:.1f} s, wall {s.wall:.1f} s, launch {s.launch:.2f} "
-                          f"s; {breakdown(world, s)}", file=sys.stderr)
+                    progress(way, world, s)
                     for line in s.steals:
                         print(f"    steal {line}", file=sys.stderr)
                 worlds.append(world)

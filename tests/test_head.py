@@ -302,6 +302,27 @@ def test_a_measurement_is_kept_for_the_next_sweep_on_the_same_machine(
     assert len(benchmarks(lp)) == 3
 
 
+def test_a_failed_benchmark_is_marked_and_never_kept(local_project: LocalProject, runners: Runners) -> None:
+    """A benchmark exiting 3: calib/ says `failed 3` (nobody waits for it), the event has its rc and
+    no seconds, the cell still runs, and nothing is kept: the next sweep runs the benchmark again."""
+    lp = local_project
+    failing = "sh -c 'uname -n >> benchmarks.txt; exit 3'"
+    for sweep in ("t1", "t2"):
+        lp.write_config(sweep=sweep, calibrate=failing)
+        deploy(load_project(lp.root))
+        root = lp.shared.parent / sweep
+        (root / "queues").mkdir(parents=True, exist_ok=True)
+        (root / "queues/q1.txt").write_text(lp.cfg("cfgs/v/s1.yaml", step_time=0.05) + " recon 1\n")
+        finish(runners.start("h1", "q1", root=root))
+        evs = [json.loads(x) for x in (root / "events/h1.q1.jsonl").read_text().splitlines()]
+        calib = [e for e in evs if e["ev"] == "calibrate"]
+        assert [(e["rc"], "secs" in e, e.get("kept")) for e in calib] == [(3, False, None)], calib
+        assert (root / "calib/h1.-").read_text() == "failed 3\n"
+        assert [e["cell"] for e in evs if e["ev"] == "end" and e["rc"] == 0] == ["s1"]
+    assert len(benchmarks(lp)) == 2
+    assert not list((lp.shared.parent / ".calib").glob("*"))
+
+
 def test_a_new_machine_under_the_same_host_name_is_measured_again(
         local_project: LocalProject, runners: Runners) -> None:
     """A rented name can be a new instance tomorrow: the kept figure is the machine's, not the name's.

@@ -867,15 +867,18 @@ take_other() {  # take_other QUEUE HOST IDX NAME HERE_MS BY: claim another queue
 # running queue has measured too (or started a cell): the head deal needs all speeds.
 CALIB_DIR=$ROOT/calib
 KEPT_DIR=${ROOT%/*}/.calib
+put_line() {  # put_line FILE TEXT: FILE holds the line TEXT, whole or not at all (tmp + mv)
+  printf '%s\n' "$2" >"$1.tmp.$$" 2>/dev/null && mv -f -- "$1.tmp.$$" "$1" 2>/dev/null && return 0
+  rm -f -- "$1.tmp.$$" 2>/dev/null
+  return 1
+}
 calib_kept() {  # REPLY: the file keeping this benchmark's measurement on this machine and slot
   local mid= gpus= sum
+  local -a only=()
   { read -r mid </etc/machine-id; } 2>/dev/null || mid=
+  [[ -n $SLOT && ${ABLATE_PIN_GPU:-1} != 0 ]] && only=(-i "$SLOT")  # the slot's GPU; else the job's
   if command -v nvidia-smi >/dev/null 2>&1; then  # the GPUs themselves: a container's name can stay
-    if [[ -n $SLOT && ${ABLATE_PIN_GPU:-1} != 0 ]]; then
-      gpus=$(timeout 20 nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$SLOT" 2>/dev/null) || gpus=
-    else
-      gpus=$(timeout 20 nvidia-smi --query-gpu=uuid --format=csv,noheader 2>/dev/null) || gpus=
-    fi
+    gpus=$(timeout 20 nvidia-smi --query-gpu=uuid --format=csv,noheader "${only[@]}" 2>/dev/null) || gpus=
   fi
   sum=$(printf '%s\n' "$ABLATE_CALIBRATE" "${ABLATE_ENV-}" "$ABLATE_HOST" "${SLOT:--}" "$(uname -n)" \
     "$mid" "$gpus" | sha256sum) || return 1
@@ -908,29 +911,28 @@ calib_run() {  # time the benchmark; MS its milliseconds, DUR its wall seconds; 
 }
 calibrate() {
   [[ -n ${ABLATE_CALIBRATE-} && $STEAL != 0 ]] || return 0  # only the head deal uses it
-  local f=$CALIB_DIR/$ABLATE_HOST.${SLOT:--} kept= ms rc secs MS DUR
+  local f=$CALIB_DIR/$ABLATE_HOST.${SLOT:--} kept= from_kept=0 ms rc secs MS DUR
   { read -r ms <"$f"; } 2>/dev/null || ms=
   if [[ ! $ms =~ ^[1-9][0-9]{0,9}$ ]]; then  # measured before (a relaunch on the same host): kept
     mkdir -p "$CALIB_DIR" "$ABLATE_CKPT_ROOT" || return 0
     [[ ${ABLATE_CALIBRATE_KEEP:-1} == 0 ]] || { calib_kept && kept=$REPLY; }
     if [[ -n $kept ]] && { read -r ms <"$kept"; } 2>/dev/null && [[ $ms =~ ^[1-9][0-9]{0,9}$ ]]; then
-      printf -v secs '%d.%03d' $((ms / 1000)) $((ms % 1000))
-      printf '%s\n' "$ms" >"$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f" || return 0
+      from_kept=1 DUR=0  # measured on this machine by an earlier sweep: nothing runs
+    elif calib_run; then
+      ms=$MS
+    else
+      rc=$?  # marked, so that nobody waits for it; measured again on a relaunch
+      put_line "$f" "failed $rc"
+      ev calibrate ", \"rc\": $rc, \"dur\": $DUR"
+      return 0
+    fi
+    printf -v secs '%d.%03d' $((ms / 1000)) $((ms % 1000))
+    put_line "$f" "$ms" || return 0
+    if (( from_kept )); then
       ev calibrate ", \"rc\": 0, \"dur\": 0, \"secs\": $secs, \"kept\": true"
       say "calibrated on this machine before: ${secs}s (${kept##*/} in $KEPT_DIR)"
     else
-      calib_run
-      rc=$?
-      if (( rc != 0 )); then  # marked, so that nobody waits for it; measured again on a relaunch
-        printf 'failed %s\n' "$rc" >"$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f"
-        ev calibrate ", \"rc\": $rc, \"dur\": $DUR"
-        return 0
-      fi
-      printf -v secs '%d.%03d' $((MS / 1000)) $((MS % 1000))
-      printf '%s\n' "$MS" >"$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f" || return 0
-      if [[ -n $kept ]] && mkdir -p "$KEPT_DIR" 2>/dev/null; then
-        printf '%s\n' "$MS" >"$kept.tmp.$$" 2>/dev/null && mv -f -- "$kept.tmp.$$" "$kept" 2>/dev/null
-      fi
+      [[ -n $kept ]] && mkdir -p "$KEPT_DIR" 2>/dev/null && put_line "$kept" "$ms"
       ev calibrate ", \"rc\": 0, \"dur\": $DUR, \"secs\": $secs"
       say "calibrated: ${secs}s"
     fi
