@@ -28,7 +28,8 @@ runner has nothing of its own, and differs only in the figures the deal is made 
                     before it stops (run_queue never leaves a line of its own file behind)
 
 The `run_queue with calibrate` row is what wrappers/run_queue.sh does (its "shared head" and
-"calibration").
+"calibration"); the rows after it are the same with a benchmark that costs more (a benchmark of a few
+seconds against cells of minutes is about 1 %; one as long as a small cell, 100 %).
 
 The first rows are what a runner does without `calibrate:` (no shared head) and other policies of
 bench_balance.py on the same sweeps (pull queues and its best other variant), for the verdict.
@@ -78,6 +79,7 @@ class Row(NamedTuple):
 SHIPPED = ("run_queue with calibrate: shared head, gate 1.0, measured speeds, waiting for every measurement, "
            "own lines kept (5 %, 5 % error)")
 TODAY = "learned: plan+steal, min-max (what a runner does without calibrate)"
+COSTLY = (0.1, 0.2, 0.5, 1.0)  # what run_queue gets when the benchmark is not short against the cells
 ROWS: list[Row] = [
     Row(TODAY, "", 0.0),
     Row("pull queue (knows nothing)", "", 0.0, rival="pull queue"),
@@ -113,6 +115,8 @@ ROWS: list[Row] = [
     Row("shared head, gate 1.5, declared figures, own lines kept (not shipped: run_queue deals only with "
         "calibrate)", "declared", 1.5, keep_own=True),
     Row(SHIPPED, "calibrated barrier", 1.0, (0.05, 0.05), keep_own=True),
+    *(Row(f"run_queue with calibrate, a benchmark costing {c * 100:g} % of a small cell (5 % error)",
+          "calibrated barrier", 1.0, (c, 0.05), keep_own=True) for c in COSTLY),
 ]
 
 

@@ -229,6 +229,9 @@ def table(runs: dict[str, list[Run]]) -> list[str]:
 TASK_UNITS = {"a": 1.0, "b": 1.5, "c": 2.5}  # declared cost_per_epoch (arbitrary units)
 EPOCHS = (1, 2, 3, 4)
 POLL = 0.05  # seconds between two looks for published results
+LIGHT = (" `--light`: the benchmark is Python's start-up and the timed work, without `import torch`. On "
+         "these cells of seconds a benchmark that imports torch costs about a small cell (its own section), "
+         "where a real GPU benchmark of a few seconds is about 1 % of cells of minutes.")
 
 TRAINER = '''"""Bench trainer: the real PyTorch start-up, emulated training time, a real checkpoint."""
 import time
@@ -237,9 +240,10 @@ import json, math, os, socket, sys
 here = os.path.dirname(os.path.abspath(__file__))
 host = socket.gethostname()
 if sys.argv[1] == "--calibrate":  # `calibrate:`: the start-up, then SECONDS of work at speed 1 timed
-    import torch
-    torch.set_num_threads(1)
-    torch.nn.functional.relu(torch.randn(256, 32)).sum()
+    if sys.argv[3:] != ["--light"]:  # --light: Python's start-up only, no `import torch`
+        import torch
+        torch.set_num_threads(1)
+        torch.nn.functional.relu(torch.randn(256, 32)).sum()
     with open(os.path.join(here, "speeds.json")) as f:
         speed = json.load(f)[host]
     t = time.time()
@@ -372,7 +376,7 @@ class Side:
 
 def run_ablate_peer(tb: Testbed, base: Path, name: str, world: World, timeout: float,
                     dest: Path | None, calibrate: float = 0.0, measured_before: bool = False,
-                    kept: bool | None = None) -> Side:
+                    kept: bool | None = None, light: bool = False) -> Side:
     """ablate's side; with `kept` (`calibrate:` on), every queue's measurement must have been kept
     from an earlier sweep (True) or measured by this one (False)."""
     work = peer_workdir(tb, name, world)
@@ -391,7 +395,8 @@ def run_ablate_peer(tb: Testbed, base: Path, name: str, world: World, timeout: f
         "tasks": {t: {"epochs": 1, "cost_per_epoch": u} for t, u in TASK_UNITS.items()},
         "cells": [{"glob": f"configs/*-{t}-e{e}.yaml", "task": t, "epochs": e} for t, e in kinds],
         "steal": True, "ssh_config": str(ssh_config),
-        **({"calibrate": f"{sys.executable} train.py --calibrate {calibrate:g}"} if calibrate else {}),
+        **({"calibrate": f"{sys.executable} train.py --calibrate {calibrate:g}{' --light' if light else ''}"}
+           if calibrate else {}),
         "hosts": {h: {"speed": s} for h, s in world.declared.items()}}, sort_keys=False))
     project = load_project(proj)
     planned = plan(project)
@@ -606,10 +611,11 @@ def run_peer(args: argparse.Namespace) -> int:
                             shutil.rmtree(tb.shared_dir / "ablate" / ".calib", ignore_errors=True)
                         s = run_ablate_peer(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep,
                                             args.calibrate, args.measured_before,
-                                            False if args.next_sweep else None)
+                                            False if args.next_sweep else None, args.light)
                         if args.next_sweep:
                             got["next"] = n = run_ablate_peer(tb, base, f"p{rep}n", world, args.timeout,
-                                                              args.keep, args.calibrate, kept=True)
+                                                              args.keep, args.calibrate, kept=True,
+                                                              light=args.light)
                             progress("ablate, next sweep", world, n)
                     else:
                         s = run_parallel_peer(tb, base, f"p{rep}{way[0]}", world, args.timeout, args.keep,
@@ -640,14 +646,16 @@ def run_peer(args: argparse.Namespace) -> int:
            f"--misspeed {args.misspeed} --reps {args.reps}{' --torch-optim' if args.torch_optim else ''}"
            f"{' --controlmaster' if args.controlmaster else ''}"
            f"{f' --calibrate {args.calibrate:g}' if args.calibrate else ''}"
+           f"{' --light' if args.light else ''}"
            f"{' --measured-before' if args.measured_before else ''}"
            f"{' --next-sweep' if args.next_sweep else ''}")
     calibration = (
         f" With `calibrate:` (`--calibrate {args.calibrate:g}`): before its first cell each queue runs "
-        f"the trainer's benchmark mode (the same start-up, then {args.calibrate:g} s of work at speed 1, "
+        f"the trainer's benchmark mode ({'no torch' if args.light else 'the same start-up'}, then "
+        f"{args.calibrate:g} s of work at speed 1, "
         "divided by the host's true speed; it prints the timed part's seconds), the runners wait for "
         "every measurement, and the shared head is dealt by the measured speeds; the calibration counts "
-        "in ablate's makespan and wall." if args.calibrate else "")
+        "in ablate's makespan and wall." + (LIGHT if args.light else "") if args.calibrate else "")
     if args.measured_before:
         calibration += (" `--measured-before`: each host's `calib/` file is in place before the launch (as "
                         "a relaunch finds it), so no benchmark runs and nobody waits: the deal alone.")
@@ -665,6 +673,7 @@ def run_peer(args: argparse.Namespace) -> int:
     lines = [
         "## Real makespan on the test bed against GNU parallel, declared figures wrong (issue 13)"
         + (", speeds measured (`calibrate:`)" if args.calibrate else "")
+        + (" by a light benchmark" if args.light else "")
         + (", measured before the launch" if args.measured_before else "")
         + (", the first and the next sweep on the same instances" if args.next_sweep else ""), "",
         measured_line(cmd) + f" ablate at {ablate_version(('ablate', 'wrappers'))}.", "",
@@ -704,6 +713,7 @@ def run_peer(args: argparse.Namespace) -> int:
         key = "bench_testbed_peer"
         if args.calibrate:
             key += "_measured" if args.measured_before else "_next" if args.next_sweep else "_calibrate"
+            key += "_light" if args.light else ""
         path = write_section(key, lines)
         print(f"wrote {path.relative_to(REPO)}")
     return 0
@@ -730,6 +740,9 @@ def main(argv: list[str] | None = None) -> int:
                     "ControlMaster per host, reused by its jobs: the peer without a new connection per job)")
     ap.add_argument("--calibrate", type=float, default=0.0, help="--peer: ablate's side with `calibrate:`, "
                     "a benchmark of this many seconds of work at speed 1 (default 0: none); its own section")
+    ap.add_argument("--light", action="store_true", help="--peer --calibrate: the benchmark without "
+                    "`import torch` (Python's start-up, then the timed work): as cheap against these "
+                    "seconds-long cells as a GPU benchmark of a few seconds is against cells of minutes")
     ap.add_argument("--measured-before", action="store_true", help="--peer --calibrate: the hosts' "
                     "measurements already on the FS (a relaunch): the deal without the benchmark's cost")
     ap.add_argument("--next-sweep", action="store_true", help="--peer --calibrate: ablate runs a first "
@@ -748,6 +761,8 @@ def main(argv: list[str] | None = None) -> int:
     calibrating = bool(args.calibrate or args.measured_before)
     if (calibrating and not peer) or ((args.measured_before or args.next_sweep) and not args.calibrate):
         ap.error("--calibrate goes with --peer, and --measured-before or --next-sweep with --calibrate")
+    if args.light and not args.calibrate:
+        ap.error("--light goes with --calibrate")
     if args.measured_before and args.next_sweep:
         ap.error("--measured-before and --next-sweep: choose one (the next sweep finds its measurements "
                  "kept by the first)")

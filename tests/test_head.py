@@ -17,6 +17,7 @@ import pytest
 
 from ablate.config.project import load_project
 from ablate.errors import ConfigError
+from ablate.monitor.status import status
 from ablate.remote.layout import session_name
 from ablate.run.deploy import deploy
 from ablate.run.launch import launch
@@ -138,6 +139,11 @@ def test_measured_speeds_decide_the_deal(local_project: LocalProject, runners: R
     assert (mine[1]["rc"], mine[1]["secs"]) == (0, 0.1)
     assert next(e["secs"] for e in events(lp, "h1", "q1") if e["ev"] == "calibrate") == 1.0
     assert (lp.shared / "calib/h2.-").read_text() == "100\n"
+    report = status(load_project(lp.root))  # what a user sees of it
+    assert report.calibrate is not None
+    assert {q: (m["secs"], m["kept"]) for q, m in report.calibrate.queues.items()} == \
+        {"q1": (1.0, False), "q2": (0.1, False)}
+    assert "measured (calibrate): q1 (h1) 1 s, q2 (h2) 0.1 s" in report.lines()
     assert (lp.shared / "calib/h1.-").read_text() == "1000\n"
     assert "defer" not in [e["ev"] for e in mine]
     assert next(e["cell"] for e in mine if e["ev"] == "start") == "big"
@@ -321,6 +327,34 @@ def test_a_failed_benchmark_is_marked_and_never_kept(local_project: LocalProject
         assert [e["cell"] for e in evs if e["ev"] == "end" and e["rc"] == 0] == ["s1"]
     assert len(benchmarks(lp)) == 2
     assert not list((lp.shared.parent / ".calib").glob("*"))
+
+
+def test_status_calls_out_a_benchmark_that_costs_too_much_against_the_cells(
+        local_project: LocalProject, runners: Runners) -> None:
+    """A benchmark of 1.5 s before cells of well under a second costs more than it can win: `status`
+    says so, with the host and the figures. Once the figure is kept (the next sweep), it costs
+    nothing and `status` only shows it."""
+    lp = local_project
+    slow = "sh -c 'sleep 1.5; echo 0.05'"
+    cells = [lp.cfg(f"cfgs/v/s{i}.yaml", step_time=0.05) + " recon 1" for i in range(3)]
+    for sweep, kept in (("t1", False), ("t2", True)):
+        lp.write_config(sweep=sweep, calibrate=slow)
+        deploy(load_project(lp.root))
+        root = lp.shared.parent / sweep
+        (root / "queues").mkdir(parents=True, exist_ok=True)
+        (root / "queues/q1.txt").write_text("\n".join(cells) + "\n")
+        finish(runners.start("h1", "q1", root=root))
+        report = status(load_project(lp.root))
+        assert report.calibrate is not None
+        got = report.calibrate.to_json()
+        assert (got["queues"]["q1"]["secs"], got["queues"]["q1"]["kept"]) == (0.05, kept)
+        assert got["median_cell"] is not None and got["median_cell"] < 1.5, got
+        costly = [ln for ln in report.lines() if ln.startswith("calibrate: the benchmark took")]
+        if kept:
+            assert (got["cost"], got["costly"], costly) == (None, False, []), got
+        else:
+            assert got["cost"] >= 1.5 and got["cost_host"] == "h1" and got["costly"], got
+            assert len(costly) == 1 and "on h1" in costly[0] and "shorten it" in costly[0], costly
 
 
 def test_a_new_machine_under_the_same_host_name_is_measured_again(

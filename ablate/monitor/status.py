@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ablate.config.project import Project
+from ablate.monitor.calibration import Calibration, calibration
 from ablate.monitor.hostinfo import HostLive, asked_of, attach_live, gather, live_lines
 from ablate.plan.cost import CostModel, eta_line, learn, queue_eta
 from ablate.remote.layout import session_name
@@ -66,6 +67,7 @@ class StatusReport:
     # host -> how its own files were read: through itself, or through the FS host and up to how old
     views: dict[str, dict[str, Any]] = field(default_factory=dict)
     lag: dict[str, Any] = field(default_factory=dict)  # the FS's visibility lag the rules allow for
+    calibrate: Calibration | None = None  # `calibrate:`: what each queue measured, and its cost
 
     @property
     def eta(self) -> float | None:
@@ -83,6 +85,7 @@ class StatusReport:
             "cells": {n: c.to_json() for n, c in self.cells.items()},
             "idle_hosts": [i.to_json() for i in self.idle], "hosts": self.hosts, "warnings": self.warnings,
             "views": self.views, "fs_lag": self.lag,
+            "calibrate": self.calibrate.to_json() if self.calibrate else None,
         }
 
     def lines(self) -> list[str]:
@@ -99,6 +102,7 @@ class StatusReport:
         out += [f"  last job of {r.queue} (sacct): {job_text(r.last_job)}" for r in self.rows if r.last_job]
         out += [f"  {r.queue} by priority: {priority_text(r.priorities, r.cells)}" for r in self.rows
                 if r.priorities]
+        out += self.calibrate.lines() if self.calibrate else []
         verified = "not reconciled" if self.verified is None else f"{self.verified} verified by load"
         out.append(f"sweep {self.sweep}: {self.synced}/{self.roster} cells synced to the shared FS, "
                    f"{verified}")
@@ -199,6 +203,7 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
         cells=got.cells, idle=host_alarms(state, list(project.hosts), project.monitor.idle_after),
         warnings=list(state.warnings), views=_views(state),
         lag={"seconds": state.lag.seconds, "measured": state.lag.measured, "note": state.lag.note},
+        calibrate=calibration(snap.events),
     )
     if host_data is not None:
         attach_live(project, report, host_data)

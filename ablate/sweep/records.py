@@ -27,6 +27,8 @@ class Event:
     by: str | None = None
     slot: int | None = None
     service: str | None = None  # service_start/ready/down/failed; an `end` failed by service_down
+    secs: float | None = None  # calibrate: the benchmark's measured seconds (absent when it failed)
+    kept: bool = False  # calibrate: the figure was kept from an earlier sweep on the same machine
 
     @classmethod
     def parse(cls, obj: Any) -> Event | None:
@@ -36,7 +38,7 @@ class Event:
                    as_str(obj.get("cell")), as_int(obj.get("idx")), as_int(obj.get("rc")),
                    as_num(obj.get("dur")), bool(obj.get("resume")), as_str(obj.get("from_queue")),
                    as_str(obj.get("reason")), as_str(obj.get("by")), as_int(obj.get("slot")),
-                   as_str(obj.get("service")))
+                   as_str(obj.get("service")), as_num(obj.get("secs")), obj.get("kept") is True)
 
 
 @dataclass(frozen=True)
