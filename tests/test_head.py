@@ -325,6 +325,7 @@ def test_a_failed_benchmark_is_marked_and_never_kept(local_project: LocalProject
         assert [(e["rc"], "secs" in e, e.get("kept")) for e in calib] == [(3, False, None)], calib
         assert (root / "calib/h1.-").read_text() == "failed 3\n"
         assert [e["cell"] for e in evs if e["ev"] == "end" and e["rc"] == 0] == ["s1"]
+        assert "measured (calibrate): q1 (h1) failed (rc 3)" in status(load_project(lp.root)).lines()
     assert len(benchmarks(lp)) == 2
     assert not list((lp.shared.parent / ".calib").glob("*"))
 

@@ -19,17 +19,15 @@ COSTLY = 0.10  # the benchmark's wall time over the median cell's above which `s
 MIN_CELLS = 3  # ended cells before the median cell is worth comparing against
 
 
-def measurement(events: Iterable[Event]) -> tuple[str, dict[str, Any]] | None:
-    """A queue's last `calibrate` event: (its host, `{host, secs, kept, dur, rc}`; secs None: it
-    failed)."""
+def measurement(events: Iterable[Event]) -> dict[str, Any] | None:
+    """A queue's last `calibrate` event as `{host, secs, kept, dur, rc}` (secs None: it failed)."""
     last = None
     for e in events:
         if e.ev == "calibrate":
             last = e
     if last is None:
         return None
-    return last.host or "?", {"host": last.host, "secs": last.secs, "kept": last.kept, "dur": last.dur,
-                              "rc": last.rc}
+    return {"host": last.host, "secs": last.secs, "kept": last.kept, "dur": last.dur, "rc": last.rc}
 
 
 @dataclass(frozen=True)
@@ -68,14 +66,12 @@ def calibration(events: Mapping[str, tuple[Event, ...]]) -> Calibration:
     got: dict[str, dict[str, Any]] = {}
     cost: tuple[float, str] | None = None
     for key, evs in sorted(events.items()):
-        m = measurement(evs)
-        if m is None:
+        fig = measurement(evs)
+        if fig is None:
             continue
-        host, fig = m
-        queue = next((e.queue for e in evs if e.queue), key)
-        got[queue] = fig
+        got[next((e.queue for e in evs if e.queue), key)] = fig
         if not fig["kept"] and fig["dur"] is not None and (cost is None or fig["dur"] > cost[0]):
-            cost = (fig["dur"], host)
+            cost = (fig["dur"], fig["host"] or key)
     durs = [e.dur for evs in events.values() for e in evs
             if e.ev == "end" and e.rc == 0 and e.dur is not None]
     return Calibration(got, cost[1] if cost else None, cost[0] if cost else None,
