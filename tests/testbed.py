@@ -499,10 +499,17 @@ def _kill_pids(ns: str) -> None:
         out = _sh("ip", "netns", "pids", ns, check=False).stdout
         return [int(p) for p in out.split()]
 
-    for pid in pids():
+    def running(pid: int) -> bool:  # a zombie has died; a dying process is out of its netns before
+        try:                          # it is a zombie, so `ip netns pids` alone returns too early
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    killed = pids()
+    for pid in killed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
-    _wait(lambda: not pids(), 10, f"every process of {ns} gone")
+    _wait(lambda: not pids() and not any(running(p) for p in killed), 10, f"every process of {ns} gone")
 
 
 def free_subnet(prefix: str = "10.231") -> str:
