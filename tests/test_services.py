@@ -27,6 +27,7 @@ from ablate.run.launch import launch
 from ablate.transport import close_all
 from tests.helpers import svc_server, svc_train
 from tests.helpers.cli import Cli
+from tests.helpers.proc import alive
 from tests.helpers.project import LocalProject, drained, events
 from tests.helpers.testbed_projects import TRAIN_IN_WORKDIR, make_project
 from tests.helpers.testbed_projects import events as tb_events
@@ -70,14 +71,6 @@ def bindable(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def setup(lp: LocalProject, *, server: str = "", scope: str = "queue", timeout: int = 30,

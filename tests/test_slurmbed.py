@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.proc import alive
 from tests.helpers.wait import wait_for
 from tests.slurmbed import SlurmBed, missing_requirement
 
@@ -50,14 +51,6 @@ def sacct(sb: SlurmBed) -> dict[str, list[str]]:
     """Job id -> [JobName, State, NodeList, ExitCode] as `sacct` (slurmdbd's records) has them."""
     out = sb.run("sacct", "-X", "-n", "-P", "-o", "JobID,JobName,State,NodeList,ExitCode").stdout
     return {line.split("|")[0]: line.split("|")[1:] for line in out.splitlines() if line}
-
-
-def alive(pid: str) -> bool:
-    """Whether the process runs (a zombie waiting for its new parent to reap it does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_three_nodes_idle_in_the_default_partition(slurm_cluster: SlurmBed) -> None:

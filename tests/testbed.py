@@ -36,6 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from tests.helpers.proc import alive
+
 if TYPE_CHECKING:
     from tests.testbed_storage import Storage
 
@@ -499,17 +501,12 @@ def _kill_pids(ns: str) -> None:
         out = _sh("ip", "netns", "pids", ns, check=False).stdout
         return [int(p) for p in out.split()]
 
-    def running(pid: int) -> bool:  # a zombie has died; a dying process is out of its netns before
-        try:                          # it is a zombie, so `ip netns pids` alone returns too early
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
     killed = pids()
     for pid in killed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
-    _wait(lambda: not pids() and not any(running(p) for p in killed), 10, f"every process of {ns} gone")
+    # a dying process leaves its netns before it is a zombie: `ip netns pids` alone returns too early
+    _wait(lambda: not pids() and not any(alive(p) for p in killed), 10, f"every process of {ns} gone")
 
 
 def free_subnet(prefix: str = "10.231") -> str:
