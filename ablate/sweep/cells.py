@@ -11,7 +11,6 @@ before launch.
 from __future__ import annotations
 
 import hashlib
-import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -19,9 +18,11 @@ from pathlib import Path
 
 from ablate.config.project import SAFE_NAME, Project, Task
 from ablate.errors import QueueError
+from ablate.remote import grammar
 
 # Values that reach a shell (cfg path, task) are restricted to characters no shell interprets.
-SAFE_CFG = re.compile(r"^[A-Za-z0-9._/+@,=-]+$")
+SAFE_CFG = grammar.SAFE_CFG
+cell_name = grammar.cell_name
 HEADER = re.compile(r"^#\s*ablate:\s*(.*)$")
 
 
@@ -38,8 +39,7 @@ class Cell:
 
     @property
     def cat(self) -> str:
-        parent = posixpath.basename(posixpath.dirname(self.cfg))
-        return parent or "default"
+        return grammar.cell_cat(self.cfg)
 
     @property
     def line(self) -> str:
@@ -79,12 +79,6 @@ class QueueFile:
         return "".join(ln.text + "\n" for ln in self.lines)
 
 
-def cell_name(cfg: str) -> str:
-    base = posixpath.basename(cfg)
-    stem, dot, _ext = base.rpartition(".")
-    return stem if dot and stem else base
-
-
 def check_queue_name(name: str) -> str:
     if not SAFE_NAME.match(name):
         raise QueueError(f"queue name {name!r} must be a plain name (letters, digits, . _ + -)")
@@ -92,48 +86,13 @@ def check_queue_name(name: str) -> str:
 
 
 def parse_line(text: str, tasks: Mapping[str, Task], where: str) -> Cell | None:
-    """Parse one queue line. Returns None for blank/comment lines; raises QueueError otherwise."""
-    stripped = text.strip()
-    if not stripped or stripped.startswith("#"):
-        return None
-    parts = stripped.split()
-    priority = 0
-    if len(parts) > 2 and parts[-1].startswith("priority="):
-        m = re.fullmatch(r"priority=(-?[0-9]{1,6})", parts[-1])
-        if m is None:
-            raise QueueError(f"{where}: {parts[-1]!r}: a priority is a whole number, e.g. priority=2")
-        priority = int(m.group(1))
-        parts.pop()
-    spaced = next((k for k in range(2, len(parts)) if parts[1] not in tasks and parts[k] in tasks), None)
-    if spaced is not None:
-        raise QueueError(f"{where}: cfg path {' '.join(parts[:spaced])!r} has a space (characters a "
-                         "shell would interpret); rename the file to letters, digits and . _ / + @ , = -")
-    if len(parts) not in (2, 3):
-        raise QueueError(f"{where}: expected `<cfg_path> <task> [epochs] [priority=N]`, got {stripped!r}")
-    cfg, task = parts[0], parts[1]
-    if not SAFE_CFG.match(cfg):
-        raise QueueError(f"{where}: cfg path {cfg!r} has characters a shell would interpret; "
-                         "rename the file to letters, digits and . _ / + @ , = -")
-    if cfg.endswith("/"):
-        raise QueueError(f"{where}: cfg path {cfg!r} names a directory, not a config file")
-    name = cell_name(cfg)
-    if not SAFE_NAME.match(name) or name in (".", ".."):
-        raise QueueError(f"{where}: cell name {name!r} (from {cfg!r}) is not a safe path component; "
-                         "rename the config to start with a letter or digit")
-    if task not in tasks:
-        known = ", ".join(sorted(tasks))
-        import difflib  # an error's hint only
-
-        close = difflib.get_close_matches(task, list(tasks), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise QueueError(f"{where}: task {task!r} is not in ablate.yaml tasks ({known}){hint}")
-    if len(parts) == 3:
-        if not re.fullmatch(r"[1-9][0-9]{0,6}", parts[2]):
-            raise QueueError(f"{where}: epochs must be a positive whole number, got {parts[2]!r}")
-        epochs = int(parts[2])
-    else:
-        epochs = tasks[task].epochs
-    return Cell(cfg, task, epochs, priority)
+    """Parse one queue line (the grammar in `ablate/remote/grammar.py`, the runner's too). Returns
+    None for blank/comment lines; raises QueueError otherwise."""
+    try:
+        p = grammar.parse(text, {t.name: t.epochs for t in tasks.values()}, where)
+    except grammar.LineError as e:
+        raise QueueError(str(e)) from None
+    return None if p is None else Cell(p.cfg, p.task, p.epochs, p.priority)
 
 
 def parse_queue_text(queue: str, text: str, tasks: Mapping[str, Task], path: Path) -> QueueFile:
@@ -143,12 +102,8 @@ def parse_queue_text(queue: str, text: str, tasks: Mapping[str, Task], path: Pat
     host: str | None = None
     slot: int | None = None
     lines = []
-    # CRLF and a leading BOM from Windows editors are normalised here: `\r` never reaches a command.
-    text = text.removeprefix("\ufeff")
-    rows = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    if rows and rows[-1] == "":
-        rows.pop()  # the newline that ends the last line
-    for i, raw in enumerate(rows):
+    # CRLF and a leading BOM from Windows editors are normalised: `\r` never reaches a command.
+    for i, raw in enumerate(grammar.split_lines(text)):
         where = f"queues/{queue}.txt:{i + 1}"
         m = HEADER.match(raw.strip())
         if m:
