@@ -290,7 +290,7 @@ def test_estimates_file_declared_and_learned(local_project: LocalProject) -> Non
 
 def test_the_controller_and_a_draining_runner_expect_the_same_seconds(local_project: LocalProject) -> None:
     """`plan`/`status` ETAs and a runner's steal come from one model: the controller's seconds of
-    every cell on every runner equal what the runners' helper (learn.<sha>.py, run on the same
+    every cell on every runner equal what the runners' helper (learn.py in runner.<sha>.pyz, on the same
     estimates.tsv and events files) writes for run_queue: over + cell ms / speed."""
     lp = local_project
     truth = _synthetic_history(lp)

@@ -59,10 +59,10 @@ def test_gc_is_refused_while_an_old_version_runs_and_removes_it_after(
     new_version(monkeypatch)
     cur = deploy(project)
     assert cur.run_queue != old.run_queue and cur.specs["h1"] != old.spec
-    current = {f"wrappers/{cur.run_queue}", f"wrappers/{cur.run_one}", f"wrappers/{cur.learn}",
+    current = {f"wrappers/{cur.run_queue}", f"wrappers/{cur.run_one}", f"wrappers/{cur.runner}",
                *(f"specs/{s}" for s in cur.specs.values())}
     before = files(lp.shared)
-    # the learning helper did not change: both versions' specs name the one file
+    # the runner zipapp did not change: both versions' specs name the one file
     assert len(before) == 9 and current < set(before)
     deployed = (lp.shared / "DEPLOYED.json").read_bytes()
 

@@ -5,10 +5,13 @@
 #   bash run_queue.<sha12>.sh SPEC QUEUE START_INDEX [SLOT]
 #
 # Formats of everything written here (claims, events, heartbeat, tails) and read here (estimates,
-# stop files, other queues' heartbeats) are in docs/ARCHITECTURE.md. Plain bash 5 + coreutils: no
-# Python start-up per event, integer arithmetic only (speeds x1000, times in ms). Values from the
-# spec and the queues are safe by construction ([A-Za-z0-9._/+@,=-]), so they go into JSON and
-# commands without escaping; lines that do not match are skipped with reason "invalid", never run.
+# stop files, other queues' heartbeats) are in docs/ARCHITECTURE.md. This bash is the queue's life:
+# signals, claims, events, the heartbeat, services, outage waits, running a cell. Its decisions (the
+# queue-line grammar, the steal pick, the head deal, re-entries, calibration's wait) are asked of
+# the stdlib-only ablate/remote/runner.py (`decide`): one Python start per decision, none per cell
+# and none per event. Values from the spec and the queues are safe by construction
+# ([A-Za-z0-9._/+@,=-], checked again here), so they go into JSON and commands without escaping;
+# lines that do not parse are skipped with reason "invalid", never run.
 # One compound command, parsed whole before any of it runs: bash reads a script as it goes, and
 # this file is on the shared FS, which can go away mid-run (an outage of a network FS).
 {
@@ -30,7 +33,6 @@ source "$SPEC" || { echo "run_queue: cannot read the run spec $SPEC" >&2; exit 2
 
 SAFE='^[A-Za-z0-9._/+@,=-]+$'
 ROOT=$ABLATE_ROOT
-QFILE=$ROOT/queues/$QUEUE.txt
 EVENTS=$ROOT/events/$ABLATE_HOST.$QUEUE.jsonl
 HB=$ROOT/heartbeats/$ABLATE_HOST.$QUEUE
 HB_TMP_PREFIX=$ROOT/heartbeats/.$ABLATE_HOST.$QUEUE
@@ -39,7 +41,6 @@ FINAL=$ROOT/final_ckpts
 TAILS=$ROOT/tails
 STOP_FILE=$ROOT/control/$ABLATE_HOST.$QUEUE.stop
 ESTIMATES=$ROOT/estimates.tsv
-CLOCK=$ROOT/.clock.$ABLATE_HOST.$QUEUE  # written to read the FS's own clock (its mtime)
 RQ_FILE=${BASH_SOURCE[0]##*/}
 SPEC_FILE=${SPEC##*/}
 mkdir -p "$ROOT/events" "$ROOT/heartbeats" "$CLAIMS" "$FINAL" "$TAILS" || {
@@ -49,11 +50,7 @@ mkdir -p "$ROOT/events" "$ROOT/heartbeats" "$CLAIMS" "$FINAL" "$TAILS" || {
 HB_SECS=${ABLATE_HEARTBEAT_SECS:-10}
 [[ $HB_SECS =~ ^[0-9]{1,6}$ ]] || HB_SECS=10
 STEAL=${ABLATE_STEAL:-1}
-
-declare -A TASK_EPOCHS=()
-for kv in ${ABLATE_TASK_EPOCHS-}; do
-  TASK_EPOCHS[${kv%%=*}]=${kv#*=}
-done
+export ABLATE_TASK_EPOCHS=${ABLATE_TASK_EPOCHS-} ABLATE_HEARTBEAT_SECS=$HB_SECS  # for the decisions
 
 # The process group is what `ablate stop` kills: fields after "(comm)" in /proc/PID/stat are
 # state, ppid, pgrp.
@@ -421,48 +418,74 @@ trap 'ticker_stop; svc_stop_all' EXIT
 
 say() { { printf '[ablate %s/%s] %s\n' "$ABLATE_HOST" "$QUEUE" "$*"; } 2>/dev/null; }
 
-LINE=
-read_line_of() {  # read_line_of FILE IDX: re-reads the file (appends are seen); sets LINE, CR-free
-  local -a rows=()
-  mapfile -t rows 2>/dev/null <"$1" || return 1
-  (( $2 < ${#rows[@]} )) || return 1
-  LINE=${rows[$2]//$'\r'/}
+# ---- the runner's decisions (ablate/remote/runner.py, deployed as wrappers/runner.<sha12>.pyz:
+# docs/ARCHITECTURE.md, "run_queue"), run with the profile's env and python
+runner_py() {  # runner_py VERB ARGS...: becomes the decision's process (call it in a subshell)
+  if [[ -n ${ABLATE_ENV-} ]]; then
+    set +u  # activation scripts (conda) reference unset variables
+    eval "$ABLATE_ENV" >/dev/null 2>&1 </dev/null || exit 125
+  fi
+  # shellcheck disable=SC2086  # the profile's python may be a command with arguments
+  exec ${ABLATE_PYTHON:-python3} -S "$ABLATE_RUNNER_PY" "$1" "$ROOT" "$ABLATE_HOST" "$QUEUE" "${SLOT:--}" \
+    "${@:2}" </dev/null
 }
-read_line() { read_line_of "$QFILE" "$1"; }
+DECISION=
+decide() {  # decide VERB ARGS...: DECISION = its answer; rc 0 an answer, 1 nothing to take, else
+  # it could not run (3: the FS could not be read, waited for and asked again, up to 3 times)
+  local tries=0 rc
+  while :; do
+    DECISION=$(runner_py "$@")
+    rc=$?
+    (( rc == 3 && tries++ < 3 )) && fs_wait && continue
+    return "$rc"
+  done
+}
+helper_failed() {  # decide lines failed: nothing can be run safely without the grammar
+  ev queue_stop ", \"idx\": ${idx:-$START}, \"reason\": \"runner_failed\", \"rc\": $1"
+  say "cannot read queue $QUEUE: the runner's decisions (${ABLATE_PYTHON:-python3} $ABLATE_RUNNER_PY) exited $1; is Python 3 on this host (the profile's python), and the shared FS up?"
+  ticker_stop
+  svc_stop_all
+  STATE=stopped CUR_STARTED=
+  hb_write
+  exit 2
+}
 
-P_CFG= P_TASK= P_EPOCHS= P_NAME= P_CAT= P_PRIO=0
-parse_line() {  # parse_line LINE: 0 = a valid cell (sets P_*), 1 = invalid, 2 = blank or comment
-  # A line: <cfg> <task> [epochs] [priority=N]
-  local -a parts=()
-  set -f
-  # shellcheck disable=SC2206  # word splitting of a queue line is the point; globbing is off
-  parts=($1)
-  set +f
-  if (( ${#parts[@]} == 0 )) || [[ ${parts[0]} == \#* ]]; then
-    return 2
+# This queue's lines as the grammar reads them, each line parsed once: L_KIND[i] cell, skip or
+# invalid; L_CELL[i] "NAME CFG TASK EPOCHS CAT PRIORITY"; L_N lines known. Lines appended since are
+# read when the loop gets past the known ones.
+declare -a L_KIND=() L_CELL=()
+L_N=0
+P_CFG= P_TASK= P_EPOCHS= P_NAME= P_CAT=
+read_lines() {  # the lines from L_N on; the decision's rc
+  local i kind rest
+  decide lines --from "$L_N" || return
+  while read -r i kind rest; do
+    if [[ $i == n ]]; then
+      (( kind > L_N )) && L_N=$kind
+    elif [[ $i =~ ^[0-9]{1,9}$ ]]; then
+      L_KIND[i]=$kind L_CELL[i]=$rest
+    fi
+  done <<<"$DECISION"
+  return 0
+}
+line_at() {  # line_at IDX: 0 = a cell (sets P_*), 1 = invalid, 2 = blank or comment, 3 = none (yet)
+  local rc
+  if (( $1 >= L_N )); then
+    read_lines || { rc=$?; helper_failed "$rc"; }
+    (( $1 < L_N )) || return 3
   fi
-  local prio=0
-  if (( ${#parts[@]} > 2 )) && [[ ${parts[-1]} == priority=* ]]; then
-    [[ ${parts[-1]} =~ ^priority=(-?[0-9]{1,6})$ ]] || return 1
-    prio=$((10#${BASH_REMATCH[1]#-}))
-    [[ ${BASH_REMATCH[1]} == -* ]] && prio=$((-prio))
-    unset 'parts[-1]'
-  fi
-  local cfg=${parts[0]} task=${parts[1]-} epochs=${parts[2]-} base name cat=
-  base=${cfg##*/}
-  name=${base%.*}
-  [[ $base == *.* && -n $name ]] || name=$base
-  (( ${#parts[@]} <= 3 )) && [[ $cfg =~ $SAFE && $task =~ $SAFE && -n ${TASK_EPOCHS[$task]+set} ]] \
-    || return 1
-  [[ -n $epochs ]] || epochs=${TASK_EPOCHS[$task]}
-  [[ $epochs =~ ^[1-9][0-9]*$ && $name =~ $NAME_RE ]] || return 1
-  if [[ $cfg == */* ]]; then
-    cat=${cfg%/*}
-    while [[ $cat == */ ]]; do cat=${cat%/}; done
-    cat=${cat##*/}
-  fi
-  [[ -n $cat ]] || cat=default
-  P_CFG=$cfg P_TASK=$task P_EPOCHS=$epochs P_NAME=$name P_CAT=$cat P_PRIO=$prio
+  case ${L_KIND[$1]-} in
+    cell)
+      read -r P_NAME P_CFG P_TASK P_EPOCHS P_CAT _ <<<"${L_CELL[$1]}"
+      safe_cell || return 1 ;;
+    skip) return 2 ;;
+    *) return 1 ;;
+  esac
+}
+safe_cell() {  # safe_cell [NAME CFG TASK EPOCHS CAT] (default: P_*): a decision's cell is what it
+  # must be, before a claim, an event or a command
+  (( $# )) || set -- "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT"
+  [[ $1 =~ $NAME_RE && $2 =~ $SAFE && $3 =~ $SAFE && $4 =~ ^[1-9][0-9]{0,6}$ && $5 =~ $SAFE ]]
 }
 
 # On a network FS a client's cache may still show a name the server no longer has (a claim that
@@ -613,235 +636,61 @@ stop_after_current() {  # stop_after_current IDX: `ablate stop --after-current` 
   exit 0
 }
 
-# ---- work stealing (see docs/ARCHITECTURE.md, "run_queue", for the policy)
-declare -A EST_CELL=() EST_SPEED=() EST_OVER=() STEAL_SKIP=()
-EST_DEFAULT=0
-LEARNED=  # this steal's learned estimates (learn_now); empty: the controller's estimates.tsv
-learn_now() {  # LEARNED = the estimates ablate/remote/learn.py fits on this sweep's ended cells
-  # (its events, one read); empty while nothing has ended, or when it cannot run (then the
-  # controller's file decides, as before).
-  LEARNED=
-  [[ -n ${ABLATE_LEARN-} && -r $ABLATE_LEARN ]] || return 0
-  LEARNED=$(
-    if [[ -n ${ABLATE_ENV-} ]]; then eval "$ABLATE_ENV" >/dev/null 2>&1 </dev/null || exit 1; fi
-    # shellcheck disable=SC2086  # the profile's python may be a command with arguments
-    ${ABLATE_LEARN_PYTHON:-python3} "$ABLATE_LEARN" "$ROOT" 2>/dev/null </dev/null
-  ) || LEARNED=
-}
-load_estimates() {  # `host H SLOT|- SPEED_MILLI`, `over H SLOT|- MS`, `cell NAME MS`: LEARNED, else
-  # estimates.tsv; 1 when unreadable
-  local kind a b c n=0 sum=0 src
-  EST_CELL=() EST_SPEED=() EST_OVER=() EST_DEFAULT=0
-  if [[ -n $LEARNED ]]; then
-    src=$LEARNED
-  else
-    [[ -r $ESTIMATES ]] || return 1
-    src=$(<"$ESTIMATES") || return 1
-  fi
-  while read -r kind a b c || [[ -n $kind ]]; do  # (a last line without its newline counts too)
+# ---- work stealing and the shared head (docs/ARCHITECTURE.md, "run_queue"): runner.py decides,
+# this runs what it decided.
+declare -A STEAL_SKIP=() HEAD_CELL=() DEALT_AHEAD=()
+HEAD_ON=1  # 0: no calibration or stealing is off, or no head cell was left unclaimed
+[[ $STEAL == 0 || -z ${ABLATE_CALIBRATE-} ]] && HEAD_ON=0
+DEFERRED=()  # own lines left to the deal, in order
+T_KIND= T_QUEUE= T_HOST= T_IDX= T_HERE= T_BY= T_CELL=
+took() {  # read DECISION (head_on, head, take lines); 0 when it names a cell to take (T_*, P_*)
+  local kind rest c c1 c2 c3 c4 c5 take=1
+  while read -r kind rest; do
     case $kind in
-      host)
-        if [[ $a =~ $NAME_RE && ( $b == - || $b =~ ^[0-9]{1,6}$ ) && $c =~ ^[0-9]{1,9}$ ]] && (( 10#$c > 0 )); then
-          EST_SPEED["$a $b"]=$((10#$c))
+      head_on)
+        if [[ $rest == 0 ]] && (( HEAD_ON )); then
+          HEAD_ON=0  # every head cell is taken: from here on, lines and steals as before
+          say "the shared head is dealt out"
         fi ;;
-      over)
-        if [[ $a =~ $NAME_RE && ( $b == - || $b =~ ^[0-9]{1,6}$ ) && $c =~ ^[0-9]{1,9}$ ]]; then
-          EST_OVER["$a $b"]=$((10#$c))
-        fi ;;
-      cell)
-        if [[ $a =~ $NAME_RE && $b =~ ^[0-9]{1,12}$ && -z $c ]]; then
-          EST_CELL[$a]=$((10#$b))
-          n=$((n + 1)) sum=$((sum + 10#$b))
+      head)
+        HEAD_CELL=()
+        for c in $rest; do HEAD_CELL[$c]=1; done ;;
+      take)  # the caller's P_* (its own line) change only for a cell to take, below
+        read -r T_KIND T_QUEUE T_HOST T_IDX c1 c2 c3 c4 c5 T_HERE T_BY <<<"$rest"
+        if [[ $T_QUEUE =~ $NAME_RE && $T_HOST =~ $NAME_RE && $T_IDX =~ ^[0-9]{1,9}$ \
+              && $T_HERE =~ ^[0-9]{1,15}$ && $T_BY =~ ^[a-z]+$ ]] && safe_cell "$c1" "$c2" "$c3" "$c4" "$c5"; then
+          T_CELL="$c1 $c2 $c3 $c4 $c5"
+          take=0
         fi ;;
     esac
-  done <<<"$src"
-  (( n )) && EST_DEFAULT=$((sum / n))  # a cell without an estimate counts as an average one
-  return 0
+  done <<<"$DECISION"
+  (( take == 0 )) || return 1
+  read -r P_NAME P_CFG P_TASK P_EPOCHS P_CAT <<<"$T_CELL"
 }
-over_of() {  # over_of HOST SLOT: REPLY = its fixed ms per cell (host+slot, else host's `-`, else 0)
-  REPLY=${EST_OVER["$1 ${2:--}"]-}
-  [[ -n $REPLY ]] || REPLY=${EST_OVER["$1 -"]-}
-  [[ -n $REPLY ]] || REPLY=0
+deal_pick() {  # the head cell dealt to this runner (T_*, P_*); 1 when none is
+  (( HEAD_ON )) || return 1
+  decide deal --next "$NEXT" --deferred "${DEFERRED[*]-}"
+  took
 }
-speed_of() {  # speed_of HOST SLOT: REPLY = speed x1000 (host+slot line, else host's `-`, else 1000)
-  REPLY=${EST_SPEED["$1 ${2:--}"]-}
-  [[ -n $REPLY ]] || REPLY=${EST_SPEED["$1 -"]-}
-  [[ -n $REPLY ]] || REPLY=1000
+drained_pick() {  # what a runner whose own lines are done takes: a dealt head cell, else a steal
+  local steal=0
+  [[ $STEAL != 0 && -e $ESTIMATES ]] && steal=1
+  (( HEAD_ON || steal )) || return 1
+  decide drained --next "$NEXT" --deferred "${DEFERRED[*]-}" --head "$HEAD_ON" --steal "$steal" \
+    --skip "${!STEAL_SKIP[*]}"
+  took
 }
-est_of() { REPLY=${EST_CELL[$1]-$EST_DEFAULT}; }  # est_of NAME: ms on a speed-1.0 machine
-
-J=
-jfield() {  # jfield KEY: REPLY = KEY's value in the one-line JSON object $J ('' when null/absent)
-  local re="\"$1\": (\"([^\"]*)\"|([^,}\"]*))"
-  REPLY=
-  [[ $J =~ $re ]] || return 0
-  if [[ ${BASH_REMATCH[1]} == \"* ]]; then
-    REPLY=${BASH_REMATCH[2]}
+take_pick() {  # run the cell drained_pick chose; 0 = ran it or lost the race (decide again)
+  if [[ $T_KIND == deal ]]; then
+    take_dealt
   else
-    REPLY=${BASH_REMATCH[3]}
-    [[ $REPLY == null ]] && REPLY=
+    take_other "$T_QUEUE" "$T_HOST" "$T_IDX" "$T_HERE" "$T_BY"
   fi
-  return 0
 }
-
-# The other running queues as their heartbeats show them, ages on the FS's clock (a probe written,
-# then one stat for it and every heartbeat): per runner R_Q queue, R_H host, R_S slot, R_IDX line,
-# R_FROM the queue its current cell was stolen from, R_CELL that cell, R_RAN ms it has run (-1:
-# none), R_SILENT 1 when it has not beaten for `fresh` (cut off or dead: it finishes nothing). 1 when
-# the FS's clock cannot be read.
-R_Q=() R_H=() R_S=() R_IDX=() R_FROM=() R_CELL=() R_RAN=() R_SILENT=() R_NEXT=() R_DEFER=()
-scan_runners() {
-  local fs_now= fresh row mt f q h s i c cs ht ran nx
-  local -a rows=()
-  R_Q=() R_H=() R_S=() R_IDX=() R_FROM=() R_CELL=() R_RAN=() R_SILENT=() R_NEXT=() R_DEFER=()
-  printf '%s\n' "$EPOCHREALTIME" >"$CLOCK" 2>/dev/null || return 1
-  mapfile -t rows < <(stat -c "$MT_FMT %n" -- "$CLOCK" "$ROOT"/heartbeats/* 2>/dev/null)
-  for row in "${rows[@]}"; do
-    if [[ ${row#* } == "$CLOCK" ]] && ms_of "${row%% *}"; then fs_now=$REPLY; fi
-  done
-  [[ -n $fs_now ]] || return 1
-  fresh=$(( (3 * HB_SECS > 30 ? 3 * HB_SECS : 30) * 1000 ))
-  for row in "${rows[@]}"; do
-    f=${row#* }
-    [[ $f == "$CLOCK" || $f == "$HB" ]] && continue
-    ms_of "${row%% *}" || continue
-    mt=$REPLY
-    { read -r J <"$f"; } 2>/dev/null || continue
-    jfield state; [[ $REPLY == running ]] || continue
-    jfield queue; q=$REPLY
-    jfield host; h=$REPLY
-    jfield slot; s=$REPLY
-    jfield idx; i=$REPLY
-    [[ $q =~ $NAME_RE && $q != "$QUEUE" && $h =~ $NAME_RE && $s =~ ^[0-9]{0,6}$ && $i =~ ^[0-9]{1,9}$ ]] \
-      || continue
-    # Its current cell's time so far: its own clock from the cell's start to the beat, the FS's
-    # clock since the beat.
-    jfield cell; c=$REPLY
-    jfield cell_started; cs=$REPLY
-    jfield t; ht=$REPLY
-    ran=-1
-    if [[ $c =~ $NAME_RE ]] && ms_of "$cs"; then
-      cs=$REPLY
-      ms_of "$ht" && ran=$(( REPLY - cs + fs_now - mt ))
-      (( ran < 0 )) && ran=0
-    fi
-    # Its own next line (-1: a run_queue before the shared head, which only left its own file to
-    # take another's line once drained) and the own lines it left to the head deal.
-    jfield next
-    nx=-1
-    [[ $REPLY =~ ^[0-9]{1,9}$ ]] && nx=$REPLY
-    R_NEXT+=("$nx")
-    if [[ $J =~ \"deferred\":\ \[([0-9, ]*)\] ]]; then R_DEFER+=("${BASH_REMATCH[1]//,/}"); else R_DEFER+=(""); fi
-    jfield from_queue
-    R_Q+=("$q") R_H+=("$h") R_S+=("$s") R_IDX+=("$i") R_FROM+=("$REPLY") R_CELL+=("$c") R_RAN+=("$ran")
-    R_SILENT+=("$(( fs_now - mt >= fresh ))")
-  done
-}
-
-S_QUEUE= S_HOST= S_IDX= S_NAME= S_HERE=
-SILENT_REM=$(( 1 << 50 ))  # ms: a silent victim's remaining time (never finishes)
-steal_pick() {  # choose a cell to steal (sets S_*); 1 when nothing is worth stealing
-  load_estimates || return 1
-  local my_speed my_over r q h s i spd ov rem cands j n k m e here entry
-  local -a lines=() q_name=() q_host=() q_rem=() q_cands=() order=() list=()
-  speed_of "$ABLATE_HOST" "$SLOT"
-  my_speed=$REPLY
-  over_of "$ABLATE_HOST" "$SLOT"
-  my_over=$REPLY
-  scan_runners || return 1
-  for (( r = 0; r < ${#R_Q[@]}; r++ )); do
-    q=${R_Q[r]} h=${R_H[r]} s=${R_S[r]} i=${R_IDX[r]}
-    speed_of "$h" "$s"
-    spd=$REPLY
-    over_of "$h" "$s"
-    ov=$REPLY
-    rem=0  # its current cell: expected duration there minus the time it has run so far
-    if (( R_RAN[r] >= 0 )); then
-      est_of "${R_CELL[r]}"
-      rem=$(( ov + REPLY * 1000 / spd - R_RAN[r] ))
-      (( rem < 0 )) && rem=0
-    fi
-    # Its lines from its own next one on that nobody has claimed or finished (idx, or `next` while
-    # it is on another queue's cell). While the shared head has cells, they are the deal's
-    # (deal_pick), not a steal's.
-    cands=
-    [[ -n ${R_FROM[r]} ]] && i=${R_NEXT[r]}
-    if (( i >= 0 )) && mapfile -t lines 2>/dev/null <"$ROOT/queues/$q.txt"; then
-      n=${#lines[@]}
-      for (( j = i; j < n; j++ )); do
-        parse_line "${lines[j]//$'\r'/}" || continue
-        [[ -e $CLAIMS/$P_NAME || -e $FINAL/$P_NAME/MANIFEST.json ]] && continue
-        (( HEAD_ON )) && [[ -n ${HEAD_CELL[$P_NAME]-} ]] && continue
-        est_of "$P_NAME"
-        e=$(( ov + REPLY * 1000 / spd ))  # this line's expected time there
-        rem=$(( rem + e ))  # when it would finish there, at its place
-        [[ -n ${STEAL_SKIP["$q:$j"]-} ]] || cands+=" $j:$P_NAME:$P_PRIO:$REPLY:$rem:$e"
-      done
-    fi
-    (( R_SILENT[r] )) && rem=$SILENT_REM
-    q_name+=("$q") q_host+=("$h") q_rem+=("$rem") q_cands+=("$cands")
-  done
-  # Victims by remaining time, largest first (ties: queue name).
-  n=${#q_name[@]}
-  for (( k = 0; k < n; k++ )); do order+=("$k"); done
-  for (( k = 1; k < n; k++ )); do  # insertion sort: a handful of queues
-    e=${order[k]}
-    for (( j = k - 1; j >= 0; j-- )); do
-      m=${order[j]}
-      if (( q_rem[m] > q_rem[e] )) || { (( q_rem[m] == q_rem[e] )) && [[ ! ${q_name[m]} > ${q_name[e]} ]]; }; then
-        break
-      fi
-      order[j + 1]=$m
-    done
-    order[j + 1]=$e
-  done
-  # A line qualifies when it would finish here no later than at its place there (first fit: its
-  # victim's remaining time up to and including it). Priorities (`priority=N`) come first: the
-  # highest priority that qualifies anywhere; then, from the first victim in that order with such a
-  # line, the one that minimises the later of the victim's new finish (R minus the line) and this
-  # runner's (min-max; ties: the later line, which the victim reaches last).
-  # scripts/bench_balance.py simulates this rule (rule_min_max).
-  local best= best_prio= best_k= best_obj= p th obj
-  local -a f=()
-  for k in "${order[@]}"; do
-    (( q_rem[k] > 0 )) || break
-    read -r -a list <<<"${q_cands[k]}"
-    for entry in "${list[@]}"; do
-      IFS=: read -r -a f <<<"$entry"  # idx:name:priority:est:finish there:time there
-      p=${f[2]} th=${f[4]}
-      (( q_rem[k] == SILENT_REM )) && th=$SILENT_REM
-      here=$(( my_over + f[3] * 1000 / my_speed ))
-      # <=: a tie happens only when the victim's cell is overdue (its remaining time clamped to 0):
-      # it is slower than estimated, or gone; taking the line costs nothing if it is not.
-      (( here <= th )) || continue
-      obj=$(( q_rem[k] - f[5] > here ? q_rem[k] - f[5] : here ))
-      if [[ -z $best ]] || (( p > best_prio )) || (( p == best_prio && k == best_k && obj <= best_obj )); then
-        best_prio=$p best_k=$k best_obj=$obj best=$k:$here:${f[0]}:${f[1]}
-      fi
-    done
-  done
-  [[ -n $best ]] || return 1
-  k=${best%%:*} entry=${best#*:}
-  S_HERE=${entry%%:*} entry=${entry#*:}
-  S_QUEUE=${q_name[k]} S_HOST=${q_host[k]} S_IDX=${entry%%:*}
-  S_NAME=${entry#*:}
-  S_NAME=${S_NAME%%:*}
-  return 0
-}
-
-steal_once() {  # 0 = ran a stolen cell or lost a race (look again); 1 = nothing worth stealing
-  learn_now  # the figures of this sweep so far (its ended cells), else the controller's
-  steal_pick || return 1
-  local by=estimates  # the figures the pick was made by: the controller's, or learned here
-  [[ -n $LEARNED ]] && by=learned
-  take_other "$S_QUEUE" "$S_HOST" "$S_IDX" "$S_NAME" "$S_HERE" "$by"
-}
-take_other() {  # take_other QUEUE HOST IDX NAME HERE_MS BY: claim another queue's line and run it;
-  # 0 = ran it or lost the race (look again)
+take_other() {  # take_other QUEUE HOST IDX HERE_MS BY: claim another queue's line (P_*) and run
+  # it; 0 = ran it or lost the race (look again)
   local key=$1:$3 secs
-  # Re-read and re-validate the victim's line: only values that pass parse_line are ever used.
-  if ! read_line_of "$ROOT/queues/$1.txt" "$3" || ! parse_line "$LINE" \
-      || [[ $P_NAME != "$4" ]] || published "$P_NAME"; then
+  if published "$P_NAME"; then
     STEAL_SKIP[$key]=1
     return 0
   fi
@@ -850,9 +699,9 @@ take_other() {  # take_other QUEUE HOST IDX NAME HERE_MS BY: claim another queue
     say "lost the claim of $P_NAME (line $3 of $1); looking again"
     return 0
   fi
-  printf -v secs '%d.%03d' $(($5 / 1000)) $(($5 % 1000))
-  ev steal ", \"idx\": $3, \"cell\": \"$P_NAME\", \"from_queue\": \"$1\", \"from_host\": \"$2\", \"est\": $secs, \"by\": \"$6\""
-  say "taking $P_NAME (line $3 of $1 on $2, expected ${secs}s here, by $6)"
+  printf -v secs '%d.%03d' $(($4 / 1000)) $(($4 % 1000))
+  ev steal ", \"idx\": $3, \"cell\": \"$P_NAME\", \"from_queue\": \"$1\", \"from_host\": \"$2\", \"est\": $secs, \"by\": \"$5\""
+  say "taking $P_NAME (line $3 of $1 on $2, expected ${secs}s here, by $5)"
   run_cell "$3" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0 "$1"
   return 0
 }
@@ -937,159 +786,34 @@ calibrate() {
       say "calibrated: ${secs}s"
     fi
   fi
-  local until=$((SECONDS + ${ABLATE_CALIBRATE_WAIT:-${ABLATE_CALIBRATE_TIMEOUT:-600}})) r k=0 all w waiting
-  local -a files=()
-  while :; do
-    if (( k++ % 10 == 0 )); then  # a full look each second: runners that came, started or went silent
-      waiting= files=()
-      scan_runners || break
-      for (( r = 0; r < ${#R_Q[@]}; r++ )); do
-        (( R_SILENT[r] || R_RAN[r] >= 0 )) && continue
-        w=$CALIB_DIR/${R_H[r]}.${R_S[r]:--}
-        [[ -n ${R_CELL[r]} || -s $w ]] || { waiting+=" ${R_H[r]}/${R_Q[r]}"; files+=("$w"); }
-      done
-      [[ -z $waiting ]] && break
-    else  # in between, only the files awaited, every 0.1 s: a queue starts as soon as the last is in
-      all=1
-      for w in "${files[@]}"; do [[ -s $w ]] || { all=0; break; }; done
-      if (( all )); then k=0; continue; fi  # confirmed by a full look at once
-    fi
-    if (( SECONDS >= until )); then
-      say "still not calibrated:$waiting; dealing by their declared speeds"
-      break
-    fi
-    [[ -e $STOP_FILE ]] && break
-    sleep 0.1
-  done
+  # The wait, in one decision: in the background, so that a signal is handled at once.
+  local out=$ABLATE_CKPT_ROOT/.calib-wait.$QUEUE.$$ waiting=
+  runner_py calib-wait --secs "${ABLATE_CALIBRATE_WAIT:-${ABLATE_CALIBRATE_TIMEOUT:-600}}" \
+    --stop "$STOP_FILE" >"$out" &
+  CHILD=$!
+  wait "$CHILD"
+  CHILD=
+  { read -r _ waiting <"$out"; } 2>/dev/null
+  rm -f -- "$out"
+  [[ -n $waiting ]] && say "still not calibrated: $waiting; dealing by their declared speeds"
+  return 0
 }
 
-# ---- the shared head (docs/ARCHITECTURE.md, "run_queue"): the cells of at least half the largest
-# estimate that nobody has claimed, in this queue's file and every running queue's, are dealt out
-# before any other line: largest first, each to the runner that would end it earliest by the
-# measured speeds, each runner free once its current cell is expected to end; this runner takes the
-# first one dealt to it, and leaves its own head lines dealt to others (deferred:
-# taken back when it has nothing else). scripts/bench_balance.py simulates it (with_stealing's gate).
-declare -A HEAD_CELL=() DEALT_AHEAD=()
-HEAD_ON=1  # 0: no calibration or stealing is off, or no head cell was left unclaimed
-[[ $STEAL == 0 || -z ${ABLATE_CALIBRATE-} ]] && HEAD_ON=0
-DEFERRED=()  # own lines left to the deal, in order
-D_QUEUE= D_HOST= D_IDX= D_NAME= D_HERE=
-deal_speeds() {  # SPD[k] for runner key KEYS[k] ("host slot|-"): measured (calib/), scaled to the
-  # sum of the same runners' declared speeds; declared where not measured
-  local k f ms sum_d=0 sum_r=0
-  local -a raw=()
-  SPD=()
-  for (( k = 0; k < ${#KEYS[@]}; k++ )); do
-    speed_of "${KEYS[k]% *}" "${KEYS[k]#* }"
-    SPD[k]=$REPLY raw[k]=0
-    f=$CALIB_DIR/${KEYS[k]/ /.}
-    if { read -r ms <"$f"; } 2>/dev/null && [[ $ms =~ ^[1-9][0-9]{0,9}$ ]]; then
-      raw[k]=$(( 1000000000 / ms + 1 ))
-      sum_d=$(( sum_d + SPD[k] )) sum_r=$(( sum_r + raw[k] ))
-    fi
-  done
-  (( sum_r )) || return 0
-  for (( k = 0; k < ${#KEYS[@]}; k++ )); do
-    (( raw[k] )) && SPD[k]=$(( raw[k] * sum_d / sum_r ))
-    (( SPD[k] > 0 )) || SPD[k]=1
-  done
-}
-deal_pick() {  # the head cell dealt to this runner (sets D_*); 1 when none is
-  (( HEAD_ON )) || return 1
-  # parse_line's fields stay in here (bash scopes dynamically): the caller's line keeps its own.
-  local P_CFG= P_TASK= P_EPOCHS= P_NAME= P_CAT= P_PRIO=0
-  local saved=$LEARNED max=0 c e r k j n best best_t t rem top=-1000000
-  local -a lines=() entries=() free=() KEYS=() SPD=() qs=() hosts=() from=() rest=() at=() names=() prios=()
-  local -A seen=()
-  LEARNED=  # the deal is made by the declared costs (over the measured speeds), never learned ones
-  load_estimates || { LEARNED=$saved; return 1; }
-  LEARNED=$saved
-  for c in "${!EST_CELL[@]}"; do (( EST_CELL[$c] > max )) && max=${EST_CELL[$c]}; done
-  (( max > 0 )) && scan_runners || return 1
-  # Each queue's lines the deal may give: from its own next line on, and those it deferred.
-  KEYS=("$ABLATE_HOST ${SLOT:--}") qs=("$QUEUE") hosts=("$ABLATE_HOST") from=("$NEXT")
-  rest=("${DEFERRED[*]-}")
-  for (( r = 0; r < ${#R_Q[@]}; r++ )); do
-    (( R_SILENT[r] )) && continue  # it would never take a cell dealt to it
-    KEYS+=("${R_H[r]} ${R_S[r]:--}") qs+=("${R_Q[r]}") hosts+=("${R_H[r]}") rest+=("${R_DEFER[r]}")
-    if [[ -z ${R_FROM[r]} ]]; then from+=("${R_IDX[r]}"); else from+=("${R_NEXT[r]}"); fi
-  done
-  deal_speeds
-  free=(0)
-  k=1
-  for (( r = 0; r < ${#R_Q[@]}; r++ )); do
-    (( R_SILENT[r] )) && continue
-    rem=0
-    if (( R_RAN[r] >= 0 )); then
-      est_of "${R_CELL[r]}"
-      rem=$(( REPLY * 1000 / SPD[k] - R_RAN[r] ))
-      (( rem < 0 )) && rem=0
-    fi
-    free[k++]=$rem
-  done
-  HEAD_CELL=()
-  for (( k = 0; k < ${#qs[@]}; k++ )); do
-    mapfile -t lines 2>/dev/null <"$ROOT/queues/${qs[k]}.txt" || continue
-    n=${#lines[@]}
-    # shellcheck disable=SC2206  # a list of line numbers
-    at=(${rest[k]})
-    (( from[k] >= 0 )) || at=()
-    for (( j = from[k]; j >= 0 && j < n; j++ )); do at+=("$j"); done
-    for j in "${at[@]}"; do
-      (( j < n )) || continue
-      parse_line "${lines[j]//$'\r'/}" || continue
-      [[ -n ${seen[$P_NAME]-} ]] && continue
-      seen[$P_NAME]=1
-      est_of "$P_NAME"
-      (( 2 * REPLY >= max )) || continue
-      [[ -e $CLAIMS/$P_NAME || -e $FINAL/$P_NAME/MANIFEST.json ]] && continue
-      (( P_PRIO > top )) && top=$P_PRIO
-      names+=("$P_NAME") prios+=("$P_PRIO")
-      entries+=("$REPLY $P_NAME $k $j $P_PRIO")
-    done
-  done
-  for (( j = 0; j < ${#names[@]}; j++ )); do  # the head: the lines of the highest priority left
-    (( prios[j] == top )) && HEAD_CELL[${names[j]}]=1  # (a steal takes none of them)
-  done
-  if (( ! ${#entries[@]} )); then
-    HEAD_ON=0  # every head cell is taken: from here on, lines and steals as before
-    say "the shared head is dealt out"
-    return 1
-  fi
-  # Ties go to the runner whose file holds the line, then to this one: runners that deal at the same
-  # moment agree.
-  local p
-  while read -r e c k j p; do
-    (( p == top )) || continue  # priorities first: only the highest one still in the head is dealt
-    best=$k best_t=$(( free[k] + e * 1000 / SPD[k] ))
-    for (( r = 0; r < ${#KEYS[@]}; r++ )); do
-      t=$(( free[r] + e * 1000 / SPD[r] ))
-      (( t < best_t )) && best=$r best_t=$t
-    done
-    if (( best == 0 )); then
-      D_NAME=$c D_QUEUE=${qs[k]} D_HOST=${hosts[k]} D_IDX=$j D_HERE=$(( e * 1000 / SPD[0] ))
-      return 0
-    fi
-    free[best]=$(( free[best] + e * 1000 / SPD[best] ))
-  done < <(printf '%s\n' "${entries[@]}" | sort -k1,1nr -k2,2)
-  return 1
-}
-take_dealt() {  # run the cell deal_pick chose; 0 = ran it or lost the race (deal again)
-  if [[ $D_QUEUE != "$QUEUE" ]]; then
-    take_other "$D_QUEUE" "$D_HOST" "$D_IDX" "$D_NAME" "$D_HERE" deal
+take_dealt() {  # run the cell the deal chose (T_*, P_*); 0 = ran it or lost the race (deal again)
+  if [[ $T_QUEUE != "$QUEUE" ]]; then
+    take_other "$T_QUEUE" "$T_HOST" "$T_IDX" "$T_HERE" deal
     return 0
   fi
   local i rest=()
-  for i in "${DEFERRED[@]}"; do [[ $i == "$D_IDX" ]] || rest+=("$i"); done
-  read_line "$D_IDX" && parse_line "$LINE" && [[ $P_NAME == "$D_NAME" ]] || return 0
-  if ! claim "$P_NAME" "$D_IDX"; then  # someone's since the deal (deal again), or the FS failed
+  for i in "${DEFERRED[@]}"; do [[ $i == "$T_IDX" ]] || rest+=("$i"); done
+  if ! claim "$P_NAME" "$T_IDX"; then  # someone's since the deal (deal again), or the FS failed
     [[ -e $CLAIMS/$P_NAME/owner ]] && DEFERRED=("${rest[@]}")  # (then it stays ours to take back)
     return 0
   fi
   DEFERRED=("${rest[@]}")
-  (( D_IDX > idx )) && DEALT_AHEAD[$D_IDX]=1  # the main loop passes it when it gets there
-  if (( D_IDX == idx )); then idx=$((idx + 1)); NEXT=$idx; fi
-  run_cell "$D_IDX" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0
+  (( T_IDX > idx )) && DEALT_AHEAD[$T_IDX]=1  # the main loop passes it when it gets there
+  if (( T_IDX == idx )); then idx=$((idx + 1)); NEXT=$idx; fi
+  run_cell "$T_IDX" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0
   return 0
 }
 run_deferred() {  # 0 when it ran (or lost) one of this queue's deferred lines; 1 when none is left
@@ -1097,7 +821,7 @@ run_deferred() {  # 0 when it ran (or lost) one of this queue's deferred lines; 
   while (( ${#DEFERRED[@]} )); do
     i=${DEFERRED[0]}
     DEFERRED=("${DEFERRED[@]:1}")
-    read_line "$i" && parse_line "$LINE" || continue
+    line_at "$i" || continue
     if published "$P_NAME"; then  # each own line ends with its own outcome, as in the main loop
       ev skip ", \"idx\": $i, \"cell\": \"$P_NAME\", \"reason\": \"done\""
       continue
@@ -1117,43 +841,24 @@ run_deferred() {  # 0 when it ran (or lost) one of this queue's deferred lines; 
 # resume 1 when the relaunched queue drains, before any new steal. Found once, from our events.
 REENTRY=()
 REENTRY_SCANNED=0
-find_reentries() {
-  local c from i kind
-  local -a order=()
-  local -A pending=()
-  [[ -r $EVENTS ]] || return 0
-  while IFS= read -r J; do
-    jfield ev; kind=$REPLY
-    jfield cell; c=$REPLY
-    jfield from_queue; from=$REPLY
-    jfield idx; i=$REPLY
-    [[ $c =~ $NAME_RE && $from =~ $NAME_RE && $i =~ ^[0-9]{1,9}$ ]] || continue
-    case $kind in
-      steal|start) pending[$c]=$from:$i; order+=("$c") ;;
-      end) unset 'pending[$c]' ;;
-    esac
-  done < <(grep -F '"from_queue": "' -- "$EVENTS" 2>/dev/null)
-  for c in "${order[@]}"; do
-    if [[ -n ${pending[$c]-} ]]; then
-      REENTRY+=("$c:${pending[$c]}")
-      unset 'pending[$c]'
-    fi
-  done
+find_reentries() {  # REENTRY: "FROM IDX NAME CFG TASK EPOCHS CAT" each, oldest first
+  local kind rest
+  decide reentries || return 0
+  while read -r kind rest; do
+    [[ $kind == reenter ]] && REENTRY+=("$rest")
+  done <<<"$DECISION"
 }
 reenter_one() {  # 0 when it ran one
-  local entry c from i
+  local from i
   while (( ${#REENTRY[@]} )); do
-    entry=${REENTRY[0]}
-    REENTRY=("${REENTRY[@]:1}")
-    c=${entry%%:*} i=${entry##*:}
-    from=${entry#*:}
-    from=${from%:*}
-    published "$c" && continue
-    claimed_by_us "$c" || continue  # released by remediate, or never ours
-    read_line_of "$ROOT/queues/$from.txt" "$i" && parse_line "$LINE" && [[ $P_NAME == "$c" ]] || continue
-    say "re-entering $c (line $i of $from), stolen by this queue and cut before its end"
-    [[ -n $ATTEMPT ]] && own "$c" "$i"
-    run_cell "$i" "$c" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 1 "$from"
+    read -r from i P_NAME P_CFG P_TASK P_EPOCHS P_CAT <<<"${REENTRY[0]}"
+    REENTRY=("${REENTRY[@]:1}")  # (the main loop reads its own line again after a re-entry)
+    [[ $from =~ $NAME_RE && $i =~ ^[0-9]{1,9}$ ]] && safe_cell || continue
+    published "$P_NAME" && continue
+    claimed_by_us "$P_NAME" || continue  # released by remediate, or never ours
+    say "re-entering $P_NAME (line $i of $from), stolen by this queue and cut before its end"
+    [[ -n $ATTEMPT ]] && own "$P_NAME" "$i"
+    run_cell "$i" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 1 "$from"
     return 0
   done
   return 1
@@ -1181,18 +886,19 @@ while :; do
   NEXT=$idx
   [[ -e $STOP_FILE ]] && stop_after_current "$idx"  # before every line, re-entry and steal
   svc_up queue || svc_fail "$SVC_FAILED"  # before the first claim; again after one died
-  if ! read_line "$idx"; then
+  line_at "$idx"
+  lrc=$?
+  if (( lrc == 3 )); then
     # Our own lines are done. Still `running`: an append now is read at the top of the loop.
     if (( ! REENTRY_SCANNED )); then
       REENTRY_SCANNED=1
       find_reentries
     fi
     reenter_one && continue
-    if (( HEAD_ON )) && deal_pick; then
-      take_dealt
+    if drained_pick; then
+      take_pick
       continue
     fi
-    [[ $STEAL != 0 && -e $ESTIMATES ]] && steal_once && continue
     run_deferred && continue
     STATE=drained CUR_STARTED=
     ticker_stop
@@ -1200,7 +906,8 @@ while :; do
     hb_write
     # `ablate append` writes the queue file, then reads this heartbeat: an append that raced the
     # drain decision is seen by this second read, or append sees "drained" and restarts us.
-    if read_line "$idx"; then
+    line_at "$idx"
+    if (( $? != 3 )); then
       STATE=running
       hb_write
       ticker_start
@@ -1210,8 +917,7 @@ while :; do
     say "drained at line $idx"
     exit 0
   fi
-  parse_line "$LINE"
-  case $? in
+  case $lrc in
     2)
       idx=$((idx + 1))
       continue ;;

@@ -9,11 +9,13 @@ one. `DEPLOYED.json` names what new launches use.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import posixpath
 import re
 import shlex
 import time
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,11 +46,35 @@ def packaged_wrappers() -> dict[str, bytes]:
 
 
 def packaged_learn() -> bytes:
-    """The stdlib-only learning helper a draining run_queue runs (`ablate/remote/learn.py`)."""
+    """The stdlib-only learning helper (`ablate/remote/learn.py`), inside the runner's zipapp."""
     return packaged.read("ablate.remote", "learn.py")
 
 
-def render_spec(project: Project, host: Host, run_one_path: str, learn_path: str = "") -> bytes:
+RUNNER_MODULES = ("grammar.py", "learn.py", "runner.py")  # ablate/remote/, stdlib only
+_RUNNER_MAIN = b"from ablate.remote.runner import main\n\nraise SystemExit(main())\n"
+
+
+def packaged_runner() -> bytes:
+    """The zipapp run_queue asks its decisions of (`ablate/remote/runner.py` with the modules it
+    imports, under their own package names, so `python3 runner.<sha12>.pyz` runs the very code the
+    controller imports). Byte-for-byte the same for the same sources: its name is its content."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        def put(name: str, data: bytes) -> None:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o444 << 16
+            z.writestr(info, data)
+
+        put("__main__.py", _RUNNER_MAIN)
+        put("ablate/__init__.py", b"")
+        put("ablate/remote/__init__.py", b"")
+        for name in RUNNER_MODULES:
+            put(f"ablate/remote/{name}", packaged.read("ablate.remote", name))
+    return buf.getvalue()
+
+
+def render_spec(project: Project, host: Host, run_one_path: str, runner_path: str = "") -> bytes:
     """The bash-sourceable run spec of one host (docs/ARCHITECTURE.md, "Run spec")."""
     values = {
         "ABLATE_ROOT": project.sweep_root(host),
@@ -65,9 +91,9 @@ def render_spec(project: Project, host: Host, run_one_path: str, learn_path: str
         "ABLATE_RUN_ONE": run_one_path,
         "ABLATE_HEARTBEAT_SECS": str(project.heartbeat_secs),
         "ABLATE_STEAL": "1" if project.steal else "0",
-        # What a draining runner learns its steal figures with (stdlib only: any python3 runs it).
-        "ABLATE_LEARN": learn_path,
-        "ABLATE_LEARN_PYTHON": host.profile.python,
+        # The runner's decisions (ablate/remote/runner.py, a stdlib-only zipapp) and what runs it.
+        "ABLATE_RUNNER_PY": runner_path,
+        "ABLATE_PYTHON": host.profile.python,
         # `calibrate:`: the benchmark each queue times before its first cell (empty: none).
         "ABLATE_CALIBRATE": project.calibrate.command,
         "ABLATE_CALIBRATE_TIMEOUT": str(project.calibrate.timeout),
@@ -126,7 +152,7 @@ class DeployResult:
     run_one: str
     specs: Mapping[str, str]  # host -> file name under specs/
     created: tuple[str, ...] = field(default=())  # paths (relative to root) written by this call
-    learn: str = ""  # the learning helper's file name under wrappers/
+    runner: str = ""  # the runner's zipapp's file name under wrappers/
 
     def run_queue_path(self, layout: SweepLayout) -> str:
         return posixpath.join(layout.wrappers, self.run_queue)
@@ -136,7 +162,7 @@ class DeployResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "root": self.root, "run_queue": self.run_queue,
-                "run_one": self.run_one, "learn": self.learn, "specs": dict(self.specs),
+                "run_one": self.run_one, "runner": self.runner, "specs": dict(self.specs),
                 "created": list(self.created)}
 
     def lines(self) -> list[str]:
@@ -160,14 +186,14 @@ def _deploy(project: Project, log: Log | None) -> DeployResult:
     version = sha12(b"".join(wrappers[k] for k in WRAPPERS))
     created: list[str] = []
 
-    learn = packaged_learn()
-    learn_name = f"learn.{sha12(learn)}.py"
+    runner = packaged_runner()
+    runner_name = f"runner.{sha12(runner)}.pyz"
     files = [(posixpath.join(layout.wrappers, names[kind]), wrappers[kind]) for kind in WRAPPERS]
-    files.append((posixpath.join(layout.wrappers, learn_name), learn))
+    files.append((posixpath.join(layout.wrappers, runner_name), runner))
     specs: dict[str, str] = {}
     for name, host in project.hosts.items():
         run_one = posixpath.join(project.layout(host).wrappers, names["run_one"])
-        data = render_spec(project, host, run_one, posixpath.join(project.layout(host).wrappers, learn_name))
+        data = render_spec(project, host, run_one, posixpath.join(project.layout(host).wrappers, runner_name))
         specs[name] = f"{sha12(data)}.env"
         files.append((posixpath.join(layout.specs, specs[name]), data))
     # Every file and the read of DEPLOYED.json in one round trip; its write, only when it changes,
@@ -183,12 +209,12 @@ def _deploy(project: Project, log: Log | None) -> DeployResult:
             bar.cell_done(i, len(files), rel, "placed" if new else "already in place")
 
     record = {"version": version, "run_queue": names["run_queue"], "run_one": names["run_one"],
-              "learn": learn_name, "specs": specs}
+              "runner": runner_name, "specs": specs}
     deployed = got[-1]
     if _current(deployed if isinstance(deployed, bytes) else None) != record:
         fs.write_atomic(layout.deployed, (json.dumps({**record, "t": time.time()}) + "\n").encode())
     return DeployResult(version, layout.root, names["run_queue"], names["run_one"], specs, tuple(created),
-                        learn_name)
+                        runner_name)
 
 
 def _current(raw: bytes | None) -> dict[str, Any] | None:
@@ -200,7 +226,8 @@ def _current(raw: bytes | None) -> dict[str, Any] | None:
 
 # --------------------------------------------------------------------------- gc
 
-_OLD_WRAPPER = re.compile(r"^(?:(?:run_queue|run_one)\.[0-9a-f]{12}\.sh|learn\.[0-9a-f]{12}\.py)$")
+_OLD_WRAPPER = re.compile(r"^(?:(?:run_queue|run_one)\.[0-9a-f]{12}\.sh|learn\.[0-9a-f]{12}\.py"
+                          r"|runner\.[0-9a-f]{12}\.pyz)$")
 _OLD_SPEC = re.compile(r"^[0-9a-f]{12}\.env$")
 
 
@@ -232,7 +259,7 @@ def gc(project: Project, log: Log | None = None) -> GcResult:
             raise AblateError(f"nothing is deployed on {layout.root} (no DEPLOYED.json); "
                               "`ablate deploy` first")
         keep = {f"wrappers/{current.get('run_queue')}", f"wrappers/{current.get('run_one')}",
-                f"wrappers/{current.get('learn')}",
+                f"wrappers/{current.get('runner')}",
                 *(f"specs/{s}" for s in (current.get("specs") or {}).values())}
         old: list[str] = []
         kept: list[str] = []

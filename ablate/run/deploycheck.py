@@ -8,7 +8,7 @@ import posixpath
 from typing import Any
 
 from ablate.config.project import Host, Project
-from ablate.run.deploy import packaged_learn, packaged_wrappers
+from ablate.run.deploy import packaged_runner, packaged_wrappers
 from ablate.run.hostcheck import Section
 
 
@@ -16,7 +16,7 @@ def deployed_files(deployed: dict[str, Any] | None, host: str) -> list[str]:
     """Paths (relative to the sweep root) DEPLOYED.json says new launches on `host` use."""
     if not deployed:
         return []
-    files = [f"wrappers/{deployed[k]}" for k in ("run_queue", "run_one", "learn")
+    files = [f"wrappers/{deployed[k]}" for k in ("run_queue", "run_one", "runner")
              if isinstance(deployed.get(k), str)]
     spec = (deployed.get("specs") or {}).get(host)
     if isinstance(spec, str):
@@ -25,16 +25,16 @@ def deployed_files(deployed: dict[str, Any] | None, host: str) -> list[str]:
 
 
 def expected_sha(rel: str) -> str:
-    """The content address in a deployed file's name (`run_one.<sha12>.sh`, `learn.<sha12>.py`,
-    `<sha12>.env`), or the full sha256 when it is this package's own wrapper or learning helper."""
+    """The content address in a deployed file's name (`run_one.<sha12>.sh`, `runner.<sha12>.pyz`,
+    `<sha12>.env`), or the full sha256 when it is this package's own wrapper or runner zipapp."""
     own = {**{f"{kind}.{{}}.sh": data for kind, data in packaged_wrappers().items()},
-           "learn.{}.py": packaged_learn()}
+           "runner.{}.pyz": packaged_runner()}
     for name, data in own.items():
         full = hashlib.sha256(data).hexdigest()
         if rel == f"wrappers/{name.format(full[:12])}":
             return full
     base = posixpath.basename(rel)
-    named = base.startswith(("run_queue.", "run_one.", "learn."))
+    named = base.startswith(("run_queue.", "run_one.", "learn.", "runner."))
     return base.split(".")[-2] if named else base.split(".")[0]
 
 

@@ -1,0 +1,635 @@
+"""The runner's decisions: what `run_queue.sh` asks, one Python start per decision, none per cell.
+
+Stdlib only. `ablate deploy` ships this module with `grammar.py` and `learn.py` as one zipapp,
+`wrappers/runner.<sha12>.pyz` (content-addressed like the wrappers); run_queue runs it with the
+profile's env activated and its python (`ABLATE_PYTHON`):
+
+    python3 runner.<sha12>.pyz VERB ROOT HOST QUEUE SLOT|- [options]
+
+with the spec's `ABLATE_TASK_EPOCHS` and `ABLATE_HEARTBEAT_SECS` in its environment. Verbs (their
+output is lines of space-separated words, every word a safe name or a number):
+
+- `lines --from K`: this queue's lines from K on, by the one queue-line grammar
+  (`ablate/remote/grammar.py`): `K cell NAME CFG TASK EPOCHS CAT PRIORITY`, `K skip` (blank or
+  comment), `K invalid`; then `n N`, the number of lines.
+- `deal --next K [--deferred "I J"]`: the shared head's deal (below); `head_on 0|1`, `head NAME...`,
+  and `take deal QUEUE HOST IDX NAME CFG TASK EPOCHS CAT HERE_MS deal` when a head cell is dealt
+  to this runner.
+- `drained --next K [--deferred ..] [--head 0|1] [--steal 0|1] [--skip "Q:I ..."]`: what a runner
+  whose own lines are done does: the deal (with --head 1), else the steal pick (with --steal 1);
+  the same lines, the steal's `take steal ... BY` (BY: `learned` or `estimates`).
+- `reentries`: the cells this queue stole and that were cut before their `end` (its events):
+  `reenter FROM_QUEUE IDX NAME CFG TASK EPOCHS CAT` each, oldest first.
+- `calib-wait --secs S --stop FILE`: wait, at most S seconds, until every other running queue has
+  measured its speed (calibrate:) or started a cell; `waiting HOST/QUEUE...` when it gave up.
+
+Exit 0 with the answer; 1 when there is nothing to take; 2 bad arguments; 3 the FS could not be
+read (run_queue waits for it and asks again).
+
+The rules (docs/ARCHITECTURE.md, "run_queue"), in integer milliseconds and speeds x 1000 as the
+bash before them, so that every runner, whatever its Python, agrees:
+- estimates: `estimates.tsv` (the controller's) or the figures `learn.py` fits on this sweep's ended
+  cells (a steal only; the deal uses the declared costs over the measured speeds).
+- the steal pick (`pick_steal`), min-max: victims by expected remaining time, largest first; a line
+  qualifies when it would end here no later than at its place there; the highest priority that
+  qualifies anywhere, then from the first victim with such a line the one minimising the later of
+  the victim's new finish and this runner's (ties: the later line). scripts/bench_balance.py runs
+  this very function.
+- the head deal (`deal_first`): the unclaimed cells of at least half the largest estimate, in every
+  running queue from its next line on (and the lines it deferred), largest first, each to the runner
+  that would end it earliest (ties: the line's owner, then the lower runner), each runner free once
+  its current cell is expected to end; the first one dealt to this runner is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple, TypeVar
+
+from ablate.remote import grammar, learn
+
+SILENT_REM = 1 << 50  # ms: a silent victim's remaining time (it never finishes)
+_MS = re.compile(r"([0-9]{1,12})(?:\.([0-9]*))?")
+_DIGITS = re.compile(r"[0-9]{1,9}")
+_SLOT = re.compile(r"[0-9]{0,6}")
+_CALIB_MS = re.compile(r"[1-9][0-9]{0,9}")
+
+N = TypeVar("N", int, float)
+
+
+class FsDown(Exception):
+    """The shared FS could not be read: the caller waits for it and asks again."""
+
+
+# --------------------------------------------------------------------------- estimates
+
+class Estimates(NamedTuple):
+    """`host H SLOT|- SPEED_MILLI`, `over H SLOT|- MS`, `cell NAME MS` (estimates.tsv's rows, or the
+    learned ones); a cell without an estimate counts as an average one."""
+    speed: Mapping[tuple[str, str], int]
+    over: Mapping[tuple[str, str], int]
+    cell: Mapping[str, int]
+    default: int
+
+    def speed_of(self, host: str, slot: str) -> int:
+        return self.speed.get((host, slot or "-")) or self.speed.get((host, "-")) or 1000
+
+    def over_of(self, host: str, slot: str) -> int:
+        v = self.over.get((host, slot or "-"))
+        return v if v is not None else self.over.get((host, "-"), 0)
+
+    def est_of(self, name: str) -> int:
+        return self.cell.get(name, self.default)
+
+
+def read_estimates(text: str) -> Estimates:
+    speed: dict[tuple[str, str], int] = {}
+    over: dict[tuple[str, str], int] = {}
+    cell: dict[str, int] = {}
+    for row in text.splitlines():
+        f = row.split()
+        if len(f) == 4 and f[0] in ("host", "over") and grammar.SAFE_NAME.fullmatch(f[1]) \
+                and (f[2] == "-" or re.fullmatch(r"[0-9]{1,6}", f[2])) and _DIGITS.fullmatch(f[3]):
+            if f[0] == "host" and int(f[3]) > 0:
+                speed[(f[1], f[2])] = int(f[3])
+            elif f[0] == "over":
+                over[(f[1], f[2])] = int(f[3])
+        elif len(f) == 3 and f[0] == "cell" and grammar.SAFE_NAME.fullmatch(f[1]) \
+                and re.fullmatch(r"[0-9]{1,12}", f[2]):
+            cell[f[1]] = int(f[2])
+    default = sum(cell.values()) // len(cell) if cell else 0
+    return Estimates(speed, over, cell, default)
+
+
+# --------------------------------------------------------------------------- the runners
+
+class Runner(NamedTuple):
+    """Another running queue as its heartbeat shows it, ages on the FS's own clock."""
+    queue: str
+    host: str
+    slot: str  # "" without one
+    idx: int  # its current (or last) line: of from_queue's file while on a taken line
+    from_queue: str  # the queue its current cell was taken from ("" for its own)
+    cell: str  # its current cell ("" between cells)
+    ran: int  # ms its current cell has run; -1: none is running
+    silent: bool  # no beat for `fresh`: cut off or dead, it finishes nothing
+    next: int  # its own next line (-1: a runner before the shared head)
+    deferred: tuple[int, ...]  # own lines it left to the head deal
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.host, self.slot or "-"
+
+    @property
+    def own_from(self) -> int:
+        """Where its own not-started lines begin."""
+        return self.next if self.from_queue else self.idx
+
+
+def ms_of(raw: object) -> int | None:
+    """Integer ms of a JSON number kept as its text ("1700000000.123456"), as the bash read it."""
+    m = _MS.fullmatch(raw) if isinstance(raw, str) else None
+    if m is None:
+        return None
+    return int(m.group(1)) * 1000 + int(((m.group(2) or "") + "000")[:3])
+
+
+def _mtime_ms(path: str) -> int:
+    return os.stat(path).st_mtime_ns // 1_000_000
+
+
+def scan_runners(root: str, host: str, queue: str, hb_secs: int) -> list[Runner]:
+    """The other running queues of the sweep (FsDown when the FS's clock cannot be read)."""
+    clock = os.path.join(root, f".clock.{host}.{queue}")
+    try:
+        with open(clock, "w") as f:
+            f.write(f"{time.time()}\n")
+        fs_now = _mtime_ms(clock)
+    except OSError as e:
+        raise FsDown(str(e)) from None
+    fresh = max(3 * hb_secs, 30) * 1000
+    mine = f"{host}.{queue}"
+    hb_dir = os.path.join(root, "heartbeats")
+    try:
+        names = sorted(os.listdir(hb_dir))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        if name.startswith(".") or name == mine:
+            continue
+        path = os.path.join(hb_dir, name)
+        try:
+            mt = _mtime_ms(path)
+            with open(path, encoding="utf-8", errors="replace") as f:
+                hb = json.loads(f.readline(), parse_float=str, parse_int=str)
+        except (OSError, ValueError):
+            continue
+        r = runner_of(hb, queue, mt, fs_now, fresh)
+        if r is not None:
+            out.append(r)
+    return out
+
+
+def runner_of(hb: object, my_queue: str, mt: int, fs_now: int, fresh: int) -> Runner | None:
+    """One heartbeat (numbers kept as their text), or None when it is not a running runner."""
+    if not isinstance(hb, dict) or hb.get("state") != "running":
+        return None
+    q, h, s, i = hb.get("queue"), hb.get("host"), hb.get("slot") or "", hb.get("idx")
+    if not (isinstance(q, str) and grammar.SAFE_NAME.fullmatch(q) and q != my_queue
+            and isinstance(h, str) and grammar.SAFE_NAME.fullmatch(h)
+            and isinstance(s, str) and _SLOT.fullmatch(s) and isinstance(i, str) and _DIGITS.fullmatch(i)):
+        return None
+    cell = hb.get("cell")
+    cell = cell if isinstance(cell, str) and grammar.SAFE_NAME.fullmatch(cell) else ""
+    ran = -1
+    started, beat = ms_of(hb.get("cell_started")), ms_of(hb.get("t"))
+    if cell and started is not None:
+        # its own clock from the cell's start to the beat, the FS's since the beat
+        ran = max(0, beat - started + fs_now - mt) if beat is not None else 0
+    nx = hb.get("next")
+    deferred = hb.get("deferred")
+    frm = hb.get("from_queue")
+    return Runner(q, h, s, int(i), frm if isinstance(frm, str) else "", cell, ran, fs_now - mt >= fresh,
+                  int(nx) if isinstance(nx, str) and _DIGITS.fullmatch(nx) else -1,
+                  tuple(int(d) for d in deferred if isinstance(d, str) and _DIGITS.fullmatch(d))
+                  if isinstance(deferred, list) else ())
+
+
+# --------------------------------------------------------------------------- queue files
+
+class Sweep:
+    """What a decision reads of the sweep root: queue files (each parsed once), claims, results."""
+
+    def __init__(self, root: str, tasks: Mapping[str, int]) -> None:
+        self.root, self.tasks = root, tasks
+        self._lines: dict[str, list[tuple[str, grammar.Parsed | None]]] = {}
+
+    def lines(self, queue: str) -> list[tuple[str, grammar.Parsed | None]]:
+        """(verdict, fields) per line: `cell`, `skip` or `invalid`. Unreadable: none."""
+        if queue not in self._lines:
+            try:
+                with open(os.path.join(self.root, "queues", f"{queue}.txt"), encoding="utf-8",
+                          errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                text = ""
+            self._lines[queue] = [verdict(row, self.tasks) for row in grammar.split_lines(text)]
+        return self._lines[queue]
+
+    def cell_at(self, queue: str, idx: int) -> grammar.Parsed | None:
+        rows = self.lines(queue)
+        return rows[idx][1] if 0 <= idx < len(rows) else None
+
+    def taken(self, name: str) -> bool:
+        """Claimed by someone, or published."""
+        return (os.path.exists(os.path.join(self.root, "claims", name))
+                or os.path.exists(os.path.join(self.root, "final_ckpts", name, "MANIFEST.json")))
+
+
+def verdict(row: str, tasks: Mapping[str, int]) -> tuple[str, grammar.Parsed | None]:
+    try:
+        p = grammar.parse(row, tasks, "")
+    except grammar.LineError:
+        return "invalid", None
+    return ("skip", None) if p is None else ("cell", p)
+
+
+def fields(p: grammar.Parsed) -> str:
+    return f"{p.name} {p.cfg} {p.task} {p.epochs} {p.cat}"
+
+
+# --------------------------------------------------------------------------- the steal
+
+class Candidate(NamedTuple):
+    """A victim's not-started line: its expected time here, when it would end there at its place,
+    and its own time there."""
+    idx: int
+    name: str
+    priority: int
+    here: float
+    there: float
+    cost: float
+
+
+class Victim(NamedTuple):
+    queue: str
+    host: str
+    rem: float  # its expected remaining time (SILENT_REM when silent)
+    cands: tuple[Candidate, ...]
+
+
+def pick_steal(victims: Sequence[Victim]) -> tuple[int, int] | None:
+    """The min-max steal rule: (victim, candidate) positions, or None when nothing is worth it.
+    Generic over the unit: run_queue's integer ms and bench_balance's float seconds."""
+    order = sorted(range(len(victims)), key=lambda k: (-victims[k].rem, victims[k].queue, k))
+    best: tuple[int, int] | None = None
+    best_prio, best_obj = 0, 0.0
+    for k in order:
+        v = victims[k]
+        if v.rem <= 0:
+            break
+        for c_pos, c in enumerate(v.cands):
+            # <=: a tie happens only when the victim's cell is overdue (its remaining time clamped
+            # to 0): slower than estimated, or gone; taking the line costs nothing if it is not.
+            if not c.here <= c.there:
+                continue
+            obj = max(v.rem - c.cost, c.here)
+            if (best is None or c.priority > best_prio
+                    or (c.priority == best_prio and k == best[0] and obj <= best_obj)):
+                best, best_prio, best_obj = (k, c_pos), c.priority, obj
+    return best
+
+
+def victims_of(sweep: Sweep, runners: Sequence[Runner], est: Estimates, here: Callable[[int], int],
+               skip: set[str], head: set[str]) -> list[Victim]:
+    """Each other runner as a victim: its remaining time by `est`, its not-started lines."""
+    out = []
+    for r in runners:
+        spd, ov = est.speed_of(r.host, r.slot), est.over_of(r.host, r.slot)
+        rem = max(0, ov + est.est_of(r.cell) * 1000 // spd - r.ran) if r.ran >= 0 else 0
+        cands = []
+        start = r.own_from
+        rows = sweep.lines(r.queue) if start >= 0 else []
+        for j in range(max(start, 0), len(rows)):
+            p = rows[j][1]
+            if p is None or sweep.taken(p.name) or p.name in head:
+                continue
+            e = est.est_of(p.name)
+            cost = ov + e * 1000 // spd
+            rem += cost
+            if f"{r.queue}:{j}" not in skip:
+                there = SILENT_REM if r.silent else rem
+                cands.append(Candidate(j, p.name, p.priority, here(e), there, cost))
+        out.append(Victim(r.queue, r.host, SILENT_REM if r.silent else rem, tuple(cands)))
+    return out
+
+
+# --------------------------------------------------------------------------- the head deal
+
+class HeadCell(NamedTuple):
+    est: int  # ms on a speed-1.0 host
+    name: str
+    owner: int  # the runner whose file holds the line
+    idx: int
+    priority: int
+
+
+def deal_first(cells: Sequence[HeadCell], free: list[N], t: Callable[[int, int], N],
+               me: int = 0) -> int | None:
+    """Deal `cells` (in deal order) out, each to the runner that would end it earliest, `free[r]`
+    when runner r is free and `t(cell, r)` its time there (ties: the cell's owner, then the lower
+    runner; an owner < 0 has none: then `me`): the position of the first cell dealt to `me`."""
+    free = list(free)
+    for pos, c in enumerate(cells):
+        best = c.owner if c.owner >= 0 else me
+        best_t = free[best] + t(pos, best)
+        for r in range(len(free)):
+            tr = free[r] + t(pos, r)
+            if tr < best_t:
+                best, best_t = r, tr
+        if best == me:
+            return pos
+        free[best] = best_t
+    return None
+
+
+class Deal(NamedTuple):
+    head: tuple[str, ...]  # the head's cells of the highest priority left (a steal takes none)
+    on: bool  # False once no head cell is left unclaimed
+    take: str  # the `take deal ...` line, or ""
+
+
+def deal(sweep: Sweep, runners: Sequence[Runner], est: Estimates, me: tuple[str, str, str],
+         next_idx: int, deferred: Sequence[int]) -> Deal | None:
+    """The shared head's deal for runner `me` (host, slot, queue); None: no estimates to deal by."""
+    big = max(est.cell.values(), default=0)
+    if big <= 0:
+        return None
+    live = [r for r in runners if not r.silent]  # a silent one would never take a cell dealt to it
+    host, slot, queue = me
+    keys = [(host, slot or "-"), *(r.key for r in live)]
+    queues = [queue, *(r.queue for r in live)]
+    hosts = [host, *(r.host for r in live)]
+    starts = [next_idx, *(r.own_from for r in live)]
+    rests = [list(deferred), *(list(r.deferred) for r in live)]
+    spd = deal_speeds(sweep.root, keys, est)
+    free = [0, *(max(0, est.est_of(r.cell) * 1000 // spd[k + 1] - r.ran) if r.ran >= 0 else 0
+                 for k, r in enumerate(live))]
+    seen: set[str] = set()
+    cells: list[HeadCell] = []
+    for k, q in enumerate(queues):
+        rows = sweep.lines(q)
+        at = [*rests[k], *range(starts[k], len(rows))] if starts[k] >= 0 else []
+        for j in at:
+            p = rows[j][1] if j < len(rows) else None
+            if p is None or p.name in seen:
+                continue
+            seen.add(p.name)
+            e = est.est_of(p.name)
+            if 2 * e < big or sweep.taken(p.name):
+                continue
+            cells.append(HeadCell(e, p.name, k, j, p.priority))
+    if not cells:
+        return Deal((), False, "")
+    top = max(c.priority for c in cells)
+    order = sorted((c for c in cells if c.priority == top), key=lambda c: (-c.est, c.name))
+    pos = deal_first(order, free, lambda i, r: order[i].est * 1000 // spd[r])
+    head = tuple(c.name for c in cells if c.priority == top)
+    if pos is None:
+        return Deal(head, True, "")
+    c = order[pos]
+    p = sweep.cell_at(queues[c.owner], c.idx)
+    assert p is not None
+    return Deal(head, True, f"take deal {queues[c.owner]} {hosts[c.owner]} {c.idx} {fields(p)} "
+                            f"{c.est * 1000 // spd[0]} deal")
+
+
+def deal_speeds(root: str, keys: Sequence[tuple[str, str]], est: Estimates) -> list[int]:
+    """Speeds x1000 per runner key: measured (calib/<host>.<slot|->, ms of the benchmark), scaled to
+    the sum of the same runners' declared speeds; declared where not measured."""
+    spd = [est.speed_of(h, s if s != "-" else "") for h, s in keys]
+    raw = [0] * len(keys)
+    sum_d = sum_r = 0
+    for k, (h, s) in enumerate(keys):
+        ms = calib_ms(root, h, s)
+        if ms is not None:
+            raw[k] = 1_000_000_000 // ms + 1
+            sum_d += spd[k]
+            sum_r += raw[k]
+    if not sum_r:
+        return spd
+    return [max(1, raw[k] * sum_d // sum_r if raw[k] else spd[k]) for k in range(len(keys))]
+
+
+def calib_ms(root: str, host: str, slot: str) -> int | None:
+    try:
+        with open(os.path.join(root, "calib", f"{host}.{slot or '-'}")) as f:
+            text = f.readline().strip()
+    except OSError:
+        return None
+    return int(text) if _CALIB_MS.fullmatch(text) else None
+
+
+# --------------------------------------------------------------------------- re-entries
+
+def reentries(events: Iterable[str]) -> list[tuple[str, str, int]]:
+    """(cell, from_queue, idx) of the cells this queue took from others whose `end` never came."""
+    pending: dict[str, tuple[str, int]] = {}
+    order: list[str] = []
+    for line in events:
+        if '"from_queue": "' not in line:
+            continue
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(e, dict):
+            continue
+        c, frm, i = e.get("cell"), e.get("from_queue"), e.get("idx")
+        if not (isinstance(c, str) and grammar.SAFE_NAME.fullmatch(c) and isinstance(frm, str)
+                and grammar.SAFE_NAME.fullmatch(frm) and isinstance(i, int) and 0 <= i < 10**9):
+            continue
+        if e.get("ev") in ("steal", "start"):
+            pending[c] = (frm, i)
+            order.append(c)
+        elif e.get("ev") == "end":
+            pending.pop(c, None)
+    out = []
+    for c in order:
+        if c in pending:
+            out.append((c, *pending.pop(c)))
+    return out
+
+
+# --------------------------------------------------------------------------- calibration's wait
+
+def calib_waiting(root: str, runners: Sequence[Runner]) -> list[tuple[str, str]]:
+    """(label, calib file) of the running queues that have neither measured nor started a cell."""
+    out = []
+    for r in runners:
+        if r.silent or r.ran >= 0:
+            continue
+        f = os.path.join(root, "calib", f"{r.host}.{r.slot or '-'}")
+        if not r.cell and not _nonempty(f):
+            out.append((f"{r.host}/{r.queue}", f))
+    return out
+
+
+def _nonempty(path: str) -> bool:
+    try:
+        return os.stat(path).st_size > 0
+    except OSError:
+        return False
+
+
+def calib_wait(root: str, host: str, queue: str, hb_secs: int, secs: float, stop: str) -> list[str]:
+    """A full look at the runners each second; in between only the awaited files, every 0.1 s (a
+    queue starts as soon as the last one is in). The labels still awaited when it gave up."""
+    until = time.monotonic() + secs
+    files: list[str] = []
+    waiting: list[str] = []
+    k = 0
+    while True:
+        if k % 10 == 0:
+            try:
+                left = calib_waiting(root, scan_runners(root, host, queue, hb_secs))
+            except FsDown:
+                return []
+            if not left:
+                return []
+            waiting, files = [w for w, _ in left], [f for _, f in left]
+        elif all(_nonempty(f) for f in files):
+            k = 0  # confirmed by a full look at once
+            continue
+        k += 1
+        if time.monotonic() >= until:
+            return waiting
+        if os.path.exists(stop):
+            return []
+        time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- the command line
+
+def _args(argv: Sequence[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="runner")
+    ap.add_argument("verb", choices=("lines", "deal", "drained", "reentries", "calib-wait"))
+    ap.add_argument("root")
+    ap.add_argument("host")
+    ap.add_argument("queue")
+    ap.add_argument("slot")
+    ap.add_argument("--from", dest="start", type=int, default=0)
+    ap.add_argument("--next", type=int, default=0)
+    ap.add_argument("--deferred", default="")
+    ap.add_argument("--skip", default="")
+    ap.add_argument("--head", type=int, default=1)
+    ap.add_argument("--steal", type=int, default=1)
+    ap.add_argument("--secs", type=float, default=600.0)
+    ap.add_argument("--stop", default="")
+    return ap.parse_args(argv)
+
+
+def _read(path: str, missing: str | None = None) -> str:
+    """A file's text; `missing` when it does not exist (when given); FsDown when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError as e:
+        if missing is not None:
+            return missing
+        raise FsDown(str(e)) from None
+    except OSError as e:
+        raise FsDown(str(e)) from None
+
+
+def _events(root: str) -> list[Mapping[str, object]]:
+    out: list[Mapping[str, object]] = []
+    folder = os.path.join(root, "events")
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if not name.endswith(".jsonl"):
+            continue
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    try:
+                        e = json.loads(line)
+                    except ValueError:
+                        continue  # a line being appended, or damaged: never fatal
+                    if isinstance(e, dict):
+                        out.append(e)
+        except OSError:
+            continue
+    return out
+
+
+def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
+    a = _args(argv)
+    slot = "" if a.slot == "-" else a.slot
+    if not (grammar.SAFE_NAME.fullmatch(a.host) and grammar.SAFE_NAME.fullmatch(a.queue)
+            and _SLOT.fullmatch(slot)):
+        print(f"runner: bad host/queue/slot {a.host!r} {a.queue!r} {a.slot!r}", file=sys.stderr)
+        return 2
+    hb = os.environ.get("ABLATE_HEARTBEAT_SECS", "")
+    hb_secs = int(hb) if re.fullmatch(r"[0-9]{1,6}", hb) else 10
+    sweep = Sweep(a.root, grammar.task_epochs(os.environ.get("ABLATE_TASK_EPOCHS", "")))
+    if a.verb == "lines":
+        path = os.path.join(a.root, "queues", f"{a.queue}.txt")
+        rows = [verdict(row, sweep.tasks) for row in grammar.split_lines(_read(path, ""))]
+        for i in range(max(a.start, 0), len(rows)):
+            kind, p = rows[i]
+            out(f"{i} cell {fields(p)} {p.priority}" if p is not None else f"{i} {kind}")
+        out(f"n {len(rows)}")
+        return 0
+    if a.verb == "reentries":
+        text = _read(os.path.join(a.root, "events", f"{a.host}.{a.queue}.jsonl"), "")
+        for c, frm, i in reentries(text.splitlines()):
+            p = sweep.cell_at(frm, i)
+            if p is not None and p.name == c:
+                out(f"reenter {frm} {i} {fields(p)}")
+        return 0
+    runners = scan_runners(a.root, a.host, a.queue, hb_secs)
+    if a.verb == "calib-wait":
+        waiting = calib_wait(a.root, a.host, a.queue, hb_secs, a.secs, a.stop)
+        if waiting:
+            out("waiting " + " ".join(waiting))
+        return 0
+    deferred = [int(x) for x in a.deferred.split() if x.isdigit()]
+    head: tuple[str, ...] = ()
+    if a.head:
+        d = deal(sweep, runners, read_estimates(_read(os.path.join(a.root, "estimates.tsv"), "")),
+                 (a.host, slot, a.queue), a.next, deferred)
+        if d is not None:
+            out(f"head_on {int(d.on)}")
+            out(" ".join(("head", *d.head)))
+            if d.take:
+                out(d.take)
+                return 0
+            head = d.head
+    if a.verb == "deal" or not a.steal:
+        return 1
+    return steal(a, sweep, runners, slot, set(head), out)
+
+
+def steal(a: argparse.Namespace, sweep: Sweep, runners: Sequence[Runner], slot: str, head: set[str],
+          out: Callable[[str], None]) -> int:
+    """The steal pick by the learned figures of this sweep's ended cells, else the controller's."""
+    text = _read(os.path.join(a.root, "estimates.tsv"), "")
+    if not text:
+        return 1  # no estimates: nothing to steal by
+    learned = learn.learned_text(text, _events(a.root), time.time())
+    est = read_estimates(learned if learned is not None else text)
+    my_speed, my_over = est.speed_of(a.host, slot), est.over_of(a.host, slot)
+    victims = victims_of(sweep, runners, est, lambda e: my_over + e * 1000 // my_speed,
+                         set(a.skip.split()), head)
+    pick = pick_steal(victims)
+    if pick is None:
+        return 1
+    v = victims[pick[0]]
+    c = v.cands[pick[1]]
+    p = sweep.cell_at(v.queue, c.idx)
+    assert p is not None
+    out(f"take steal {v.queue} {v.host} {c.idx} {fields(p)} {int(c.here)} "
+        f"{'learned' if learned is not None else 'estimates'}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    rows: list[str] = []
+    try:
+        rc = run(sys.argv[1:] if argv is None else argv, rows.append)
+    except FsDown as e:
+        print(f"runner: the shared FS could not be read: {e}", file=sys.stderr)
+        return 3
+    sys.stdout.write("".join(r + "\n" for r in rows))
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
