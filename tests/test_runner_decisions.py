@@ -1,0 +1,328 @@
+"""The runner's decisions (`ablate/remote/runner.py`) over files, in milliseconds: the one queue-line
+grammar (the controller's and the deployed runner's verdicts on the same hostile lines), the runner
+scan, estimates, the steal pick, the head deal, re-entries and calibration's wait."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ablate.config.project import Task
+from ablate.errors import QueueError
+from ablate.remote import grammar, runner
+from ablate.remote.runner import (
+    SILENT_REM,
+    Candidate,
+    Estimates,
+    HeadCell,
+    Runner,
+    Sweep,
+    Victim,
+    deal,
+    deal_first,
+    pick_steal,
+    read_estimates,
+    reentries,
+    runner_of,
+    victims_of,
+)
+from ablate.run.deploy import packaged_runner
+from ablate.sweep.cells import parse_queue_text
+
+TASKS = {"recon": 3, "det": 2}
+HOSTILE = [
+    "cfgs/a/ok.yaml recon",
+    "cfgs/a/ok2.yaml recon 5",
+    "cfgs/a/ok3.yaml\tdet\t4\tpriority=2",
+    "   cfgs/a/ok4.yaml   recon   priority=-3  ",
+    "",
+    "   ",
+    "# a comment",
+    "   # indented comment recon 3",
+    "cfgs/a/crlf.yaml recon 2\r",
+    "cfgs/a/x.yaml recon 0",
+    "cfgs/a/x.yaml recon -1",
+    "cfgs/a/x.yaml recon 12345678",
+    "cfgs/a/x.yaml recon 1234567",
+    "cfgs/a/x.yaml recon ١٢",
+    "cfgs/a/x.yaml recon 2.0",
+    "cfgs/a/x.yaml recon 1e3",
+    "cfgs/a/x.yaml unknown",
+    "cfgs/a/x.yaml recon 2 3",
+    "cfgs/a/x.yaml recon 2 priority=x",
+    "cfgs/a/x.yaml recon 2 priority=1234567",
+    "cfgs/a/x.yaml recon priority=1",
+    "cfgs/a/x.yaml priority=1",
+    "cfgs/a/x.yaml",
+    "cfgs/$(rm -rf ~).yaml recon",
+    "cfgs/a/`id`.yaml recon",
+    "cfgs/a/'q'.yaml recon",
+    'cfgs/a/"q".yaml recon',
+    "cfgs/a/semi;colon.yaml recon",
+    "cfgs/a/amp&.yaml recon",
+    "cfgs/a/pipe|.yaml recon",
+    "cfgs/a/star*.yaml recon",
+    "cfgs/a/hash#x.yaml recon",
+    "cfgs/a/space name.yaml recon",
+    "cfgs/a/dir/ recon",
+    "cfgs/a/.hidden recon",
+    "cfgs/a/..yaml recon",
+    "../up.yaml recon",
+    "/abs/path/c.yaml recon",
+    "cfgs/a/" + "n" * 129 + ".yaml recon",
+    "cfgs/a/" + "n" * 128 + ".yaml recon",
+    "cfgs/a/ff.yaml\x0crecon",
+    "cfgs/a/vt.yaml\x0brecon",
+    "cfgs/a/nbsp.yaml\xa0recon",
+    "cfgs/a/nul\x00.yaml recon",
+    "cfgs/a/émoji🙂.yaml recon",
+    "cfgs/a/x.yaml RECON",
+    "cfgs/a/x.yaml recon\x1b[31m",
+    "cfgs/a/-dash.yaml recon",
+    "-flag.yaml recon",
+    "cfgs/a/x.tar.gz recon",
+    "cfgs/a/noext recon",
+    "cfgs/a/a=b,c@d+e.yaml recon",
+]
+
+
+def controller_verdicts(text: str) -> list[str]:
+    """What `plan`/`launch` see: per line `cell NAME CFG TASK EPOCHS CAT PRIORITY`, `skip`, or
+    `invalid` (parse_line refuses it)."""
+    tasks = {n: Task(n, e, 1.0) for n, e in TASKS.items()}
+    out = []
+    for raw in grammar.split_lines(text):
+        try:
+            q = parse_queue_text("q", raw + "\n", tasks, Path("q.txt"))
+        except QueueError:
+            out.append("invalid")
+            continue
+        ln = q.lines[0]
+        c = ln.cell
+        out.append("skip" if c is None else f"cell {c.name} {c.cfg} {c.task} {c.epochs} {c.cat} {c.priority}")
+    return out
+
+
+def runner_verdicts(tmp_path: Path, text: str) -> list[str]:
+    """What a run_queue sees: the deployed zipapp's `lines`, run by a real python3."""
+    root = tmp_path / "root"
+    (root / "queues").mkdir(parents=True)
+    (root / "queues" / "q.txt").write_bytes(text.encode("utf-8", "surrogateescape"))
+    pyz = tmp_path / "runner.pyz"
+    pyz.write_bytes(packaged_runner())
+    env = {**os.environ, "ABLATE_TASK_EPOCHS": " ".join(f"{k}={v}" for k, v in TASKS.items())}
+    out = subprocess.run([sys.executable, "-S", str(pyz), "lines", str(root), "h1", "q", "-"],
+                         capture_output=True, text=True, env=env, check=True).stdout.splitlines()
+    assert out[-1] == f"n {len(out) - 1}"
+    rows = []
+    for i, row in enumerate(out[:-1]):
+        idx, rest = row.split(" ", 1)
+        assert int(idx) == i
+        rows.append(rest)
+    return rows
+
+
+def test_every_parser_gives_the_same_verdict_on_valid_and_hostile_lines(tmp_path: Path) -> None:
+    text = "\ufeff" + "\n".join(HOSTILE) + "\nlast/no_newline.yaml det"
+    ctl = controller_verdicts(text)
+    assert ctl == runner_verdicts(tmp_path, text)
+    # the verdicts themselves, so that a grammar that accepts everything cannot pass
+    assert ctl[:4] == ["cell ok cfgs/a/ok.yaml recon 3 a 0", "cell ok2 cfgs/a/ok2.yaml recon 5 a 0",
+                       "cell ok3 cfgs/a/ok3.yaml det 4 a 2", "cell ok4 cfgs/a/ok4.yaml recon 3 a -3"]
+    assert ctl[4:8] == ["skip"] * 4
+    assert ctl[8] == "cell crlf cfgs/a/crlf.yaml recon 2 a 0"  # CRLF ends the line: no `2\r`
+    by_line = dict(zip(HOSTILE[9:], ctl[9:], strict=False))
+    valid = {line for line, v in by_line.items() if v.startswith("cell")}
+    assert valid == {"cfgs/a/x.yaml recon 1234567", "cfgs/a/x.yaml recon priority=1", "../up.yaml recon",
+                     "/abs/path/c.yaml recon", "cfgs/a/" + "n" * 128 + ".yaml recon",
+                     "cfgs/a/x.tar.gz recon", "cfgs/a/noext recon"}
+    assert ctl[-1] == "cell no_newline last/no_newline.yaml det 2 last 0"
+
+
+def test_split_lines_counts_lines_as_both_sides_do() -> None:
+    assert grammar.split_lines("a\r\nb\rc\n\nd") == ["a", "b", "c", "", "d"]
+    assert grammar.split_lines("\ufeffa\n") == ["a"]
+    assert grammar.split_lines("") == []
+
+
+# --------------------------------------------------------------------------- estimates
+
+def test_estimates_rows_are_read_as_the_bash_did() -> None:
+    est = read_estimates("# ablate estimates 0 declared\nhost\th1\t-\t1500\nhost\th1\t0\t500\n"
+                         "host\th2\t-\t0\nover\th1\t-\t200\ncell\ta\t1000\ncell\tb\t3000\n"
+                         "cell\tc\t5 extra\nhost\tbad name\t-\t1\ncell\t.x\t4\n")
+    assert est.speed_of("h1", "") == 1500 and est.speed_of("h1", "0") == 500
+    assert est.speed_of("h1", "1") == 1500 and est.speed_of("h2", "") == 1000  # 0 is no speed
+    assert est.over_of("h1", "3") == 200 and est.over_of("h2", "") == 0
+    assert est.est_of("a") == 1000 and est.est_of("zz") == 2000  # unknown: the average
+
+
+# --------------------------------------------------------------------------- the runners
+
+def hb(**kw: object) -> dict[str, object]:
+    """A heartbeat as json.loads(parse_float=str, parse_int=str) gives it."""
+    base: dict[str, object] = {"t": "1000.500", "state": "running", "queue": "q2", "host": "h2", "slot": None,
+                               "idx": "3", "cell": "c", "cell_started": "998.000", "from_queue": None,
+                               "next": "3", "deferred": ["5", "7"]}
+    return {**base, **kw}
+
+
+def test_a_heartbeat_is_read_as_a_runner_on_the_fs_clock() -> None:
+    r = runner_of(hb(), "q1", mt=1_000_000, fs_now=1_004_000, fresh=30_000)
+    assert r == Runner("q2", "h2", "", 3, "", "c", 2500 + 4000, False, 3, (5, 7))
+    assert runner_of(hb(), "q2", 1, 1, 1) is None  # our own queue
+    assert runner_of(hb(state="drained"), "q1", 1, 1, 1) is None
+    assert runner_of(hb(host="a b"), "q1", 1, 1, 1) is None
+    assert runner_of(hb(idx="x"), "q1", 1, 1, 1) is None
+    silent = runner_of(hb(cell=None), "q1", mt=0, fs_now=30_000, fresh=30_000)
+    assert silent is not None and silent.silent and silent.ran == -1 and silent.cell == ""
+    taken = runner_of(hb(from_queue="q9", next="8"), "q1", 1, 1, 1)
+    assert taken is not None and taken.own_from == 8
+
+
+def test_scan_reads_the_other_runners_and_skips_its_own_and_temp_files(tmp_path: Path) -> None:
+    (tmp_path / "heartbeats").mkdir()
+    (tmp_path / "heartbeats" / "h2.q2").write_text(json.dumps({**hb(), "t": time.time(),
+                                                              "cell_started": time.time() - 1}) + "\n")
+    (tmp_path / "heartbeats" / "h1.q1").write_text(json.dumps(hb(queue="q1", host="h1")) + "\n")
+    (tmp_path / "heartbeats" / ".h2.q2.123.tmp").write_text("{")
+    (tmp_path / "heartbeats" / "h3.q3").write_text("not json\n")
+    rs = runner.scan_runners(str(tmp_path), "h1", "q1", 10)
+    assert [r.queue for r in rs] == ["q2"] and 900 <= rs[0].ran < 10_000 and not rs[0].silent
+
+
+# --------------------------------------------------------------------------- the steal
+
+def cand(idx: int, here: float, there: float, cost: float, prio: int = 0) -> Candidate:
+    return Candidate(idx, f"c{idx}", prio, here, there, cost)
+
+
+def test_steal_takes_from_the_latest_victim_the_line_that_minimises_the_later_finish() -> None:
+    late = Victim("qa", "ha", 10_000, (cand(1, 2000, 4000, 2000), cand(2, 2000, 7000, 3000),
+                                       cand(3, 2000, 10_000, 3000)))
+    early = Victim("qb", "hb", 9000, (cand(1, 100, 9000, 9000),))
+    # max(10000 - 2000, 2000) = 8000 for line 1, 7000 for lines 2 and 3: the later line wins the tie
+    assert pick_steal([early, late]) == (1, 2)
+    # nothing finishes here before there: nothing worth stealing
+    assert pick_steal([Victim("qa", "ha", 5000, (cand(1, 6000, 5000, 5000),))]) is None
+    # a tie at `here == there` qualifies (the victim's cell is overdue)
+    assert pick_steal([Victim("qa", "ha", 5000, (cand(1, 5000, 5000, 5000),))]) == (0, 0)
+    # a victim with nothing left ends the search
+    assert pick_steal([Victim("qa", "ha", 0, (cand(1, 0, 0, 0),))]) is None
+
+
+def test_steal_prefers_the_highest_priority_anywhere_then_min_max_in_that_victim() -> None:
+    late = Victim("qa", "ha", 10_000, (cand(1, 1000, 5000, 5000), cand(2, 1000, 10_000, 5000)))
+    early = Victim("qb", "hb", 8000, (cand(4, 1000, 8000, 8000, prio=2),))
+    assert pick_steal([late, early]) == (1, 0)
+    # equal remaining times: the queue name decides the order
+    a = Victim("qb", "h", 5000, (cand(1, 100, 5000, 5000),))
+    b = Victim("qa", "h", 5000, (cand(2, 100, 5000, 5000),))
+    assert pick_steal([a, b]) == (1, 0)
+
+
+def sweep_root(tmp_path: Path, queues: dict[str, list[str]], claimed: tuple[str, ...] = (),
+               published: tuple[str, ...] = ()) -> Sweep:
+    (tmp_path / "queues").mkdir(exist_ok=True)
+    for q, lines in queues.items():
+        (tmp_path / "queues" / f"{q}.txt").write_text("".join(line + "\n" for line in lines))
+    for c in claimed:
+        (tmp_path / "claims" / c).mkdir(parents=True)
+    for c in published:
+        (tmp_path / "final_ckpts" / c).mkdir(parents=True)
+        (tmp_path / "final_ckpts" / c / "MANIFEST.json").write_text("{}")
+    return Sweep(str(tmp_path), TASKS)
+
+
+def run_(q: str, h: str, idx: int, cell: str = "", ran: int = -1, silent: bool = False, nxt: int = -1,
+         frm: str = "", deferred: tuple[int, ...] = ()) -> Runner:
+    return Runner(q, h, "", idx, frm, cell, ran, silent, nxt, deferred)
+
+
+def test_victims_count_remaining_time_and_skip_taken_lines(tmp_path: Path) -> None:
+    sweep = sweep_root(tmp_path, {"q2": ["c/a.yaml recon", "c/b.yaml recon", "# x", "c/c.yaml recon",
+                                         "c/d.yaml recon"]}, claimed=("a", "b"), published=("c",))
+    est = Estimates({("h2", "-"): 500}, {("h2", "-"): 100},
+                    {"a": 1000, "b": 1000, "c": 1000, "d": 2000}, 1250)
+    vs = victims_of(sweep, [run_("q2", "h2", 0, cell="a", ran=1000)], est, lambda e: e, set(), set())
+    # a: 100 + 2000 - 1000 left; then d (line 4): 100 + 4000
+    assert vs == [Victim("q2", "h2", 1100 + 4100, (Candidate(4, "d", 0, 2000, 5200, 4100),))]
+    skipped = victims_of(sweep, [run_("q2", "h2", 0, cell="a", ran=1000)], est, lambda e: e, {"q2:4"}, set())
+    assert skipped[0].cands == () and skipped[0].rem == 5200  # skipped, still counted there
+    silent = victims_of(sweep, [run_("q2", "h2", 0, silent=True)], est, lambda e: e, set(), {"d"})
+    assert silent == [Victim("q2", "h2", SILENT_REM, ())]  # d is the head's: never stolen
+
+
+# --------------------------------------------------------------------------- the head deal
+
+def test_deal_first_gives_each_cell_to_whoever_ends_it_first_ties_to_the_owner() -> None:
+    cells = [HeadCell(4000, "big", 1, 0, 0), HeadCell(3000, "mid", 0, 0, 0), HeadCell(3000, "m2", 1, 1, 0)]
+    speeds = [1000, 2000]
+    t = lambda i, r: cells[i].est * 1000 // speeds[r]  # noqa: E731
+    assert deal_first(cells, [0, 0], t) == 1  # big to the fast runner 1, mid to us
+    assert deal_first(cells, [0, 10_000], t) == 0  # runner 1 is busy: big is ours
+    # a tie goes to the owner, then to the lower runner
+    assert deal_first([HeadCell(1000, "x", 1, 0, 0)], [0, 0], lambda i, r: 1000) is None
+    assert deal_first([HeadCell(1000, "x", -1, 0, 0)], [0, 0], lambda i, r: 1000) == 0
+
+
+def test_the_deal_over_files_and_the_head_it_reports(tmp_path: Path) -> None:
+    sweep = sweep_root(tmp_path, {"q1": ["c/big1.yaml recon", "c/small1.yaml recon"],
+                                  "q2": ["c/x.yaml recon", "c/big2.yaml recon", "c/big3.yaml recon"]},
+                       claimed=("big3",))
+    est = Estimates({("h1", "-"): 1000, ("h2", "-"): 1000}, {}, {"big1": 4000, "big2": 3000, "big3": 4000,
+                                                                 "small1": 500, "x": 500}, 0)
+    (tmp_path / "calib").mkdir()
+    (tmp_path / "calib" / "h1.-").write_text("3000\n")  # h2 measured 3x faster than h1
+    (tmp_path / "calib" / "h2.-").write_text("1000\n")
+    r2 = run_("q2", "h2", 0, cell="x", ran=0)
+    d = deal(sweep, [r2], est, ("h1", "", "q1"), 0, ())
+    assert d is not None and d.on and set(d.head) == {"big1", "big2"}
+    # speeds scaled to the declared sum (2000): h1 499, h2 1500; h2 is free after x (333 ms): big1
+    # (ours) ends there at 2999 (here 8016), big2 there at 4999 (here 6012): nothing for us
+    assert d.take == ""
+    (tmp_path / "calib" / "h1.-").write_text("1000\n")  # the other way round: h1 1499, h2 500
+    (tmp_path / "calib" / "h2.-").write_text("3000\n")
+    d = deal(sweep, [r2], est, ("h1", "", "q1"), 0, ())
+    assert d is not None and d.take == "take deal q1 h1 0 big1 c/big1.yaml recon 3 c 2668 deal"
+    d = deal(sweep, [r2], est, ("h1", "", "q1"), 1, (0,))  # a line it deferred counts too
+    assert d is not None and d.take.startswith("take deal q1 h1 0 big1 ")
+    d = deal(sweep, [r2], est, ("h1", "", "q1"), 1, ())  # past it, not deferred: big2 is dealt
+    assert d is not None and d.take == "take deal q2 h2 1 big2 c/big2.yaml recon 3 c 2001 deal"
+    (tmp_path / "claims" / "big2").mkdir()
+    (tmp_path / "claims" / "big1").mkdir()
+    done = deal(sweep, [r2], est, ("h1", "", "q1"), 0, ())
+    assert done == runner.Deal((), False, "")
+
+
+# --------------------------------------------------------------------------- re-entries, calibration
+
+def test_reentries_are_the_taken_cells_without_an_end_oldest_first() -> None:
+    def e(ev: str, cell: str, idx: int, frm: str | None = "q1") -> dict[str, object]:
+        return {"ev": ev, "cell": cell, "idx": idx, **({"from_queue": frm} if frm else {})}
+
+    ev = [e("steal", "a", 2), e("start", "a", 2), e("steal", "b", 3), e("end", "b", 3),
+          e("start", "c", 0, "q3"), e("start", "../x", 1, "q3"), e("start", "own", 1, None)]
+    lines = [json.dumps(e) for e in ev] + ['{"torn": "from_queue": "']
+    assert reentries(lines) == [("a", "q1", 2), ("c", "q3", 0)]
+
+
+def test_calibration_waits_only_for_live_runners_that_have_neither_measured_nor_started(
+        tmp_path: Path) -> None:
+    (tmp_path / "calib").mkdir()
+    (tmp_path / "calib" / "h3.-").write_text("120\n")
+    rs = [run_("q2", "h2", 0), run_("q3", "h3", 0), run_("q4", "h4", 0, silent=True),
+          run_("q5", "h5", 0, cell="c", ran=10)]
+    assert [w for w, _ in runner.calib_waiting(str(tmp_path), rs)] == ["h2/q2"]
+
+
+@pytest.mark.parametrize("argv", [["lines", "/r", "a b", "q", "-"], ["lines", "/r", "h", "q", "x"]])
+def test_the_command_line_refuses_unsafe_names(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert runner.main(argv) == 2
+    assert "bad host/queue/slot" in capsys.readouterr().err
