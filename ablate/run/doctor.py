@@ -6,9 +6,9 @@ nonce written on the shared FS through the host that serves it, and after it the
 path its own profile gives (AutoDL file storage is per region; only this tells), waiting up to the
 cap for it (a caching FS shows a new file late). Then the FS's visibility lag between the hosts that
 passed (ablate/run/fslag.py): a sweep-level section, recorded in gate/fslag.json. `launch` measures
-the disk/inode budget and the commit itself (`launch_sections`, in the one command it asks each
-host with its tmux sessions) and refuses as doctor would (`launch_refusal`) before it changes
-anything.
+the disk/inode budget and the commit itself, in the one command it asks each host with its tmux
+sessions, and refuses as doctor would before it changes anything: both judge by
+ablate/run/refusals.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import json
 import os
 import posixpath
 import secrets
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import astuple, dataclass
 from typing import Any
@@ -27,16 +26,23 @@ from ablate.errors import AblateError, ConfigError
 from ablate.remote.layout import SweepLayout
 from ablate.run.deploycheck import deployed_check, deployed_files
 from ablate.run.fslag import LagResult, await_content, cap_seconds, survey
-from ablate.run.hostcheck import Section, ask_text, measure, parse_df
+from ablate.run.hostcheck import Section, ask_text, measure
+from ablate.run.refusals import (
+    Cells,
+    Check,
+    budget_sections,
+    commit_check,
+    controller_commit,
+    count_cells,
+    disk_check,
+    git_section,
+    inodes_check,
+)
 from ablate.run.slurmcheck import slurm_checks
 from ablate.run.svccheck import service_checks, service_sections
-from ablate.sweep.cells import QueueFile, read_all_queues
-from ablate.sweep.ledger import LedgerEntry, last_host, parse_ledger
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
 from ablate.transport.shellhost import BASH_C, ShellHost
 from ablate.util.fmt import Log
-from ablate.util.fmt import count as fmt_count
-from ablate.util.fmt import size as fmt_size
 
 RUNPOD_PROXY = "ssh.runpod.io"
 TMUX_FIX = "install it: apt-get install -y tmux"
@@ -45,16 +51,6 @@ GPU_MEMORY_SLACK = 0.95
 _ENV_PY = ('if [ -n "$1" ]; then eval "$1" >&2 || exit 98; fi\n'
            'command -v -- "$2" >/dev/null 2>&1 || exit 97\n'
            'exec "$2" -c "import sys; print(sys.version.split()[0])"')
-
-
-@dataclass(frozen=True)
-class Check:
-    check: str
-    ok: bool
-    reason: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"check": self.check, "ok": self.ok, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -98,141 +94,6 @@ class DoctorReport:
         verdict = "all checks passed" if self.ok else f"{self.problems} problem(s)"
         lag = self.fs_lag.lines() if self.fs_lag else []
         return [*out, *lag, f"doctor: {len(self.hosts)} host(s), {verdict}"]
-
-
-# --------------------------------------------------------------------------- cells and budget
-
-
-@dataclass(frozen=True)
-class Cells:
-    per_host: Mapping[str, int]  # cell lines of the queues that name the host
-    total: int  # distinct cells of the roster (they all land on the shared FS)
-    error: str | None = None  # the queue files could not be read
-
-
-def count_cells(project: Project, fs: SharedFS | None, also: tuple[str, str] | None = None,
-                ledgers: Mapping[str, Sequence[LedgerEntry]] | None = None) -> Cells:
-    """Cells per host from the local queue files: the `# ablate: host=` header names the host,
-    else the last ledger entry (from `ledgers`, a snapshot's, else read from `fs` when given).
-    `also` = (queue, host): a queue about to be launched there counts for that host."""
-    try:
-        queues = read_all_queues(project)
-    except AblateError as e:
-        return Cells({}, 0, e.message)
-    per_host: dict[str, int] = {}
-    names: set[str] = set()
-    for q in queues:
-        names.update(ln.cell.name for ln in q.cells if ln.cell is not None)
-        host = q.host or (also[1] if also and also[0] == q.name else None) or _ledger_host(fs, q, ledgers)
-        if host:
-            per_host[host] = per_host.get(host, 0) + len(q.cells)
-    return Cells(per_host, len(names))
-
-
-def _ledger_host(fs: SharedFS | None, q: QueueFile,
-                 ledgers: Mapping[str, Sequence[LedgerEntry]] | None) -> str | None:
-    if ledgers is not None:
-        return last_host(ledgers.get(q.name, ()), op="launch")
-    if fs is None:
-        return None
-    return last_host(parse_ledger(fs.read_bytes(SweepLayout(fs.root).ledger(q.name))), op="launch")
-
-
-def _disk(project: Project, host: Host, cells: Cells, sec: Section | None) -> Check:
-    b = project.budget
-    if cells.error:
-        return Check("disk", False, f"cannot count the cells: {cells.error}")
-    n = cells.per_host.get(host.name, 0)
-    need = b.ckpt_size * n + b.scratch
-    df = parse_df(sec) if sec else None
-    if df is None or df.free is None:
-        return Check("disk", False, f"cannot measure free space at {host.ckpt_root}: "
-                                    f"{sec.last if sec else 'no answer'}")
-    free = df.free * 1024
-    numbers = (f"need {fmt_size(need)} ({n} cell(s) x {fmt_size(b.ckpt_size)} + {fmt_size(b.scratch)} "
-               f"scratch), free {fmt_size(free)} on {df.mount} (ckpt_root {host.ckpt_root})")
-    if free < need:
-        return Check("disk", False, f"below budget: {numbers}")
-    want = project.resources.get("disk")
-    if want is not None and df.total is not None:
-        size = parse_size(str(want).rstrip("+"), f"{project.config_path}: resources.disk")
-        if df.total * 1024 < size:
-            return Check("disk", False, f"resources.disk asks for {want}; the disk at {df.mount} holds "
-                                        f"{fmt_size(df.total * 1024)}")
-    return Check("disk", True, numbers)
-
-
-def _inodes(project: Project, host: Host, cells: Cells, sec: Section | None) -> Check:
-    if cells.error:
-        return Check("inodes", False, f"cannot count the cells: {cells.error}")
-    need = cells.total * project.budget.inodes_per_cell
-    df = parse_df(sec) if sec else None
-    if df is None:
-        return Check("inodes", False, f"cannot measure free inodes at {project.sweep_root(host)}: "
-                                      f"{sec.last if sec else 'no answer'}")
-    if df.free is None or not df.total:
-        return Check("inodes", True, f"{df.mount} does not report inodes (need {fmt_count(need)})")
-    numbers = (f"need {fmt_count(need)} ({cells.total} cell(s) x {project.budget.inodes_per_cell}), "
-               f"free {fmt_count(df.free)} on {df.mount}")
-    return Check("inodes", df.free >= need, numbers if df.free >= need else f"below budget: {numbers}")
-
-
-def _budget_sections(project: Project, host: Host) -> list[tuple[str, Sequence[str]]]:
-    return [("disk", ["dfat", "-k", host.ckpt_root]), ("inodes", ["dfat", "-i", project.sweep_root(host)])]
-
-
-def launch_sections(project: Project, host: Host) -> list[tuple[str, Sequence[str]]]:
-    """What `launch` measures on `host` before it starts anything there, in the one command that
-    also asks its tmux: the disk and inode budget and the commit (`launch_refusal` reads them)."""
-    return [*_budget_sections(project, host), _git_section(project)]
-
-
-def launch_refusal(project: Project, host: Host, got: Mapping[str, Section], why: str | None,
-                   cells: Cells, ours: str | None) -> str | None:
-    """None when `host` has the disk (ckpt_size x its queues' cells + scratch) and the shared FS the
-    inodes for the roster, and its workdir runs the controller's commit `ours` (or either has no
-    git); else the refusal with the numbers, or naming both commits. `got`, `why`: what `measure`
-    gave for `launch_sections`."""
-    budget = (_disk(project, host, cells, got.get("disk")), _inodes(project, host, cells, got.get("inodes")))
-    for check in budget:
-        if not check.ok:
-            return (f"{host.name}: {check.check} {check.reason}; free space or lower budget in ablate.yaml"
-                    + (f" ({why})" if why else ""))
-    commit = _commit(project, host, ours, got.get("git"))
-    return None if commit.ok else f"{host.name}: {commit.reason}"
-
-
-# --------------------------------------------------------------------------- commit (drift)
-
-
-def controller_commit(project: Project) -> str | None:
-    try:
-        p = subprocess.run(["git", "-C", str(project.dir), "rev-parse", "HEAD"], capture_output=True,
-                           text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return p.stdout.strip() if p.returncode == 0 else None
-
-
-def _commit(project: Project, host: Host, ours: str | None, sec: Section | None) -> Check:
-    if sec is None:
-        return Check("commit", True, "not compared (no answer)")
-    if sec.rc == 127:
-        return Check("commit", True, "no git on the host: not compared")
-    if sec.rc != 0:
-        return Check("commit", True, f"{project.workdir} is not a git checkout there: not compared")
-    theirs = sec.last
-    if ours is None:
-        return Check("commit", True, f"at {theirs[:12]}; the controller's {project.dir} is not a git "
-                                     "checkout: not compared")
-    if theirs != ours:
-        return Check("commit", False, f"code drift: {project.workdir} on {host.name} is at {theirs[:12]}, "
-                                      f"the controller at {ours[:12]}; bring both to one commit")
-    return Check("commit", True, f"at {ours[:12]}, same as the controller")
-
-
-def _git_section(project: Project) -> tuple[str, Sequence[str]]:
-    return ("git", ["git", "-C", project.workdir, "rev-parse", "HEAD"])
 
 
 # --------------------------------------------------------------------------- GPUs
@@ -327,10 +188,10 @@ def _sections(project: Project, host: Host, plan: _Plan) -> list[tuple[str, Sequ
     files = deployed_files(plan.deployed, host.name)
     if files:
         out.append(("sha", ["sha256sum", "--", *(posixpath.join(root, f) for f in files)]))
-    out += _budget_sections(project, host)
+    out += budget_sections(project, host)
     out += [("gpu", ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"]),
             ("workdir", ["test", "-d", project.workdir]),
-            _git_section(project)]
+            git_section(project)]
     return out + service_sections(project, host)
 
 
@@ -403,14 +264,14 @@ def _check_host(project: Project, host: Host, plan: _Plan) -> HostReport:
     checks.append(_env(host, sec("env")))
     checks.append(_shared(project, host, plan, sec("nonce"), t))
     checks.append(Check(*deployed_check(project, host, plan.deployed, plan.fs_error, sec("sha"))))
-    checks.append(_disk(project, host, plan.cells, sec("disk")))
-    checks.append(_inodes(project, host, plan.cells, sec("inodes")))
+    checks.append(disk_check(project, host, plan.cells, sec("disk")))
+    checks.append(inodes_check(project, host, plan.cells, sec("inodes")))
     checks.append(_gpu(host, plan.ask, sec("gpu")))
     wd = sec("workdir")
     wd_ok = bool(wd and wd.rc == 0)
     checks.append(Check("workdir", wd_ok, f"{project.workdir} exists" if wd_ok else
                         f"{project.workdir} does not exist on {host.name} (the train command runs there)"))
-    checks.append(_commit(project, host, plan.commit, sec("git")) if wd_ok
+    checks.append(commit_check(project, host, plan.commit, sec("git")) if wd_ok
                   else Check("commit", True, "not compared (no workdir)"))
     checks += [Check(*c) for c in service_checks(project, host, got)]
     if why:

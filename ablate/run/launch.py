@@ -36,8 +36,8 @@ from ablate.errors import AblateError, CheckFailed, RemoteError
 from ablate.plan.cost import estimates_note, estimates_op
 from ablate.remote.layout import SweepLayout, session_name
 from ablate.run.deploy import DeployResult, deploy
-from ablate.run.doctor import controller_commit, count_cells, launch_refusal, launch_sections
 from ablate.run.hostcheck import Section, measure
+from ablate.run.refusals import controller_commit, count_cells, launch_refusal, launch_sections
 from ablate.sweep.cells import QueueFile, check_queue_name, load_roster, read_all_queues, read_queue
 from ablate.sweep.ledger import check_prefix, entry_line, new_entry
 from ablate.sweep.lock import controller_lock
@@ -121,7 +121,7 @@ class _Asked:
     """A requested host's answer to the one command `_ask` sends it before anything starts."""
 
     sessions: set[str]  # its live tmux sessions
-    measured: Mapping[str, Section]  # doctor's `launch_sections`, for `_refusals`
+    measured: Mapping[str, Section]  # `refusals.launch_sections`, for `_refusals`
     why: str | None  # why some of them are missing
 
 
