@@ -34,6 +34,8 @@ from ablate.config.project import Project
 from ablate.errors import AblateError
 from ablate.remote import verify
 from ablate.remote.layout import MANIFEST, SweepLayout
+from ablate.results.common import artifacts_arg
+from ablate.results.common import default_results_dir as default_results_dir  # report.data's import
 from ablate.sweep.cells import Cell, Roster
 from ablate.sweep.classify import CellState, Verification, cell_lines, collect, count_line, sweep_roster
 from ablate.transport import shared_fs
@@ -101,16 +103,6 @@ class ReconcileReport:
             out.append(f"cell states not classified: {self.classify_error}")
         out.append(f"{summary}: INCOMPLETE")
         return out
-
-
-def default_results_dir(project: Project) -> Path:
-    return project.dir / "results" / project.sweep
-
-
-def artifacts_arg(project: Project) -> dict[str, Any]:
-    a = project.artifacts
-    return {"checkpoint": list(a.checkpoint), "pick": a.pick, "metrics": a.metrics,
-            "metrics_keys": list(a.metrics_keys)}
 
 
 def reconcile(project: Project, fs: bool = False, host: str | None = None, load: bool = True,
