@@ -134,6 +134,7 @@ from benchlib import measured_line, p90, write_section  # noqa: E402
 
 from ablate.plan.balance import balance  # noqa: E402  (after the sys.path lines above)
 from ablate.remote.learn import Observation, learn_rates  # noqa: E402
+from ablate.remote.runner import Candidate, HeadCell, Victim, deal_first, pick_steal  # noqa: E402
 
 LARGE_P, LARGE, SMALL = 0.3, (4.0, 8.0), (0.8, 1.6)
 SPEED = (0.5, 1.5)
@@ -340,20 +341,26 @@ def rule_first_fit(me: int, now: float, t: Estimate, pending: list[list[int]],
 
 def rule_min_max(me: int, now: float, t: Estimate, pending: list[list[int]],
                  current: Current) -> tuple[int, int] | None:
-    """The same victims; of the first one's cells that finish here before they would there, the
-    one that minimises the later of the victim's new finish and the thief's (ties: the later place,
-    which the victim reaches last). run_queue.sh's steal_pick (issue 13)."""
-    for j, rem, left in victims(me, now, t, pending, current):
-        there, best = left, None
-        for k, c in enumerate(pending[j]):
+    """run_queue's steal pick itself (`ablate.remote.runner.pick_steal`, the function a draining
+    runner's decision runs) on the simulated machines: each other machine with a not-started cell is
+    a victim (its remaining time: its current cell's time left, then its cells in queue order), each
+    of its cells a candidate (its time here; when it would end there, at its place; its time there);
+    the victims' order ties go to the lower machine, as their names sort."""
+    victims, machines = [], []
+    for j, cells in enumerate(pending):
+        if j == me or not cells:
+            continue
+        cur = current[j]
+        there = max(0.0, t(cur[0], j) - (now - cur[1])) if cur else 0.0
+        cands = []
+        for k, c in enumerate(cells):
             tj = t(c, j)
             there += tj
-            here = t(c, me)
-            if here < there and (best is None or max(rem - tj, here) <= best[0]):
-                best = (max(rem - tj, here), k)
-        if best is not None:
-            return j, best[1]
-    return None
+            cands.append(Candidate(k, str(c), 0, t(c, me), there, tj))
+        victims.append(Victim(f"{j:06d}", str(j), there, tuple(cands)))
+        machines.append(j)
+    pick = pick_steal(victims)
+    return None if pick is None else (machines[pick[0]], pick[1])
 
 
 def eager_pick(me: int, now: float, rule: StealRule, t: Estimate, pending: list[list[int]],
@@ -519,12 +526,10 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
                     + sum(t(c, i) for c in first[i]) for i, cur in enumerate(current)]
             free[j] = now
             live = [i for i in range(m) if i not in stopped]
-            for k, c in enumerate(head):
-                i = min(live, key=lambda i: (free[i] + t(c, i) * (gate if i != j else 1.0), i != j))
-                if i == j:
-                    return k
-                free[i] += t(c, i)
-            return None
+            # run_queue's deal itself (ablate.remote.runner.deal_first): the shared head has no owner
+            cells = [HeadCell(0, str(c), -1, k, 0) for k, c in enumerate(head)]
+            return deal_first(cells, [free[i] for i in live], lambda k, r: t(head[k], live[r]),
+                              live.index(j), gate)
 
         def next_cell(j: int, now: float) -> None:
             if first[j]:

@@ -321,22 +321,23 @@ class HeadCell(NamedTuple):
     priority: int
 
 
-def deal_first(cells: Sequence[HeadCell], free: list[N], t: Callable[[int, int], N],
-               me: int = 0) -> int | None:
+def deal_first(cells: Sequence[HeadCell], free: Sequence[N], t: Callable[[int, int], N],
+               me: int = 0, gate: float = 1.0) -> int | None:
     """Deal `cells` (in deal order) out, each to the runner that would end it earliest, `free[r]`
     when runner r is free and `t(cell, r)` its time there (ties: the cell's owner, then the lower
-    runner; an owner < 0 has none: then `me`): the position of the first cell dealt to `me`."""
-    free = list(free)
+    runner; an owner < 0 has none: then `me`): the position of the first cell dealt to `me`.
+    `gate` (bench_gate's variants; run_queue deals with 1): another runner's time counts gate x."""
+    at = list(free)
     for pos, c in enumerate(cells):
+        times = [t(pos, r) for r in range(len(at))]
+        ends = [at[r] + (times[r] if r == me or gate == 1 else times[r] * gate) for r in range(len(at))]
         best = c.owner if c.owner >= 0 else me
-        best_t = free[best] + t(pos, best)
-        for r in range(len(free)):
-            tr = free[r] + t(pos, r)
-            if tr < best_t:
-                best, best_t = r, tr
+        for r in range(len(at)):
+            if ends[r] < ends[best]:
+                best = r
         if best == me:
             return pos
-        free[best] = best_t
+        at[best] += times[best]
     return None
 
 
