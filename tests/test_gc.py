@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import ablate.run.deploy as deploy_mod
+import ablate.run.placement as placement
 from ablate.config.project import load_project
 from ablate.errors import AblateError, CheckFailed
 from ablate.remote.layout import session_name
@@ -42,9 +42,9 @@ def files(root: Path) -> dict[str, bytes]:
 
 def new_version(monkeypatch: pytest.MonkeyPatch) -> None:
     """A wrapper "fix": both wrappers change, so do the specs (they name run_one)."""
-    packaged = deploy_mod.packaged_wrappers()
+    packaged = placement.packaged_wrappers()
     changed = {k: v + b"# a fix\n" for k, v in packaged.items()}
-    monkeypatch.setattr(deploy_mod, "packaged_wrappers", lambda: changed)
+    monkeypatch.setattr(placement, "packaged_wrappers", lambda: changed)
 
 
 def test_gc_is_refused_while_an_old_version_runs_and_removes_it_after(

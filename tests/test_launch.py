@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import ablate.run.deploy as deploy_mod
+import ablate.run.placement as placement
 from ablate.config.project import load_project
 from ablate.errors import AblateError
 from ablate.remote.layout import session_name
@@ -74,9 +74,9 @@ def test_deploy_is_idempotent_and_a_changed_wrapper_is_a_new_file(
     assert deployed.stat().st_mtime_ns == mtime
     assert again.lines()[0] == f"deployed version {first.version} (already in place)"
 
-    packaged = deploy_mod.packaged_wrappers()
+    packaged = placement.packaged_wrappers()
     changed = {**packaged, "run_queue": packaged["run_queue"] + b"# a fix\n"}
-    monkeypatch.setattr(deploy_mod, "packaged_wrappers", lambda: changed)
+    monkeypatch.setattr(placement, "packaged_wrappers", lambda: changed)
     new = deploy(project)
     assert new.version != first.version and new.run_queue != first.run_queue
     assert new.run_one == first.run_one  # unchanged content, same file

@@ -8,8 +8,8 @@ import posixpath
 from typing import Any
 
 from ablate.config.project import Host, Project
-from ablate.run.deploy import packaged_runner, packaged_wrappers
 from ablate.run.hostcheck import Section
+from ablate.run.placement import packaged_runner, packaged_wrappers
 
 
 def deployed_files(deployed: dict[str, Any] | None, host: str) -> list[str]:

@@ -35,8 +35,8 @@ from ablate.config.project import Host, Project
 from ablate.errors import AblateError, CheckFailed, RemoteError
 from ablate.plan.cost import estimates_note, estimates_op
 from ablate.remote.layout import SweepLayout, session_name
-from ablate.run.deploy import DeployResult, deploy
 from ablate.run.hostcheck import Section, measure
+from ablate.run.placement import DeployResult, place
 from ablate.run.refusals import controller_commit, count_cells, launch_refusal, launch_sections
 from ablate.sweep.cells import QueueFile, check_queue_name, load_roster, read_all_queues, read_queue
 from ablate.sweep.ledger import check_prefix, entry_line, new_entry
@@ -361,7 +361,7 @@ def _start_all(project: Project, fs: SharedFS, snap: Snapshot, ready: Mapping[in
                log: Log | None) -> dict[int, Outcome]:
     """Everything is checked: from here on, things change. The FS first (every queue's copy and
     ledger entry before any queue starts), then the tmux sessions."""
-    dep = deploy(project, log)
+    dep = place(project, fs, log)
     out: dict[int, Outcome] = dict(_record(project, fs, snap, dep, ready, log))
     written = {i: r for i, r in ready.items() if i not in out}
     if not written:

@@ -17,8 +17,8 @@ after the timeout can say who is in the way; it is removed just before the lock 
 SIGKILLed local holder leaves it behind, harmlessly: it is only read when the lock is found held,
 and by then the new holder has rewritten it. Over SSH the host removes it even then.
 
-Re-entrant within one process (any thread): `remediate --launch` calls `launch`, which calls
-`deploy`; each takes the lock, only the outermost one acquires and releases it.
+Re-entrant within one process (any thread): `remediate --launch` and `append` call `launch`; each
+takes the lock, only the outermost one acquires and releases it.
 """
 
 from __future__ import annotations
@@ -149,14 +149,15 @@ def _acquire(fs: SharedFS, sweep: str, op: str, timeout: float, log: Log | None)
 
 @contextlib.contextmanager
 def controller_lock(project: Project, op: str, timeout: float | None = None,
-                    log: Log | None = None) -> Iterator[None]:
+                    log: Log | None = None, fs: SharedFS | None = None) -> Iterator[None]:
     """Hold the sweep's controller lock for the block; `Busy` (exit 1) after `timeout` seconds
-    (default: --lock-timeout, $ABLATE_LOCK_TIMEOUT, 120). Re-entrant within the process."""
+    (default: --lock-timeout, $ABLATE_LOCK_TIMEOUT, 120). Re-entrant within the process. `fs`: the
+    shared FS the caller already built for its own work (else one is built here)."""
     key = _key(project)
     with _MUTEX:
         outer = key not in _HELD
         if outer:
-            fs = shared_fs(project)
+            fs = fs or shared_fs(project)
             _HELD[key] = _Held(_acquire(fs, project.sweep, op, lock_timeout(timeout), log), op, 0)
         _HELD[key].depth += 1
     try:

@@ -1,0 +1,216 @@
+"""What `ablate deploy` places on the shared FS, and what every launch places first: the wrappers,
+the runner's zipapp and one run spec per host.
+
+Everything is content-addressed and immutable (rule 2): `wrappers/run_queue.<sha12>.sh`,
+`wrappers/run_one.<sha12>.sh`, `wrappers/runner.<sha12>.pyz` and `specs/<sha12>.env`, mode 0444.
+Placing the same content again changes nothing; a changed wrapper is a new file, and queues already
+running keep reading the old one. `DEPLOYED.json` names what new launches use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import posixpath
+import shlex
+import time
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ablate import resources as packaged
+from ablate.config.project import Host, Project
+from ablate.remote.layout import SweepLayout
+from ablate.transport import SharedFS
+from ablate.transport.base import CreateImmutable, Read
+from ablate.util.fmt import Log
+from ablate.util.fs import read_json_object
+from ablate.util.progress import transfer_progress
+
+WRAPPERS = ("run_queue", "run_one")
+
+
+def sha12(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+def packaged_wrappers() -> dict[str, bytes]:
+    """kind -> bytes of the wrappers shipped inside the package (`ablate.wrappers`)."""
+    return {kind: packaged.read("ablate.wrappers", f"{kind}.sh") for kind in WRAPPERS}
+
+
+def packaged_learn() -> bytes:
+    """The stdlib-only learning helper (`ablate/remote/learn.py`), inside the runner's zipapp."""
+    return packaged.read("ablate.remote", "learn.py")
+
+
+RUNNER_MODULES = ("grammar.py", "learn.py", "runner.py")  # ablate/remote/, stdlib only
+_RUNNER_MAIN = b"from ablate.remote.runner import main\n\nraise SystemExit(main())\n"
+
+
+def packaged_runner() -> bytes:
+    """The zipapp run_queue asks its decisions of (`ablate/remote/runner.py` with the modules it
+    imports, under their own package names, so `python3 runner.<sha12>.pyz` runs the very code the
+    controller imports). Byte-for-byte the same for the same sources: its name is its content."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        def put(name: str, data: bytes) -> None:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o444 << 16
+            z.writestr(info, data)
+
+        put("__main__.py", _RUNNER_MAIN)
+        put("ablate/__init__.py", b"")
+        put("ablate/remote/__init__.py", b"")
+        for name in RUNNER_MODULES:
+            put(f"ablate/remote/{name}", packaged.read("ablate.remote", name))
+    return buf.getvalue()
+
+
+def render_spec(project: Project, host: Host, run_one_path: str, runner_path: str = "") -> bytes:
+    """The bash-sourceable run spec of one host (docs/ARCHITECTURE.md, "Run spec")."""
+    values = {
+        "ABLATE_ROOT": project.sweep_root(host),
+        "ABLATE_SWEEP": project.sweep,
+        "ABLATE_HOST": host.name,
+        "ABLATE_WORKDIR": project.workdir,
+        "ABLATE_CKPT_ROOT": host.ckpt_root,
+        "ABLATE_TRAIN": project.train,
+        "ABLATE_ENV": host.profile.env or "",
+        "ABLATE_CHECKPOINT": " ".join(project.artifacts.checkpoint),  # entries hold no spaces
+        "ABLATE_PICK": project.artifacts.pick,
+        "ABLATE_METRICS": project.artifacts.metrics or "",
+        "ABLATE_TASK_EPOCHS": " ".join(f"{t.name}={t.epochs}" for t in project.tasks.values()),
+        "ABLATE_RUN_ONE": run_one_path,
+        "ABLATE_HEARTBEAT_SECS": str(project.heartbeat_secs),
+        "ABLATE_STEAL": "1" if project.steal else "0",
+        # The runner's decisions (ablate/remote/runner.py, a stdlib-only zipapp) and what runs it.
+        "ABLATE_RUNNER_PY": runner_path,
+        "ABLATE_PYTHON": host.profile.python,
+        # `calibrate:`: the benchmark each queue times before its first cell (empty: none).
+        "ABLATE_CALIBRATE": project.calibrate.command,
+        "ABLATE_CALIBRATE_TIMEOUT": str(project.calibrate.timeout),
+        "ABLATE_CALIBRATE_KEEP": "1" if project.calibrate.keep else "0",
+        **service_spec(project, host),
+        **slurm_spec(host),
+    }
+    head = f"# ablate run spec: sweep {project.sweep}, host {host.name}. Content-addressed; never edited.\n"
+    return (head + "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())).encode()
+
+
+def slurm_spec(host: Host) -> dict[str, str]:
+    """A Slurm host's queues: no GPU pinning (the job's gres is), and what the time limit's
+    signal does (run_queue's `on_time_limit`)."""
+    slurm = host.profile.slurm
+    if host.transport != "slurm" or slurm is None:
+        return {}
+    return {"ABLATE_PIN_GPU": "0", "ABLATE_SLURM_RESUBMIT": "1" if slurm.resubmit and slurm.requeue else "0",
+            "ABLATE_SLURM_GRACE": str(slurm.grace)}
+
+
+SERVICE_GRACE = 10  # seconds between a service's TERM and its KILL
+
+
+def service_spec(project: Project, host: Host) -> dict[str, str]:
+    """The run spec's lines for `services:` (docs/ARCHITECTURE.md, "Services"); none without."""
+    if not project.services:
+        return {}
+    out = {"ABLATE_SERVICES": " ".join(s.name for s in project.services),
+           "ABLATE_SVC_GRACE": str(SERVICE_GRACE)}
+    for s in project.services:
+        out.update({f"ABLATE_SVC_{s.name}_CMD": s.command, f"ABLATE_SVC_{s.name}_PORT": str(s.port),
+                    f"ABLATE_SVC_{s.name}_HTTP": s.ready_http or "",
+                    f"ABLATE_SVC_{s.name}_READY": s.ready_cmd or "",
+                    f"ABLATE_SVC_{s.name}_TIMEOUT": str(max(1, round(s.timeout))),
+                    f"ABLATE_SVC_{s.name}_SCOPE": s.scope})
+    # Per trainer slot: `SLOT:K:GPUS/GPUS/...` (K: the queue's index on this host, so its ports are
+    # port + K; then each service's GPUs, comma-separated, in the order of services:).
+    slots = []
+    for slot in host.slots:
+        k, gpus = host.queue_gpus(slot)
+        per, i = [], 0
+        for s in project.services:
+            per.append(",".join(str(g) for g in gpus[i:i + s.gpus]))
+            i += s.gpus
+        slots.append(f"{'-' if slot is None else slot}:{k}:{'/'.join(per)}")
+    out["ABLATE_SVC_SLOTS"] = " ".join(slots)
+    return out
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    version: str  # sha12 over both wrappers' contents
+    root: str  # the sweep root as the controller sees it
+    run_queue: str  # file names under wrappers/
+    run_one: str
+    specs: Mapping[str, str]  # host -> file name under specs/
+    created: tuple[str, ...] = field(default=())  # paths (relative to root) written by this call
+    runner: str = ""  # the runner's zipapp's file name under wrappers/
+
+    def run_queue_path(self, layout: SweepLayout) -> str:
+        return posixpath.join(layout.wrappers, self.run_queue)
+
+    def spec_path(self, layout: SweepLayout, host: str) -> str:
+        return posixpath.join(layout.specs, self.specs[host])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "root": self.root, "run_queue": self.run_queue,
+                "run_one": self.run_one, "runner": self.runner, "specs": dict(self.specs),
+                "created": list(self.created)}
+
+    def lines(self) -> list[str]:
+        state = f"{len(self.created)} new file(s)" if self.created else "already in place"
+        out = [f"deployed version {self.version} ({state})",
+               f"  wrappers/{self.run_queue}  wrappers/{self.run_one}"]
+        out += [f"  {host}: specs/{spec}" for host, spec in self.specs.items()]
+        return out
+
+
+def place(project: Project, fs: SharedFS, log: Log | None = None) -> DeployResult:
+    """Every file in place (those already there untouched) and DEPLOYED.json naming them, through
+    `fs`; the caller holds the controller lock."""
+    layout = SweepLayout(fs.root)
+    wrappers = packaged_wrappers()
+    names = {kind: f"{kind}.{sha12(data)}.sh" for kind, data in wrappers.items()}
+    version = sha12(b"".join(wrappers[k] for k in WRAPPERS))
+    created: list[str] = []
+
+    runner = packaged_runner()
+    runner_name = f"runner.{sha12(runner)}.pyz"
+    files = [(posixpath.join(layout.wrappers, names[kind]), wrappers[kind]) for kind in WRAPPERS]
+    files.append((posixpath.join(layout.wrappers, runner_name), runner))
+    specs: dict[str, str] = {}
+    for name, host in project.hosts.items():
+        run_one = posixpath.join(project.layout(host).wrappers, names["run_one"])
+        data = render_spec(project, host, run_one, posixpath.join(project.layout(host).wrappers, runner_name))
+        specs[name] = f"{sha12(data)}.env"
+        files.append((posixpath.join(layout.specs, specs[name]), data))
+    # Every file and the read of DEPLOYED.json in one round trip; its write, only when it changes,
+    # in a second. The bar still names each file (plain: a line per file).
+    with transfer_progress(log, sum(len(d) for _, d in files), len(files), label="deploy") as bar:
+        got = fs.apply([*(CreateImmutable(path, data) for path, data in files), Read(layout.deployed)])
+        for i, ((path, data), new) in enumerate(zip(files, got, strict=False), 1):
+            rel = posixpath.relpath(path, layout.root)
+            if new:
+                created.append(rel)
+            bar.advance(len(data))
+            bar.file_done()
+            bar.cell_done(i, len(files), rel, "placed" if new else "already in place")
+
+    record = {"version": version, "run_queue": names["run_queue"], "run_one": names["run_one"],
+              "runner": runner_name, "specs": specs}
+    deployed = got[-1]
+    if _current(deployed if isinstance(deployed, bytes) else None) != record:
+        fs.write_atomic(layout.deployed, (json.dumps({**record, "t": time.time()}) + "\n").encode())
+    return DeployResult(version, layout.root, names["run_queue"], names["run_one"], specs, tuple(created),
+                        runner_name)
+
+
+def _current(raw: bytes | None) -> dict[str, Any] | None:
+    rec = read_json_object(raw)
+    if rec is not None:
+        rec.pop("t", None)
+    return rec
