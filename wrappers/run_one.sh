@@ -137,7 +137,8 @@ ck_resolve() {  # CK_FILES: the files ABLATE_CHECKPOINT's entries name now (docs
   for entry in "${entries[@]}"; do
     if [[ $entry == *[*?[]* ]]; then
       shopt -s nullglob
-      matches=("$CKPT_DIR"/$entry)  # unquoted: expanded as a glob (entries hold no blanks)
+      # shellcheck disable=SC2206  # unquoted on purpose: expanded as a glob (entries hold no blanks)
+      matches=("$CKPT_DIR"/$entry)
       shopt -u nullglob
       (( ${#matches[@]} )) || fail "checkpoint $entry matches nothing in $CKPT_DIR"
       if [[ ${ABLATE_PICK:-all} == newest ]]; then
@@ -190,7 +191,7 @@ sync_all() {  # copy, check, publish; exits 0 (synced) or through fail
     REPLY="{\"file\": \"$rel\", \"size\": $size, \"sha256\": \"$sum\"}"
   }
   # One plain file configured and found: recorded as one object (as ever); else a list of them.
-  local ck= rel
+  local ck='' rel
   for rel in "${CK_FILES[@]}"; do
     copy_checked "$CKPT_DIR/$rel" "$rel"
     ck+="${ck:+, }$REPLY"

@@ -100,7 +100,7 @@ ev() {  # ev KIND ', "key": value, ...' -- one JSON line, one O_APPEND write (ag
 
 # idx, cell and from_queue always describe the same (current or last) cell: idx is a line of
 # from_queue's file when the cell was stolen, else of ours. CUR_STARTED is empty between cells.
-STATE=running CUR_IDX=$START CUR_CELL= CUR_STARTED= FROM_Q= CUR_LOG= NEXT=$START  # NEXT: our own next line
+STATE=running CUR_IDX=$START CUR_CELL='' CUR_STARTED='' FROM_Q='' CUR_LOG='' NEXT=$START  # NEXT: our own next line
 hb_write() {  # the heartbeat file, tmp + mv: readers never see half of it; its mtime is the beat
   local cell=null started=null slot=null from=null lmt=null lsz=null st tmp=$HB_TMP_PREFIX.$BASHPID.tmp
   [[ -n $CUR_CELL ]] && cell="\"$CUR_CELL\""
@@ -266,7 +266,7 @@ svc_stop_all() {  # every running service of this queue (at exit, stop, or aroun
   done
 }
 svc_fail() {  # svc_fail NAME: the queue stops at line $idx, before its next cell, with the log's tail
-  local name=$1 tail_text= line
+  local name=$1 tail_text='' line
   svc_log "$name"
   local log=$REPLY out=$ROOT/services/$ABLATE_HOST.$QUEUE.$name.log
   SVC_STATE[$name]=failed
@@ -455,7 +455,7 @@ helper_failed() {  # decide lines failed: nothing can be run safely without the 
 # read when the loop gets past the known ones.
 declare -a L_KIND=() L_CELL=()
 L_N=0
-P_CFG= P_TASK= P_EPOCHS= P_NAME= P_CAT=
+P_CFG='' P_TASK='' P_EPOCHS='' P_NAME='' P_CAT=''
 read_lines() {  # the lines from L_N on; the decision's rc
   local i kind rest
   decide lines --from "$L_N" || return
@@ -545,7 +545,7 @@ if [[ ${SLURM_JOB_ID-} =~ ^[0-9_]+$ ]]; then
 fi
 export ABLATE_ATTEMPT=$ATTEMPT
 claimed_by_us() {  # claimed_by_us NAME: the claim's owner is this host + queue
-  local o_host= o_queue=
+  local o_host='' o_queue=''
   { read -r o_host o_queue _ <"$CLAIMS/$1/owner"; } 2>/dev/null
   [[ $o_host == "$ABLATE_HOST" && $o_queue == "$QUEUE" ]]
 }
@@ -561,7 +561,7 @@ write_tail() {  # write_tail NAME: tails/NAME.log = the last 100 lines of the ce
 }
 
 run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the cell is claimed
-  local idx=$1 name=$2 resume=$7 from=${8-} extra= t0 rc us dur
+  local idx=$1 name=$2 resume=$7 from=${8-} extra='' t0 rc us dur
   [[ -n $from ]] && extra=", \"from_queue\": \"$from\""
   now
   t0=$T
@@ -642,7 +642,7 @@ declare -A STEAL_SKIP=() HEAD_CELL=() DEALT_AHEAD=()
 HEAD_ON=1  # 0: no calibration or stealing is off, or no head cell was left unclaimed
 [[ $STEAL == 0 || -z ${ABLATE_CALIBRATE-} ]] && HEAD_ON=0
 DEFERRED=()  # own lines left to the deal, in order
-T_KIND= T_QUEUE= T_HOST= T_IDX= T_HERE= T_BY= T_CELL=
+T_KIND='' T_QUEUE='' T_HOST='' T_IDX='' T_HERE='' T_BY='' T_CELL=''
 took() {  # read DECISION (head_on, head, take lines); 0 when it names a cell to take (T_*, P_*)
   local kind rest c c1 c2 c3 c4 c5 take=1
   while read -r kind rest; do
@@ -722,7 +722,7 @@ put_line() {  # put_line FILE TEXT: FILE holds the line TEXT, whole or not at al
   return 1
 }
 calib_kept() {  # REPLY: the file keeping this benchmark's measurement on this machine and slot
-  local mid= gpus= sum
+  local mid='' gpus='' sum
   local -a only=()
   { read -r mid </etc/machine-id; } 2>/dev/null || mid=
   [[ -n $SLOT && ${ABLATE_PIN_GPU:-1} != 0 ]] && only=(-i "$SLOT")  # the slot's GPU; else the job's
@@ -760,7 +760,7 @@ calib_run() {  # time the benchmark; MS its milliseconds, DUR its wall seconds; 
 }
 calibrate() {
   [[ -n ${ABLATE_CALIBRATE-} && $STEAL != 0 ]] || return 0  # only the head deal uses it
-  local f=$CALIB_DIR/$ABLATE_HOST.${SLOT:--} kept= from_kept=0 ms rc secs MS DUR
+  local f=$CALIB_DIR/$ABLATE_HOST.${SLOT:--} kept='' from_kept=0 ms rc secs MS DUR
   { read -r ms <"$f"; } 2>/dev/null || ms=
   if [[ ! $ms =~ ^[1-9][0-9]{0,9}$ ]]; then  # measured before (a relaunch on the same host): kept
     mkdir -p "$CALIB_DIR" "$ABLATE_CKPT_ROOT" || return 0
