@@ -9,17 +9,20 @@ SUDO=""
 # cluster bed (tests/slurmbed.py: its own munged and key, the system's are left alone), slurmdbd and
 # mariadb-server its accounting (`sacct`: its own MariaDB datadir, no system service is used);
 # chromium opens `ablate report`'s page headless (tests/test_report.py); parallel (GNU) is what
-# scripts/bench_fanout.py compares the fan-out against (tests/test_bench_fanout.py).
+# scripts/bench_fanout.py compares the fan-out against (tests/test_bench_fanout.py); shellcheck
+# lints the wrappers.
 if ! { command -v tmux && [ -x /usr/sbin/sshd ] && command -v ip && command -v rsync && command -v ps \
        && [ -x /usr/bin/chromium ] && command -v parallel && command -v sshfs \
        && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/slurmctld ] && command -v sbatch \
-       && [ -x /usr/sbin/munged ] && [ -x /usr/sbin/slurmdbd ] && [ -x /usr/sbin/mariadbd ]; } >/dev/null; then
+       && [ -x /usr/sbin/munged ] && [ -x /usr/sbin/slurmdbd ] && [ -x /usr/sbin/mariadbd ] \
+       && command -v shellcheck; } >/dev/null; then
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux openssh-server iproute2 rsync procps \
-    chromium parallel sshfs slurmd slurmctld slurm-client munge slurmdbd mariadb-server >/dev/null
+    chromium parallel sshfs slurmd slurmctld slurm-client munge slurmdbd mariadb-server shellcheck >/dev/null
 fi
 # torch is pinned: 2.13.0 is the CPU build; an unpinned torch would pull gigabytes of CUDA.
 python3 -m pip install -q torch==2.13.0 -e '.[test]'
 python3 -m ruff check ablate tests scripts
 python3 -m mypy ablate
+shellcheck -x -S warning wrappers/*.sh
 python3 -m pytest -q "$@"

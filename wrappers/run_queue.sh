@@ -67,7 +67,8 @@ if mt=$(stat -c %.6Y -- "$SPEC" 2>/dev/null) && [[ $mt =~ ^[0-9]+\.[0-9]+$ ]]; t
   MT_FMT=%.6Y
 fi
 
-now() { T=${EPOCHREALTIME/,/.}; }  # some locales print a decimal comma
+# shellcheck source=wrappers/common.sh
+source "${BASH_SOURCE[0]%/*}/common.sh"  # ablate: inline (deploy puts wrappers/common.sh here)
 
 ms_of() {  # ms_of SECONDS (a JSON number, "1700000000.123456"): REPLY = integer milliseconds
   [[ $1 =~ ^([0-9]{1,12})(\.([0-9]*))?$ ]] || return 1
@@ -75,28 +76,6 @@ ms_of() {  # ms_of SECONDS (a JSON number, "1700000000.123456"): REPLY = integer
   REPLY=$(( 10#${BASH_REMATCH[1]} * 1000 + 10#${frac:0:3} ))
 }
 
-# A network FS's outage (sshfs, NFS): calls block, then fail (EIO) until its server is back. No
-# line of the sweep's record may be lost to it: wait for the FS (a file made and removed: a real
-# round trip, never a cached stat), at most ABLATE_FS_WAIT seconds (default 900), then write again.
-fs_up() { local p=$ABLATE_ROOT/.up.$ABLATE_HOST.$BASHPID; { : >"$p" && rm -f -- "$p"; } 2>/dev/null; }
-fs_wait() {
-  local until=$((SECONDS + ${ABLATE_FS_WAIT:-900}))
-  until fs_up; do
-    (( SECONDS < until )) || return 1
-    sleep 2
-  done
-}
-ev() {  # ev KIND ', "key": value, ...' -- one JSON line, one O_APPEND write (again after an outage)
-  local line tries=0
-  now
-  printf -v line '{"t": %s, "ev": "%s", "host": "%s", "queue": "%s"%s}\n' \
-    "$T" "$1" "$ABLATE_HOST" "$QUEUE" "${2-}"
-  # A retry starts with a newline: a write torn by the outage never swallows this line.
-  until printf '%s' "$line" >>"$EVENTS" 2>/dev/null; do
-    (( ++tries <= 3 )) && fs_wait || { printf 'ablate: could not record %s: %s' "$1" "$line" >&2; return 1; }
-    line=$'\n'$line
-  done
-}
 
 # idx, cell and from_queue always describe the same (current or last) cell: idx is a line of
 # from_queue's file when the cell was stolen, else of ours. CUR_STARTED is empty between cells.
@@ -318,11 +297,6 @@ svc_dead() {  # REPLY = the first service that was ready and is gone; 1 when all
     fi
   done
   return 1
-}
-jstr() {  # a JSON string literal in REPLY
-  local s=${1//\\/\\\\}
-  s=${s//\"/\\\"}
-  REPLY="\"${s//[[:cntrl:]]/ }\""
 }
 
 # A background ticker rewrites the heartbeat every ABLATE_HEARTBEAT_SECS. It is restarted at each

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import posixpath
+import re
 import shlex
 import time
 import zipfile
@@ -36,9 +37,17 @@ def sha12(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:12]
 
 
+# A wrapper's line that deploy replaces with wrappers/common.sh (with the shellcheck directive before it).
+_INLINE = re.compile(rb"^# shellcheck source=wrappers/common\.sh\n"
+                     rb"[^\n]*/common\.sh\"  # ablate: inline[^\n]*\n", re.M)
+
+
 def packaged_wrappers() -> dict[str, bytes]:
-    """kind -> bytes of the wrappers shipped inside the package (`ablate.wrappers`)."""
-    return {kind: packaged.read("ablate.wrappers", f"{kind}.sh") for kind in WRAPPERS}
+    """kind -> bytes of the wrappers as deployed: the package's (`ablate.wrappers`), each with the
+    shared `common.sh` put in place of its `# ablate: inline` line (one file, parsed whole)."""
+    common = packaged.read("ablate.wrappers", "common.sh")
+    return {kind: _INLINE.sub(lambda _m: common, packaged.read("ablate.wrappers", f"{kind}.sh"))
+            for kind in WRAPPERS}
 
 
 def packaged_learn() -> bytes:

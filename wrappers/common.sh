@@ -1,0 +1,33 @@
+# shellcheck shell=bash
+# What run_queue.sh and run_one.sh share, written once: `ablate deploy` puts this file in place of
+# each wrapper's `source .../common.sh  # ablate: inline` line (ablate/run/placement.py), so that a
+# deployed wrapper stays one file, one compound command parsed whole. Needs ABLATE_ROOT,
+# ABLATE_HOST, QUEUE and EVENTS.
+now() { T=${EPOCHREALTIME/,/.}; }  # some locales print a decimal comma
+# A network FS's outage (sshfs, NFS): calls block, then fail (EIO) until its server is back. No
+# line of the sweep's record may be lost to it: wait for the FS (a file made and removed: a real
+# round trip, never a cached stat), at most ABLATE_FS_WAIT seconds (default 900), then write again.
+fs_up() { local p=$ABLATE_ROOT/.up.$ABLATE_HOST.$BASHPID; { : >"$p" && rm -f -- "$p"; } 2>/dev/null; }
+fs_wait() {
+  local until=$((SECONDS + ${ABLATE_FS_WAIT:-900}))
+  until fs_up; do
+    (( SECONDS < until )) || return 1
+    sleep 2
+  done
+}
+ev() {  # ev KIND ', "key": value, ...' -- one JSON line, one O_APPEND write (again after an outage)
+  local line tries=0
+  now
+  printf -v line '{"t": %s, "ev": "%s", "host": "%s", "queue": "%s"%s}\n' \
+    "$T" "$1" "$ABLATE_HOST" "$QUEUE" "${2-}"
+  # A retry starts with a newline: a write torn by the outage never swallows this line.
+  until printf '%s' "$line" >>"$EVENTS" 2>/dev/null; do
+    (( ++tries <= 3 )) && fs_wait || { printf 'ablate: could not record %s: %s' "$1" "$line" >&2; return 1; }
+    line=$'\n'$line
+  done
+}
+jstr() {  # a JSON string literal in REPLY (reasons can quote a path)
+  local s=${1//\\/\\\\}
+  s=${s//\"/\\\"}
+  REPLY="\"${s//[[:cntrl:]]/ }\""
+}
