@@ -15,7 +15,7 @@ import pytest
 
 from ablate.config.project import Task
 from ablate.errors import QueueError
-from ablate.remote import grammar, runner
+from ablate.remote import calibrate, grammar, runner
 from ablate.remote.runner import (
     SILENT_REM,
     Candidate,
@@ -319,7 +319,47 @@ def test_calibration_waits_only_for_live_runners_that_have_neither_measured_nor_
     (tmp_path / "calib" / "h3.-").write_text("120\n")
     rs = [run_("q2", "h2", 0), run_("q3", "h3", 0), run_("q4", "h4", 0, silent=True),
           run_("q5", "h5", 0, cell="c", ran=10)]
-    assert [w for w, _ in runner.calib_waiting(str(tmp_path), rs)] == ["h2/q2"]
+    assert [w for w, _ in calibrate.calib_waiting(str(tmp_path), rs)] == ["h2/q2"]
+
+
+def test_the_kept_key_is_the_one_earlier_versions_computed_in_bash() -> None:
+    vals = ["python bench.py --gpu {gpu}", "source /opt/conda/bin/activate", "h1", "0", "node-7",
+            "0123abcd", "GPU-aaa\nGPU-bbb"]
+    sha = subprocess.run(["bash", "-c", 'printf \'%s\\n\' "$@" | sha256sum', "k", *vals],
+                         capture_output=True, text=True, check=True).stdout[:16]
+    assert calibrate.kept_key(*vals) == sha
+    assert calibrate.kept_key(*vals[:3], "", *vals[4:]) == calibrate.kept_key(*vals[:3], "-", *vals[4:])
+
+
+def setting(tmp_path: Path, command: str, keep: bool = True) -> calibrate.Setting:
+    root = tmp_path / "shared" / "ablate" / "sw"
+    root.mkdir(parents=True, exist_ok=True)
+    return calibrate.Setting(str(root), "h1", "q1", "0", command, command, "", str(tmp_path),
+                             str(tmp_path / "ckpt"), 30, keep, True)
+
+
+def test_a_benchmark_is_timed_kept_for_the_next_sweep_and_a_failure_is_marked(tmp_path: Path) -> None:
+    said: list[str] = []
+    s = setting(tmp_path, "echo warming up; echo ' 0.25 '")
+    assert calibrate.measure(s, said.append) is not None
+    assert calibrate.calib_ms(s.root, "h1", "0") == 250  # its last line, not its wall time
+    assert "calibrating: echo warming up; echo ' 0.25 '" in said and "calibrated: 0.250s" in said
+    assert (tmp_path / "ckpt" / ".calibrate.q1.log").read_text() == "warming up\n 0.25 \n"
+    assert calibrate.measure(s, said.append) is None  # measured: a relaunch does nothing
+    kept = list((tmp_path / "shared" / "ablate" / ".calib").iterdir())
+    assert [p.read_text() for p in kept] == ["250\n"]
+    nxt = s._replace(root=str(tmp_path / "shared" / "ablate" / "sw2"))  # the next sweep, same machine
+    assert calibrate.measure(nxt, said.append) == ', "rc": 0, "dur": 0, "secs": 0.250, "kept": true'
+    other = setting(tmp_path, "exit 3")._replace(root=str(tmp_path / "shared" / "ablate" / "sw3"))
+    event = calibrate.measure(other, said.append)
+    assert event is not None and event.startswith(', "rc": 3, "dur": ')
+    assert Path(other.root, "calib", "h1.0").read_text() == "failed 3\n"
+    assert len(list((tmp_path / "shared" / "ablate" / ".calib").iterdir())) == 1  # a failure is not kept
+    sw4 = str(tmp_path / "shared" / "ablate" / "sw4")
+    wall = setting(tmp_path, "sleep 0.2", keep=False)._replace(root=sw4)
+    calibrate.measure(wall, said.append)
+    ms = calibrate.calib_ms(wall.root, "h1", "0")
+    assert ms is not None and ms >= 200  # no number printed: its wall time
 
 
 @pytest.mark.parametrize("argv", [["lines", "/r", "a b", "q", "-"], ["lines", "/r", "h", "q", "x"]])

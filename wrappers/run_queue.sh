@@ -70,11 +70,6 @@ fi
 # shellcheck source=wrappers/common.sh
 source "${BASH_SOURCE[0]%/*}/common.sh"  # ablate: inline (deploy puts wrappers/common.sh here)
 
-ms_of() {  # ms_of SECONDS (a JSON number, "1700000000.123456"): REPLY = integer milliseconds
-  [[ $1 =~ ^([0-9]{1,12})(\.([0-9]*))?$ ]] || return 1
-  local frac=${BASH_REMATCH[3]}000
-  REPLY=$(( 10#${BASH_REMATCH[1]} * 1000 + 10#${frac:0:3} ))
-}
 
 
 # idx, cell and from_queue always describe the same (current or last) cell: idx is a line of
@@ -680,97 +675,36 @@ take_other() {  # take_other QUEUE HOST IDX HERE_MS BY: claim another queue's li
   return 0
 }
 
-# ---- calibration (`calibrate:`): the user's benchmark, timed once per host and slot of the sweep
-# by this host's own clock, before the first cell; calib/<host>.<slot|-> = its milliseconds (the
-# number its last line prints, in seconds, when it prints one: the timed part without its start-up;
-# else the command's wall time). A measurement is also kept beside the sweep roots, under a key of
-# the benchmark, the host and slot and this machine (ABLATE_CALIBRATE_KEEP=0: not kept): the next
-# sweep on the same machine takes it instead of measuring again; a new instance under the same name
-# is another machine. Then the queue waits, at most ABLATE_CALIBRATE_WAIT seconds, until every other
-# running queue has measured too (or started a cell): the head deal needs all speeds.
-CALIB_DIR=$ROOT/calib
-KEPT_DIR=${ROOT%/*}/.calib
-put_line() {  # put_line FILE TEXT: FILE holds the line TEXT, whole or not at all (tmp + mv)
-  printf '%s\n' "$2" >"$1.tmp.$$" 2>/dev/null && mv -f -- "$1.tmp.$$" "$1" 2>/dev/null && return 0
-  rm -f -- "$1.tmp.$$" 2>/dev/null
-  return 1
-}
-calib_kept() {  # REPLY: the file keeping this benchmark's measurement on this machine and slot
-  local mid='' gpus='' sum
-  local -a only=()
-  { read -r mid </etc/machine-id; } 2>/dev/null || mid=
-  [[ -n $SLOT && ${ABLATE_PIN_GPU:-1} != 0 ]] && only=(-i "$SLOT")  # the slot's GPU; else the job's
-  if command -v nvidia-smi >/dev/null 2>&1; then  # the GPUs themselves: a container's name can stay
-    gpus=$(timeout 20 nvidia-smi --query-gpu=uuid --format=csv,noheader "${only[@]}" 2>/dev/null) || gpus=
-  fi
-  sum=$(printf '%s\n' "$ABLATE_CALIBRATE" "${ABLATE_ENV-}" "$ABLATE_HOST" "${SLOT:--}" "$(uname -n)" \
-    "$mid" "$gpus" | sha256sum) || return 1
-  REPLY=$KEPT_DIR/${sum:0:16}
-}
-calib_run() {  # time the benchmark; MS its milliseconds, DUR its wall seconds; the benchmark's rc
-  local log=$ABLATE_CKPT_ROOT/.calibrate.$QUEUE.log cmd out rc t0 us
-  cmd=${ABLATE_CALIBRATE//"{gpu}"/"${ABLATE_GPU-}"}  # as run_one: the slot (a Slurm job: its GPUs)
-  say "calibrating: $cmd"
-  now
-  t0=$T
-  out=$(
-    cd -- "$ABLATE_WORKDIR" || exit 125
-    set +u  # activation scripts (conda) reference unset variables
-    if [[ -n ${ABLATE_ENV-} ]]; then
-      eval "$ABLATE_ENV" >>"$log" 2>&1 || exit 125
-    fi
-    timeout -k 10 "${ABLATE_CALIBRATE_TIMEOUT:-600}" bash -c "$cmd" </dev/null 2>>"$log" | tee -a "$log" | tail -n 1
-    exit "${PIPESTATUS[0]}"
-  )
-  rc=$?
-  now
-  us=$(( ${T/./} - ${t0/./} ))
-  MS=$(( us / 1000 ))
-  [[ $out =~ ^[[:space:]]*([0-9]{1,9}(\.[0-9]{1,6})?)[[:space:]]*$ ]] && ms_of "${BASH_REMATCH[1]}" && MS=$REPLY
-  (( MS > 0 )) || MS=1
-  printf -v DUR '%d.%06d' $((us / 1000000)) $((us % 1000000))
-  (( rc == 0 )) || say "calibration exited $rc (log $log): the deal uses the declared speed of this host"
-  return "$rc"
-}
+# ---- calibration (`calibrate:`; docs/ARCHITECTURE.md, "Calibration"): before the first cell, this
+# host and slot's measurement (kept from an earlier sweep on this machine, or the user's benchmark
+# timed now) and the wait for every other running queue's, in one decision (ablate/remote/
+# calibrate.py) run in the background, so that a signal is handled at once.
+CAL_EVENT='^, "rc": [0-9]{1,3}, "dur": [0-9]{1,9}(\.[0-9]{1,6})?(, "secs": [0-9]{1,9}\.[0-9]{3}(, "kept": true)?)?$'
 calibrate() {
   [[ -n ${ABLATE_CALIBRATE-} && $STEAL != 0 ]] || return 0  # only the head deal uses it
-  local f=$CALIB_DIR/$ABLATE_HOST.${SLOT:--} kept='' from_kept=0 ms rc secs MS DUR
-  { read -r ms <"$f"; } 2>/dev/null || ms=
-  if [[ ! $ms =~ ^[1-9][0-9]{0,9}$ ]]; then  # measured before (a relaunch on the same host): kept
-    mkdir -p "$CALIB_DIR" "$ABLATE_CKPT_ROOT" || return 0
-    [[ ${ABLATE_CALIBRATE_KEEP:-1} == 0 ]] || { calib_kept && kept=$REPLY; }
-    if [[ -n $kept ]] && { read -r ms <"$kept"; } 2>/dev/null && [[ $ms =~ ^[1-9][0-9]{0,9}$ ]]; then
-      from_kept=1 DUR=0  # measured on this machine by an earlier sweep: nothing runs
-    elif calib_run; then
-      ms=$MS
-    else
-      rc=$?  # marked, so that nobody waits for it; measured again on a relaunch
-      put_line "$f" "failed $rc"
-      ev calibrate ", \"rc\": $rc, \"dur\": $DUR"
-      return 0
-    fi
-    printf -v secs '%d.%03d' $((ms / 1000)) $((ms % 1000))
-    put_line "$f" "$ms" || return 0
-    if (( from_kept )); then
-      ev calibrate ", \"rc\": 0, \"dur\": 0, \"secs\": $secs, \"kept\": true"
-      say "calibrated on this machine before: ${secs}s (${kept##*/} in $KEPT_DIR)"
-    else
-      [[ -n $kept ]] && mkdir -p "$KEPT_DIR" 2>/dev/null && put_line "$kept" "$ms"
-      ev calibrate ", \"rc\": 0, \"dur\": $DUR, \"secs\": $secs"
-      say "calibrated: ${secs}s"
-    fi
-  fi
-  # The wait, in one decision: in the background, so that a signal is handled at once.
-  local out=$ABLATE_CKPT_ROOT/.calib-wait.$QUEUE.$$ waiting=
-  runner_py calib-wait --secs "${ABLATE_CALIBRATE_WAIT:-${ABLATE_CALIBRATE_TIMEOUT:-600}}" \
-    --stop "$STOP_FILE" >"$out" &
+  local f=$ROOT/calib/$ABLATE_HOST.${SLOT:--} out=$ABLATE_CKPT_ROOT/.calibrate.$QUEUE.$$ rc kind rest
+  mkdir -p "$ROOT/calib" "$ABLATE_CKPT_ROOT" || return 0
+  (
+    export ABLATE_CALIBRATE ABLATE_CALIBRATE_TIMEOUT ABLATE_CALIBRATE_KEEP ABLATE_ENV ABLATE_WORKDIR \
+      ABLATE_CKPT_ROOT ABLATE_PIN_GPU
+    runner_py calibrate --secs "${ABLATE_CALIBRATE_WAIT:-${ABLATE_CALIBRATE_TIMEOUT:-600}}" \
+      --stop "$STOP_FILE"
+  ) >"$out" &
   CHILD=$!
   wait "$CHILD"
+  rc=$?
   CHILD=
-  { read -r _ waiting <"$out"; } 2>/dev/null
+  if (( rc != 0 )); then  # it could not run: marked, so that nobody waits for this host
+    printf 'failed %s\n' "$rc" >"$f.tmp.$$" && mv -f -- "$f.tmp.$$" "$f"
+    ev calibrate ", \"rc\": $rc, \"dur\": 0"
+  fi
+  while read -r kind rest; do
+    case $kind in
+      event) [[ $rest =~ $CAL_EVENT ]] && ev calibrate "$rest" ;;
+      waiting) say "still not calibrated: $rest; dealing by their declared speeds" ;;
+    esac
+  done <"$out"
   rm -f -- "$out"
-  [[ -n $waiting ]] && say "still not calibrated: $waiting; dealing by their declared speeds"
-  return 0
 }
 
 take_dealt() {  # run the cell the deal chose (T_*, P_*); 0 = ran it or lost the race (deal again)

@@ -20,8 +20,12 @@ output is lines of space-separated words, every word a safe name or a number):
   the same lines, the steal's `take steal ... BY` (BY: `learned` or `estimates`).
 - `reentries`: the cells this queue stole and that were cut before their `end` (its events):
   `reenter FROM_QUEUE IDX NAME CFG TASK EPOCHS CAT` each, oldest first.
-- `calib-wait --secs S --stop FILE`: wait, at most S seconds, until every other running queue has
-  measured its speed (calibrate:) or started a cell; `waiting HOST/QUEUE...` when it gave up.
+- `calibrate --secs S --stop FILE`: this host and slot's measurement (`calibrate:`; kept from an
+  earlier sweep on this machine, else the user's benchmark timed now: `ablate/remote/calibrate.py`),
+  `event , "rc": ...` the `calibrate` event's fields when it measured or took a kept figure; then
+  the wait, at most S seconds, until every other running queue has measured or started a cell:
+  `waiting HOST/QUEUE...` when it gave up. The spec's ABLATE_CALIBRATE* values, ABLATE_ENV,
+  ABLATE_WORKDIR, ABLATE_CKPT_ROOT, ABLATE_PIN_GPU and ABLATE_GPU come in its environment.
 
 Exit 0 with the answer; 1 when there is nothing to take; 2 bad arguments; 3 the FS could not be
 read (run_queue waits for it and asks again).
@@ -52,13 +56,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
-from ablate.remote import grammar, learn
+from ablate.remote import calibrate, grammar, learn
 
 SILENT_REM = 1 << 50  # ms: a silent victim's remaining time (it never finishes)
 _MS = re.compile(r"([0-9]{1,12})(?:\.([0-9]*))?")
 _DIGITS = re.compile(r"[0-9]{1,9}")
 _SLOT = re.compile(r"[0-9]{0,6}")
-_CALIB_MS = re.compile(r"[1-9][0-9]{0,9}")
 
 N = TypeVar("N", int, float)
 
@@ -399,7 +402,7 @@ def deal_speeds(root: str, keys: Sequence[tuple[str, str]], est: Estimates) -> l
     raw = [0] * len(keys)
     sum_d = sum_r = 0
     for k, (h, s) in enumerate(keys):
-        ms = calib_ms(root, h, s)
+        ms = calibrate.calib_ms(root, h, s)
         if ms is not None:
             raw[k] = 1_000_000_000 // ms + 1
             sum_d += spd[k]
@@ -407,15 +410,6 @@ def deal_speeds(root: str, keys: Sequence[tuple[str, str]], est: Estimates) -> l
     if not sum_r:
         return spd
     return [max(1, raw[k] * sum_d // sum_r if raw[k] else spd[k]) for k in range(len(keys))]
-
-
-def calib_ms(root: str, host: str, slot: str) -> int | None:
-    try:
-        with open(os.path.join(root, "calib", f"{host}.{slot or '-'}")) as f:
-            text = f.readline().strip()
-    except OSError:
-        return None
-    return int(text) if _CALIB_MS.fullmatch(text) else None
 
 
 # --------------------------------------------------------------------------- re-entries
@@ -449,59 +443,11 @@ def reentries(events: Iterable[str]) -> list[tuple[str, str, int]]:
     return out
 
 
-# --------------------------------------------------------------------------- calibration's wait
-
-def calib_waiting(root: str, runners: Sequence[Runner]) -> list[tuple[str, str]]:
-    """(label, calib file) of the running queues that have neither measured nor started a cell."""
-    out = []
-    for r in runners:
-        if r.silent or r.ran >= 0:
-            continue
-        f = os.path.join(root, "calib", f"{r.host}.{r.slot or '-'}")
-        if not r.cell and not _nonempty(f):
-            out.append((f"{r.host}/{r.queue}", f))
-    return out
-
-
-def _nonempty(path: str) -> bool:
-    try:
-        return os.stat(path).st_size > 0
-    except OSError:
-        return False
-
-
-def calib_wait(root: str, host: str, queue: str, hb_secs: int, secs: float, stop: str) -> list[str]:
-    """A full look at the runners each second; in between only the awaited files, every 0.1 s (a
-    queue starts as soon as the last one is in). The labels still awaited when it gave up."""
-    until = time.monotonic() + secs
-    files: list[str] = []
-    waiting: list[str] = []
-    k = 0
-    while True:
-        if k % 10 == 0:
-            try:
-                left = calib_waiting(root, scan_runners(root, host, queue, hb_secs))
-            except FsDown:
-                return []
-            if not left:
-                return []
-            waiting, files = [w for w, _ in left], [f for _, f in left]
-        elif all(_nonempty(f) for f in files):
-            k = 0  # confirmed by a full look at once
-            continue
-        k += 1
-        if time.monotonic() >= until:
-            return waiting
-        if os.path.exists(stop):
-            return []
-        time.sleep(0.1)
-
-
 # --------------------------------------------------------------------------- the command line
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="runner")
-    ap.add_argument("verb", choices=("lines", "deal", "drained", "reentries", "calib-wait"))
+    ap.add_argument("verb", choices=("lines", "deal", "drained", "reentries", "calibrate"))
     ap.add_argument("root")
     ap.add_argument("host")
     ap.add_argument("queue")
@@ -575,12 +521,9 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
             if p is not None and p.name == c:
                 out(f"reenter {frm} {i} {fields(p)}")
         return 0
+    if a.verb == "calibrate":
+        return calibration(a, slot, hb_secs, out)
     runners = scan_runners(a.root, a.host, a.queue, hb_secs)
-    if a.verb == "calib-wait":
-        waiting = calib_wait(a.root, a.host, a.queue, hb_secs, a.secs, a.stop)
-        if waiting:
-            out("waiting " + " ".join(waiting))
-        return 0
     deferred = [int(x) for x in a.deferred.split() if x.isdigit()]
     head: tuple[str, ...] = ()
     if a.head:
@@ -596,6 +539,33 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
     if a.verb == "deal" or not a.steal:
         return 1
     return steal(a, sweep, runners, slot, set(head), out)
+
+
+def calibration(a: argparse.Namespace, slot: str, hb_secs: int, out: Callable[[str], None]) -> int:
+    """This runner's measurement (the `calibrate` event's fields, `event ...`), then the wait for the
+    others' (`waiting HOST/QUEUE...` when it gave up). The spec's values come in the environment."""
+    env = os.environ
+    timeout = env.get("ABLATE_CALIBRATE_TIMEOUT", "")
+    raw = env.get("ABLATE_CALIBRATE", "")
+    setting = calibrate.Setting(
+        a.root, a.host, a.queue, slot, raw.replace("{gpu}", env.get("ABLATE_GPU", "")), raw,
+        env.get("ABLATE_ENV", ""), env.get("ABLATE_WORKDIR", "."), env.get("ABLATE_CKPT_ROOT", "."),
+        int(timeout) if timeout.isdigit() else 600, env.get("ABLATE_CALIBRATE_KEEP", "1") != "0",
+        env.get("ABLATE_PIN_GPU", "1") != "0")
+    payload = calibrate.measure(setting, calibrate.say_to(a.host, a.queue))
+    if payload is not None:
+        out("event " + payload)
+
+    def scan() -> list[Runner] | None:
+        try:
+            return scan_runners(a.root, a.host, a.queue, hb_secs)
+        except FsDown:
+            return None
+
+    waiting = calibrate.calib_wait(a.root, scan, a.secs, a.stop)
+    if waiting:
+        out("waiting " + " ".join(waiting))
+    return 0
 
 
 def steal(a: argparse.Namespace, sweep: Sweep, runners: Sequence[Runner], slot: str, head: set[str],
