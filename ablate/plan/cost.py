@@ -36,7 +36,7 @@ from ablate.config.project import Project
 from ablate.errors import AblateError
 from ablate.remote.layout import SweepLayout
 from ablate.remote.learn import DECLARED, Observation, Rates, ended_cells, learn_rates, median, runner_key
-from ablate.sweep.cells import Cell, parse_queue_text, read_all_queues
+from ablate.sweep.cells import Cell, QueueFile, parse_queue_text, read_all_queues
 from ablate.sweep.snapshot import Snapshot
 from ablate.transport import SharedFS
 from ablate.transport.base import WriteAtomic
@@ -103,11 +103,12 @@ def declared_cost(project: Project, cell: Cell) -> float:
 
 
 def known_cells(project: Project, snapshot: Snapshot | None = None,
-                extra: Iterable[Cell] = ()) -> dict[str, Cell]:
-    """name -> cell over the local queue files, the FS copies in `snapshot` (queues another
-    controller launched or appended to) and `extra`; an unreadable copy is skipped."""
+                extra: Iterable[Cell] = (), queues: Iterable[QueueFile] | None = None) -> dict[str, Cell]:
+    """name -> cell over the local queue files (`queues`, already read; else read here), the FS
+    copies in `snapshot` (queues another controller launched or appended to) and `extra`; an
+    unreadable copy is skipped."""
     out: dict[str, Cell] = {c.name: c for c in extra}
-    for qf in read_all_queues(project):
+    for qf in read_all_queues(project) if queues is None else queues:
         for ln in qf.cells:
             assert ln.cell is not None
             out.setdefault(ln.cell.name, ln.cell)
@@ -326,10 +327,12 @@ class Estimates:
     cells: int
 
 
-def estimates_op(project: Project, root: str, snapshot: Snapshot) -> tuple[WriteAtomic, Estimates]:
-    """The atomic write of `<root>/estimates.tsv` for the roster (the local queue files and the FS
-    copies in `snapshot`), for a caller that batches it with its own writes (launch)."""
-    known = known_cells(project, snapshot)
+def estimates_op(project: Project, root: str, snapshot: Snapshot,
+                 queues: Iterable[QueueFile] | None = None) -> tuple[WriteAtomic, Estimates]:
+    """The atomic write of `<root>/estimates.tsv` for the roster (the local queue files, `queues`
+    when the caller read them, and the FS copies in `snapshot`), for a caller that batches it with
+    its own writes (launch)."""
+    known = known_cells(project, snapshot, queues=queues)
     model = learn(project, snapshot, known)
     path = SweepLayout(root).estimates
     return (WriteAtomic(path, estimates_text(project, model, known.values(), time.time()).encode()),

@@ -48,7 +48,7 @@ from ablate.util.fs import atomic_write
 from ablate.util.progress import steps
 
 if TYPE_CHECKING:  # launch is imported when --launch needs it
-    from ablate.run.launch import LaunchResult
+    from ablate.run.pipeline import LaunchResult
 
 PREFIX = "remediate-"
 _NUMBERED = re.compile(r"^remediate-(\d+)-")
@@ -324,7 +324,7 @@ def _release(fs: SharedFS, layout: SweepLayout, name: str, c: CellState, t: str)
 def _launch(project: Project, queues: list[str], waiting: Mapping[str, QueueFile],
             new_queues: list[NewQueue], log: Log | None) -> list[LaunchResult]:
     from ablate.remote.layout import session_name
-    from ablate.run.launch import LaunchResult, launch
+    from ablate.run.pipeline import LaunchResult, launch
 
     hosts = {nq.queue: nq.host for nq in new_queues}
     hosts.update({q: qf.host for q, qf in waiting.items() if qf.host})

@@ -15,7 +15,7 @@ from ablate.config.project import Project
 from ablate.errors import QueueError
 from ablate.plan.cost import refresh_estimates
 from ablate.remote.layout import SweepLayout
-from ablate.run.launch import LaunchResult, is_live, launch
+from ablate.run.pipeline import LaunchResult, is_live, launch
 from ablate.sweep.cells import (
     Cell,
     QueueFile,

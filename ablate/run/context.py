@@ -1,0 +1,98 @@
+"""One launch's world, built once and handed down (`launch`, `launch --all`; `append` and
+`remediate --launch` through `launch`).
+
+`LocalQueues.read`: the local queue files, each read once, and the roster they make (a name collision
+refuses the command here, before the lock is taken). `launch_context`: the shared FS built once,
+the controller lock entered once with it, and a `LaunchContext` holding all of it plus one transport
+per host, each built on first use and reused. A queue file that changed while the lock was awaited
+(a `plan` in another shell) is read again under the lock, so what launches is what the files say
+once nobody else may change them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from ablate.config.project import Project
+from ablate.sweep.cells import QueueFile, Roster, build_roster, check_queue_name, read_all_queues, read_queue
+from ablate.sweep.lock import controller_lock
+from ablate.transport import HostTransport, SharedFS, connect_ahead, host_transport, shared_fs
+from ablate.util.fmt import Log
+
+_Stamp = tuple[str, int, int, int]  # file name, inode, size, mtime_ns
+
+
+def _stamps(project: Project) -> tuple[_Stamp, ...]:
+    """What identifies each local queue file's content without reading it."""
+    if not project.queues_dir.is_dir():
+        return ()
+    out = []
+    for p in sorted(project.queues_dir.glob("*.txt")):
+        try:
+            st = p.stat()
+        except OSError:  # gone since the listing: a change
+            out.append((p.name, -1, -1, -1))
+            continue
+        out.append((p.name, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class LocalQueues:
+    """The local queue files as read once, and their roster."""
+
+    queues: tuple[QueueFile, ...]
+    roster: Roster
+    stamps: tuple[_Stamp, ...]
+
+    @classmethod
+    def read(cls, project: Project) -> LocalQueues:
+        """Every local queue file (a bad one refuses, as `read_all_queues`) and the roster (a name
+        collision refuses)."""
+        stamps = _stamps(project)  # before the reads: a change between them shows as a change
+        queues = tuple(read_all_queues(project))
+        return cls(queues, build_roster(queues), stamps)
+
+    def fresh(self, project: Project) -> LocalQueues:
+        """These, or the files read again when any changed (or came or went) since."""
+        return self if _stamps(project) == self.stamps else LocalQueues.read(project)
+
+    def get(self, project: Project, name: str) -> QueueFile:
+        """Queue `name`; refused as `read_queue` refuses a bad name or a missing file."""
+        check_queue_name(name)
+        found = next((q for q in self.queues if q.name == name), None)
+        return found if found is not None else read_queue(project, name)
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What a launch acts on, built once by `launch_context` under the controller lock."""
+
+    project: Project
+    local: LocalQueues
+    fs: SharedFS
+    log: Log | None
+    _transports: dict[str, HostTransport] = field(default_factory=dict, repr=False, compare=False)
+    _mutex: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def transport(self, host: str) -> HostTransport:
+        """The one transport of `host` for this launch (hosts are asked from several threads)."""
+        with self._mutex:
+            if host not in self._transports:
+                self._transports[host] = host_transport(self.project, self.project.hosts[host])
+            return self._transports[host]
+
+
+@contextlib.contextmanager
+def launch_context(project: Project, local: LocalQueues, op: str, hosts: Iterable[str],
+                   log: Log | None) -> Iterator[LaunchContext]:
+    """The controller lock (as `op`), entered once with the one shared FS, for the block; the
+    context over `local` (read again only where a file changed meanwhile). `hosts`: those the
+    launch will ask, connected to in the background while the lock is taken."""
+    connect_ahead(project, hosts)
+    fs = shared_fs(project)
+    with controller_lock(project, op, log=log, fs=fs):
+        yield LaunchContext(project, local.fresh(project), fs, log)
