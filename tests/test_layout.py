@@ -101,9 +101,10 @@ def test_the_import_scan_sees_every_form(tmp_path: Path, source: str, names: set
 # --------------------------------------------------------------------------- the package's layout
 
 PACKAGE = TESTS.parent / "ablate"
-# Layers from the bottom: a module may import its own layer or any below it, never one above.
+# Layers from the bottom: a module may import its own layer or any below it, never one above. The
+# commands' parts too: planning, then running and watching, then results, then the report.
 LAYERS = {"errors": 0, "resources": 0, "util": 0, "remote": 1, "config": 1, "transport": 2, "sweep": 3,
-          "plan": 4, "run": 4, "monitor": 4, "results": 4, "report": 4, "demo": 5, "cli": 5, "__main__": 5}
+          "plan": 4, "run": 5, "monitor": 5, "results": 6, "report": 7, "demo": 8, "cli": 8, "__main__": 8}
 
 
 def _ablate_modules() -> dict[str, Path]:
@@ -163,3 +164,53 @@ def test_no_module_is_over_about_500_lines() -> None:
     long = {str(p.relative_to(PACKAGE.parent)): n for p in _ablate_modules().values()
             if (n := len(p.read_text().splitlines())) > 530}
     assert not long, f"split these: {long}"
+
+
+# --------------------------------------------------------------------------- commands
+
+CLI = PACKAGE / "cli.py"
+# What cli.py's command functions import that is not the command's own module: status starts each
+# host's `ssh -G` (ablate.transport.resolve_ahead) before it imports its own.
+NOT_COMMANDS = {"ablate.transport"}
+# They run commands one after another, as a user would: the CLI itself, and `ablate demo`'s flow.
+DRIVERS = {"ablate.cli", "ablate.demo.run"}
+
+
+def _is_command(node: ast.AST) -> bool:
+    return isinstance(node, ast.FunctionDef) and any(
+        isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "command"
+        for d in node.decorator_list)
+
+
+def command_modules() -> set[str]:
+    """The module each `ablate` command calls into: per import in a command function of cli.py,
+    the deepest ablate module it names (`from ablate.run import launch` names ablate.run.launch,
+    `from ablate.report import report` the package ablate.report)."""
+    modules = _ablate_modules()
+    spans = [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(ast.parse(CLI.read_text()))
+             if _is_command(n)]
+    per_line: dict[int, list[str]] = {}
+    for line, dep in imported(CLI, PACKAGE.parent):
+        if dep in modules and any(a <= line <= b for a, b in spans):
+            per_line.setdefault(line, []).append(dep)
+    return {max(deps, key=len) for deps in per_line.values()} - NOT_COMMANDS
+
+
+def test_the_command_scan_finds_every_command_module() -> None:
+    """A scan that missed commands would let the rule below pass with commands importing commands."""
+    found = command_modules()
+    assert {"ablate.run.launch", "ablate.run.deploy", "ablate.run.doctor", "ablate.run.append",
+            "ablate.monitor.status", "ablate.results.remediate", "ablate.results.pull",
+            "ablate.results.reconcile", "ablate.report", "ablate.plan.planner", "ablate.demo.run"} <= found
+    assert not found & {"ablate.run", "ablate.transport", "ablate.report.data"}
+
+
+def test_no_command_module_imports_another() -> None:
+    """What two commands share lives in a module of its own (refusals, placement, the launch
+    pipeline and context, results.common), so one command never drags in another's world."""
+    commands = command_modules()
+    modules = _ablate_modules()
+    wrong = [f"{modules[name].relative_to(PACKAGE.parent)}:{line} imports {dep}"
+             for name in sorted(commands - DRIVERS)
+             for line, dep in imported(modules[name], PACKAGE.parent) if dep in commands and dep != name]
+    assert not wrong, "move what they share into a module no command owns:\n" + "\n".join(wrong)
