@@ -119,9 +119,9 @@ def runner_verdicts(tmp_path: Path, text: str) -> list[str]:
     env = {**os.environ, "ABLATE_TASK_EPOCHS": " ".join(f"{k}={v}" for k, v in TASKS.items())}
     out = subprocess.run([sys.executable, "-S", str(pyz), "lines", str(root), "h1", "q", "-"],
                          capture_output=True, text=True, env=env, check=True).stdout.splitlines()
-    assert out[-1] == f"n {len(out) - 1}"
+    assert out[-2:] == [f"n {len(out) - 2}", f"size {len(text.encode('utf-8', 'surrogateescape'))}"]
     rows = []
-    for i, row in enumerate(out[:-1]):
+    for i, row in enumerate(out[:-2]):
         idx, rest = row.split(" ", 1)
         assert int(idx) == i
         rows.append(rest)
@@ -366,3 +366,19 @@ def test_a_benchmark_is_timed_kept_for_the_next_sweep_and_a_failure_is_marked(tm
 def test_the_command_line_refuses_unsafe_names(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert runner.main(argv) == 2
     assert "bad host/queue/slot" in capsys.readouterr().err
+
+
+def test_the_first_read_of_the_lines_brings_the_cut_reentries(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    sweep_root(tmp_path, {"q1": ["c/a.yaml recon", "c/b.yaml det 5"], "q2": ["c/own.yaml recon"]})
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "h2.q2.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+        {"ev": "steal", "cell": "b", "from_queue": "q1", "idx": 1},
+        {"ev": "start", "cell": "b", "from_queue": "q1", "idx": 1, "resume": 0}]))
+    monkeypatch.setenv("ABLATE_TASK_EPOCHS", "recon=3 det=2")
+    assert runner.main(["lines", str(tmp_path), "h2", "q2", "-", "--from", "1", "--reentries"]) == 0
+    size = (tmp_path / "queues" / "q2.txt").stat().st_size
+    assert capsys.readouterr().out.splitlines() == ["n 1", f"size {size}", "reenter q1 1 b c/b.yaml det 5 c"]
+    assert runner.main(["lines", str(tmp_path), "h2", "q2", "-"]) == 0
+    own = ["0 cell own c/own.yaml recon 3 c 0", "n 1", f"size {size}"]
+    assert capsys.readouterr().out.splitlines() == own

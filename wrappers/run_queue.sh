@@ -420,26 +420,33 @@ helper_failed() {  # decide lines failed: nothing can be run safely without the 
 }
 
 # This queue's lines as the grammar reads them, each line parsed once: L_KIND[i] cell, skip or
-# invalid; L_CELL[i] "NAME CFG TASK EPOCHS CAT PRIORITY"; L_N lines known. Lines appended since are
-# read when the loop gets past the known ones.
+# invalid; L_CELL[i] "NAME CFG TASK EPOCHS CAT PRIORITY"; L_N lines known, of a file of L_SIZE
+# bytes. Lines appended since are read when the loop gets past the known ones and the file has
+# grown (a stat, no Python start, while it has not: a drained queue ends at once). The first read
+# also brings the cells earlier runs of this queue took from others and never ended (REENTRY).
 declare -a L_KIND=() L_CELL=()
-L_N=0
+L_N=0 L_SIZE=-1
+REENTRY=()
 P_CFG='' P_TASK='' P_EPOCHS='' P_NAME='' P_CAT=''
 read_lines() {  # the lines from L_N on; the decision's rc
-  local i kind rest
-  decide lines --from "$L_N" || return
+  local i kind rest first=()
+  (( L_SIZE < 0 )) && first=(--reentries)
+  decide lines --from "$L_N" "${first[@]}" || return
   while read -r i kind rest; do
-    if [[ $i == n ]]; then
-      (( kind > L_N )) && L_N=$kind
-    elif [[ $i =~ ^[0-9]{1,9}$ ]]; then
-      L_KIND[i]=$kind L_CELL[i]=$rest
-    fi
+    case $i in
+      n) (( kind > L_N )) && L_N=$kind ;;
+      size) L_SIZE=$kind ;;
+      reenter) REENTRY+=("$kind $rest") ;;
+      *) [[ $i =~ ^[0-9]{1,9}$ ]] && L_KIND[i]=$kind L_CELL[i]=$rest ;;
+    esac
   done <<<"$DECISION"
   return 0
 }
 line_at() {  # line_at IDX: 0 = a cell (sets P_*), 1 = invalid, 2 = blank or comment, 3 = none (yet)
-  local rc
+  local rc size
   if (( $1 >= L_N )); then
+    size=$(stat -c %s -- "$ROOT/queues/$QUEUE.txt" 2>/dev/null) || size=0  # (none: as read)
+    [[ $size == "$L_SIZE" ]] && return 3
     read_lines || { rc=$?; helper_failed "$rc"; }
     (( $1 < L_N )) || return 3
   fi
@@ -746,16 +753,8 @@ run_deferred() {  # 0 when it ran (or lost) one of this queue's deferred lines; 
 }
 
 # Cells this queue stole and that were cut (stop, reboot) before their `end`: re-entered with
-# resume 1 when the relaunched queue drains, before any new steal. Found once, from our events.
-REENTRY=()
-REENTRY_SCANNED=0
-find_reentries() {  # REENTRY: "FROM IDX NAME CFG TASK EPOCHS CAT" each, oldest first
-  local kind rest
-  decide reentries || return 0
-  while read -r kind rest; do
-    [[ $kind == reenter ]] && REENTRY+=("$rest")
-  done <<<"$DECISION"
-}
+# resume 1 when the relaunched queue drains, before any new steal. Found once, with the first read
+# of our lines, from our events (REENTRY: "FROM IDX NAME CFG TASK EPOCHS CAT" each, oldest first).
 reenter_one() {  # 0 when it ran one
   local from i
   while (( ${#REENTRY[@]} )); do
@@ -798,10 +797,6 @@ while :; do
   lrc=$?
   if (( lrc == 3 )); then
     # Our own lines are done. Still `running`: an append now is read at the top of the loop.
-    if (( ! REENTRY_SCANNED )); then
-      REENTRY_SCANNED=1
-      find_reentries
-    fi
     reenter_one && continue
     if drained_pick; then
       take_pick

@@ -9,17 +9,19 @@ profile's env activated and its python (`ABLATE_PYTHON`):
 with the spec's `ABLATE_TASK_EPOCHS` and `ABLATE_HEARTBEAT_SECS` in its environment. Verbs (their
 output is lines of space-separated words, every word a safe name or a number):
 
-- `lines --from K`: this queue's lines from K on, by the one queue-line grammar
+- `lines --from K [--reentries]`: this queue's lines from K on, by the one queue-line grammar
   (`ablate/remote/grammar.py`): `K cell NAME CFG TASK EPOCHS CAT PRIORITY`, `K skip` (blank or
-  comment), `K invalid`; then `n N`, the number of lines.
+  comment), `K invalid`; then `n N`, the number of lines, and `size BYTES`, the file's size as read
+  (run_queue asks again only once the file has grown: no Python start while it has not). With
+  --reentries (the first time), the cells this queue took from others and that were cut before
+  their `end` (its events, written by earlier runs of it): `reenter FROM_QUEUE IDX NAME CFG TASK
+  EPOCHS CAT` each, oldest first.
 - `deal --next K [--deferred "I J"]`: the shared head's deal (below); `head_on 0|1`, `head NAME...`,
   and `take deal QUEUE HOST IDX NAME CFG TASK EPOCHS CAT HERE_MS deal` when a head cell is dealt
   to this runner.
 - `drained --next K [--deferred ..] [--head 0|1] [--steal 0|1] [--skip "Q:I ..."]`: what a runner
   whose own lines are done does: the deal (with --head 1), else the steal pick (with --steal 1);
   the same lines, the steal's `take steal ... BY` (BY: `learned` or `estimates`).
-- `reentries`: the cells this queue stole and that were cut before their `end` (its events):
-  `reenter FROM_QUEUE IDX NAME CFG TASK EPOCHS CAT` each, oldest first.
 - `calibrate --secs S --stop FILE`: this host and slot's measurement (`calibrate:`; kept from an
   earlier sweep on this machine, else the user's benchmark timed now: `ablate/remote/calibrate.py`),
   `event , "rc": ...` the `calibrate` event's fields when it measured or took a kept figure; then
@@ -447,12 +449,13 @@ def reentries(events: Iterable[str]) -> list[tuple[str, str, int]]:
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="runner")
-    ap.add_argument("verb", choices=("lines", "deal", "drained", "reentries", "calibrate"))
+    ap.add_argument("verb", choices=("lines", "deal", "drained", "calibrate"))
     ap.add_argument("root")
     ap.add_argument("host")
     ap.add_argument("queue")
     ap.add_argument("slot")
     ap.add_argument("--from", dest="start", type=int, default=0)
+    ap.add_argument("--reentries", action="store_true")
     ap.add_argument("--next", type=int, default=0)
     ap.add_argument("--deferred", default="")
     ap.add_argument("--skip", default="")
@@ -472,6 +475,17 @@ def _read(path: str, missing: str | None = None) -> str:
         if missing is not None:
             return missing
         raise FsDown(str(e)) from None
+    except OSError as e:
+        raise FsDown(str(e)) from None
+
+
+def _read_bytes(path: str) -> bytes:
+    """A file's bytes; none when it does not exist; FsDown when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return b""
     except OSError as e:
         raise FsDown(str(e)) from None
 
@@ -508,18 +522,19 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
     sweep = Sweep(a.root, grammar.task_epochs(os.environ.get("ABLATE_TASK_EPOCHS", "")))
     if a.verb == "lines":
         path = os.path.join(a.root, "queues", f"{a.queue}.txt")
-        rows = [verdict(row, sweep.tasks) for row in grammar.split_lines(_read(path, ""))]
+        data = _read_bytes(path)
+        rows = [verdict(row, sweep.tasks) for row in grammar.split_lines(data.decode("utf-8", "replace"))]
         for i in range(max(a.start, 0), len(rows)):
             kind, p = rows[i]
             out(f"{i} cell {fields(p)} {p.priority}" if p is not None else f"{i} {kind}")
         out(f"n {len(rows)}")
-        return 0
-    if a.verb == "reentries":
-        text = _read(os.path.join(a.root, "events", f"{a.host}.{a.queue}.jsonl"), "")
-        for c, frm, i in reentries(text.splitlines()):
-            p = sweep.cell_at(frm, i)
-            if p is not None and p.name == c:
-                out(f"reenter {frm} {i} {fields(p)}")
+        out(f"size {len(data)}")
+        if a.reentries:
+            text = _read(os.path.join(a.root, "events", f"{a.host}.{a.queue}.jsonl"), "")
+            for c, frm, i in reentries(text.splitlines()):
+                p = sweep.cell_at(frm, i)
+                if p is not None and p.name == c:
+                    out(f"reenter {frm} {i} {fields(p)}")
         return 0
     if a.verb == "calibrate":
         return calibration(a, slot, hb_secs, out)
