@@ -134,7 +134,7 @@ from benchlib import measured_line, p90, write_section  # noqa: E402
 
 from ablate.plan.balance import balance  # noqa: E402  (after the sys.path lines above)
 from ablate.remote.learn import Observation, learn_rates  # noqa: E402
-from ablate.remote.runner import Candidate, HeadCell, Victim, deal_first, pick_steal  # noqa: E402
+from ablate.remote.rules import Candidate, HeadCell, Victim, deal_first, pick_steal  # noqa: E402
 
 LARGE_P, LARGE, SMALL = 0.3, (4.0, 8.0), (0.8, 1.6)
 SPEED = (0.5, 1.5)
@@ -341,7 +341,7 @@ def rule_first_fit(me: int, now: float, t: Estimate, pending: list[list[int]],
 
 def rule_min_max(me: int, now: float, t: Estimate, pending: list[list[int]],
                  current: Current) -> tuple[int, int] | None:
-    """run_queue's steal pick itself (`ablate.remote.runner.pick_steal`, the function a draining
+    """run_queue's steal pick itself (`ablate.remote.rules.pick_steal`, the function a draining
     runner's decision runs) on the simulated machines: each other machine with a not-started cell is
     a victim (its remaining time: its current cell's time left, then its cells in queue order), each
     of its cells a candidate (its time here; when it would end there, at its place; its time there);
@@ -526,7 +526,7 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
                     + sum(t(c, i) for c in first[i]) for i, cur in enumerate(current)]
             free[j] = now
             live = [i for i in range(m) if i not in stopped]
-            # run_queue's deal itself (ablate.remote.runner.deal_first): the shared head has no owner
+            # run_queue's deal itself (ablate.remote.rules.deal_first): the shared head has no owner
             cells = [HeadCell(0, str(c), -1, k, 0) for k, c in enumerate(head)]
             return deal_first(cells, [free[i] for i in live], lambda k, r: t(head[k], live[r]),
                               live.index(j), gate)

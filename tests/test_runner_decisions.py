@@ -1,4 +1,4 @@
-"""The runner's decisions (`ablate/remote/runner.py`) over files, in milliseconds: the one queue-line
+"""The runner's decisions (`ablate/remote/runner.py`, its rules in `rules.py`) over files, in milliseconds: the one queue-line
 grammar (the controller's and the deployed runner's verdicts on the same hostile lines), the runner
 scan, estimates, the steal pick, the head deal, re-entries and calibration's wait."""
 
@@ -16,22 +16,18 @@ import pytest
 from ablate.config.project import Task
 from ablate.errors import QueueError
 from ablate.remote import calibrate, grammar, runner
-from ablate.remote.runner import (
+from ablate.remote.rules import (
     SILENT_REM,
     Candidate,
     Estimates,
     HeadCell,
-    Runner,
-    Sweep,
     Victim,
-    deal,
     deal_first,
     pick_steal,
     read_estimates,
     reentries,
-    runner_of,
-    victims_of,
 )
+from ablate.remote.runner import Runner, Sweep, deal, runner_of, victims_of
 from ablate.run.deploy import packaged_runner
 from ablate.sweep.cells import parse_queue_text
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from ablate.config.project import Project
 from ablate.remote.probe import read_metrics
-from ablate.results.reconcile import default_results_dir
+from ablate.results.common import default_results_dir
 from ablate.sweep import classify as cls
 from ablate.sweep.cells import Cell
 from ablate.sweep.classify import classify_state
