@@ -1,6 +1,7 @@
-"""The runner's decisions (`ablate/remote/runner.py`, its rules in `rules.py`) over files, in milliseconds: the one queue-line
-grammar (the controller's and the deployed runner's verdicts on the same hostile lines), the runner
-scan, estimates, the steal pick, the head deal, re-entries and calibration's wait."""
+"""The runner's decisions (`ablate/remote/runner.py`, its rules in `rules.py`) over files, in
+milliseconds: the one queue-line grammar (the controller's and the deployed runner's verdicts on the
+same hostile lines), the runner scan, estimates, the steal pick, the head deal, re-entries and
+calibration."""
 
 from __future__ import annotations
 

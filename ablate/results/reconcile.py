@@ -34,8 +34,7 @@ from ablate.config.project import Project
 from ablate.errors import AblateError
 from ablate.remote import verify
 from ablate.remote.layout import MANIFEST, SweepLayout
-from ablate.results.common import artifacts_arg
-from ablate.results.common import default_results_dir
+from ablate.results.common import artifacts_arg, default_results_dir
 from ablate.sweep.cells import Cell, Roster
 from ablate.sweep.classify import CellState, Verification, cell_lines, collect, count_line, sweep_roster
 from ablate.transport import shared_fs

@@ -55,7 +55,8 @@ def packaged_learn() -> bytes:
     return packaged.read("ablate.remote", "learn.py")
 
 
-RUNNER_MODULES = ("calibrate.py", "grammar.py", "learn.py", "rules.py", "runner.py")  # ablate/remote/, stdlib only
+# ablate/remote/ modules in the runner zipapp, stdlib only
+RUNNER_MODULES = ("calibrate.py", "grammar.py", "learn.py", "rules.py", "runner.py")
 _RUNNER_MAIN = b"from ablate.remote.runner import main\n\nraise SystemExit(main())\n"
 
 
