@@ -288,7 +288,8 @@ def _env(host: Host, sec: Section | None) -> Check:
         return Check("env", False, f"the profile's env `{env}` failed: {sec.last}")
     if sec.rc == 97:
         return Check("env", False, f"{py} not found after the profile's env (`{env or 'none'}`); the "
-                                   f"probe and verification run with it (profile key `python`)")
+                                   f"probe, verification and the queues' decisions run with it "
+                                   f"(profile key `python`)")
     if sec.rc != 0:
         return Check("env", False, f"{py} does not start: {sec.last}")
     return Check("env", True, f"{py} {sec.last}" + (f" after `{env}`" if env else ""))
