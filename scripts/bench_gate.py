@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = (f"python3 scripts/bench_gate.py --sweeps {args.sweeps} --seed {args.seed} "
            f"--sigma {args.sigma:g}")
     publish("bench_gate", [
-        "## What the gated shared head's deal needs to know (issue 13)", "",
+        "## What the gated shared head's deal needs to know", "",
         measured_line(cmd) + f" ablate at {ablate_version()}.", "",
         f"The misspecified world of `bench_balance.py` ({len(sweeps)} sweeps, seed {args.seed}, the same "
         f"sweeps as its table), sigma = {args.sigma:g}. Every row but the first runs the shared head with "

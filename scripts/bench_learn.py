@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     sizes = [int(x) for x in args.cells.split(",")]
-    lines = ["## A draining runner's learning step (issue 13)", "",
+    lines = ["## A draining runner's learning step", "",
              measured_line(f"python3 scripts/bench_learn.py --cells {args.cells} --reps {args.reps}")
              + f" ablate {ablate_version()}.", "",
              f"The learning helper run as run_queue runs it before a steal, on a sweep of {RUNNERS} "

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             for k, path in variants.items():
                 got[k].append(status_once(proj, path))
     new, old = (median([r["secs"] for r in got[k]]) for k in variants)
-    lines = ["## `status` reading each queue's truth through its own host (issue 11)", "",
+    lines = ["## `status` reading each queue's truth through its own host", "",
              measured_line(f"sudo python3 scripts/bench_views.py --old <commit before> --hosts {a.hosts} "
                            f"--reps {a.reps}"), "",
              f"{a.hosts} test-bed instances mounting the shared FS over sshfs (default caches), a drained "
