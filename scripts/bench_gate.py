@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""What the gated shared head lacks to meet issue 13's target: which knowledge its deal needs.
+"""What the gated shared head needs to meet its target (mean <= 1.08, p90 <= 1.15): which knowledge its
+deal needs.
 
 The misspecified world of scripts/bench_balance.py (the same sweeps for the same seed), at one sigma.
 Every row runs the shared head (the cells of at least half the largest declared cost, dealt out by a
@@ -27,9 +28,11 @@ runner has nothing of its own, and differs only in the figures the deal is made 
   own lines kept    a runner with nothing else to do takes the head cells of its own planned queue
                     before it stops (run_queue never leaves a line of its own file behind)
 
-The `run_queue with calibrate` row is what wrappers/run_queue.sh does (its "shared head" and
-"calibration"); the rows after it are the same with a benchmark that costs more (a benchmark of a few
-seconds against cells of minutes is about 1 %; one as long as a small cell, 100 %).
+The `run_queue with calibrate` row is what run_queue does (its "shared head" and "calibration"): the
+deal and the steal pick are the very functions its decisions run (`ablate/remote/rules.py`'s
+`deal_first` and `pick_steal`, through bench_balance); the rows after it are the same with a
+benchmark that costs more (a benchmark of a few seconds against cells of minutes is about 1 %; one
+as long as a small cell, 100 %).
 
 The first rows are what a runner does without `calibrate:` (no shared head) and other policies of
 bench_balance.py on the same sweeps (pull queues and its best other variant), for the verdict.
