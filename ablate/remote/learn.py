@@ -250,9 +250,29 @@ def learned_text(estimates: str, events: Sequence[Mapping[str, object]], now: fl
     return "".join(row + "\n" for row in rows)
 
 
-def main(argv: Sequence[str]) -> int:
+def read_events(root: str) -> list[Mapping[str, object]]:
+    """Every event of the sweep (`events/*.jsonl`), one read each; a torn or damaged line is skipped."""
     import glob
     import json
+    import os
+
+    events: list[Mapping[str, object]] = []
+    for path in sorted(glob.glob(os.path.join(root, "events", "*.jsonl"))):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    try:
+                        e = json.loads(line)
+                    except ValueError:
+                        continue  # a line being appended, or damaged: never fatal
+                    if isinstance(e, dict):
+                        events.append(e)
+        except OSError:
+            continue
+    return events
+
+
+def main(argv: Sequence[str]) -> int:
     import os
     import sys
     import time
@@ -267,20 +287,7 @@ def main(argv: Sequence[str]) -> int:
     except OSError as err:
         print(f"learn: {err}", file=sys.stderr)
         return 2
-    events: list[Mapping[str, object]] = []
-    for path in sorted(glob.glob(os.path.join(root, "events", "*.jsonl"))):
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    try:
-                        e = json.loads(line)
-                    except ValueError:
-                        continue  # a line being appended, or damaged: never fatal
-                    if isinstance(e, dict):
-                        events.append(e)
-        except OSError:
-            continue
-    text = learned_text(estimates, events, time.time())
+    text = learned_text(estimates, read_events(root), time.time())
     if text is None:
         return 3
     sys.stdout.write(text)

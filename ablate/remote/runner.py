@@ -347,26 +347,6 @@ def _read_bytes(path: str) -> bytes:
         raise FsDown(str(e)) from None
 
 
-def _events(root: str) -> list[Mapping[str, object]]:
-    out: list[Mapping[str, object]] = []
-    folder = os.path.join(root, "events")
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        if not name.endswith(".jsonl"):
-            continue
-        try:
-            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    try:
-                        e = json.loads(line)
-                    except ValueError:
-                        continue  # a line being appended, or damaged: never fatal
-                    if isinstance(e, dict):
-                        out.append(e)
-        except OSError:
-            continue
-    return out
-
-
 def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
     a = _args(argv)
     slot = "" if a.slot == "-" else a.slot
@@ -446,7 +426,7 @@ def steal(a: argparse.Namespace, sweep: Sweep, runners: Sequence[Runner], slot: 
     text = _read(os.path.join(a.root, "estimates.tsv"), "")
     if not text:
         return 1  # no estimates: nothing to steal by
-    learned = learn.learned_text(text, _events(a.root), time.time())
+    learned = learn.learned_text(text, learn.read_events(a.root), time.time())
     est = read_estimates(learned if learned is not None else text)
     my_speed, my_over = est.speed_of(a.host, slot), est.over_of(a.host, slot)
     victims = victims_of(sweep, runners, est, lambda e: my_over + e * 1000 // my_speed,
