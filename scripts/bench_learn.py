@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""What a draining runner pays to learn before a steal (issue 13): the deployed learning helper
-(`ablate/remote/learn.py`, run as `python3 learn.<sha>.py ROOT`, as run_queue's `learn_now` runs it)
+"""What a draining runner pays to learn before a steal: the learning step (`ablate/remote/learn.py`,
+run as `python3 learn.py ROOT`: the fit the runner's `drained` decision makes before its pick)
 against a bare `python3 -c pass`, side by side, on sweeps whose events hold N ended cells.
 
 Each size gets a throw-away sweep root: `estimates.tsv` with 8 runners and a `cell` and `cost` line

@@ -6,13 +6,14 @@ repo root; `*` stays inside a directory, `**` as a whole component crosses any n
 gives `cost`, or `cost_per_epoch x epochs`; else `tasks[task].cost_per_epoch x epochs`. A declared
 cost has no time unit: it plans (only ratios matter) but gives no ETA.
 
-**Learned.** The same code as the runners' (`ablate.remote.learn`, shipped to the instances as
-`learn.<sha>.py`), on the same inputs: every cell that ENDED with rc 0 from a start that was not a
-resume (the runner that ran it: host and slot, the thief for a stolen cell) is one observation of
-`seconds = overhead[runner] + cost x scale[task] / speed[runner]`, fitted by `learn_rates` (mean
-durations, outliers left out, the free scale pinned to the declared speeds: a host without history
-keeps its declared speed on the same scale; a task without history takes the pooled scale). So
-`plan` and `status` ETAs and a draining runner's steal are one model and cannot disagree.
+**Learned.** The same code as the runners' (`ablate.remote.learn`, shipped to the instances in the
+runner's zipapp, `runner.<sha>.pyz`), on the same inputs: every cell that ENDED with rc 0 from a
+start that was not a resume (the runner that ran it: host and slot, the thief for a stolen cell) is
+one observation of `seconds = overhead[runner] + cost x scale[task] / speed[runner]`, fitted by
+`learn_rates` (mean durations, outliers left out, the free scale pinned to the declared speeds: a
+host without history keeps its declared speed on the same scale; a task without history takes the
+pooled scale). So `plan` and `status` ETAs and a draining runner's steal are one model and cannot
+disagree.
 
 **estimates.tsv** (`<root>/estimates.tsv`, atomic replace by launch / launch --all / append /
 remediate --launch): `# ablate estimates <t> <declared|learned>`, then one tab-separated line per

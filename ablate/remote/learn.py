@@ -172,13 +172,14 @@ class _Fit:
 
 # --------------------------------------------------------------------------- a draining runner's figures
 #
-# `python3 learn.<sha>.py ROOT` (run_queue, before each steal): reads ROOT/estimates.tsv (the
+# What the runner's steal decision fits before its pick (`ablate/remote/runner.py`, `drained`), and
+# `python3 learn.py ROOT` prints (scripts/bench_learn.py times it): reads ROOT/estimates.tsv (the
 # controller's: `host H SLOT SPEED_MILLI`, `cell NAME MS`, `cost NAME TASK UNITS`) and the sweep's
 # events (ROOT/events/*.jsonl, one read), fits `learn_rates` on the cells that ended (rc 0, not
 # resumed) with the estimates' speeds as the declared ones, and prints the same format with the
 # learned figures: each runner's speed, `over H SLOT MS` (its fixed seconds per cell) and each
 # cell's MS = UNITS x its task's scale (seconds x 1000 on a speed-1.0 runner). A runner is
-# `H SLOT` (SLOT `-` without one). Exit 3 when nothing has ended yet: run_queue then keeps the
+# `H SLOT` (SLOT `-` without one). Exit 3 when nothing has ended yet: the steal then goes by the
 # controller's file.
 
 
