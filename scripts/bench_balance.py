@@ -35,19 +35,18 @@ the exact world); a queue file lists its cells longest declared cost first, as `
   pull queue    one shared queue, longest declared cost first; an idle host takes the next cell. It
                 knows nothing of speeds: at t=0 the hosts take cells in host order (a random order)
   static plan   `ablate.plan.balance.balance` (the real planner) on the declared costs and speeds
-  plan+steal    the static plan, and a host whose queue drains steals by run_queue.sh's rule
-                (steal_pick, min-max below) on the declared figures (estimates.tsv as written at
-                launch): with t(c, h) = cost(c) / declared_speed(h), for every other host j with a
-                not-started cell, remaining_j = max(0, t(current_j, j) - elapsed_j) + sum(t(c, j) of
-                j's not-started cells); hosts by remaining, largest first; from the first that has a
-                not-started cell c with t(c, me) < its finish there, counted at its place (max(0,
-                t(current_j, j) - elapsed_j) + sum(t(., j) of j's not-started cells up to and
-                including c)), the one that minimises max(remaining_j - t(c, j), t(c, me)), the later
-                of the victim's new finish and the thief's (ties: the later place, which the victim
-                reaches last); run it and repeat; with no steal the host stops for good. (Declared
-                units are taken as seconds when the elapsed time is subtracted, as the runner does:
-                the most favourable reading, since a guessed task is right on average.) The runner
-                also puts a higher `priority=` first; the sweeps here have none.
+  plan+steal    the static plan, and a host whose queue drains steals by run_queue's rule
+                (ablate.remote.rules.pick_steal, min-max below) on the declared figures (estimates.tsv as
+                written at launch): with t(c, h) = cost(c) / declared_speed(h), for every other host j with
+                a not-started cell, remaining_j = max(0, t(current_j, j) - elapsed_j) + sum(t(c, j) of j's
+                not-started cells); hosts by remaining, largest first; from the first that has a not-started
+                cell c with t(c, me) <= its finish there, counted at its place (max(0, t(current_j, j) -
+                elapsed_j) + sum(t(., j) of j's not-started cells up to and including c)), the one that
+                minimises max(remaining_j - t(c, j), t(c, me)), the later of the victim's new finish and the
+                thief's (ties: the later place, which the victim reaches last); run it and repeat; with no
+                steal the host stops for good. (Declared units are taken as seconds when the elapsed time is
+                subtracted, as the runner does: the most favourable reading, since a guessed task is right
+                on average.) The runner also puts a higher `priority=` first; the sweeps here have none.
 Variants and references, in the same run:
   first fit           the same victims in the same order; the candidate is the FIRST of j's
                       not-started cells (queue order) that finishes here before it would there, at
@@ -317,8 +316,9 @@ def victims(me: int, now: float, t: Estimate, pending: list[list[int]],
 
 def rule_last_fit(me: int, now: float, t: Estimate, pending: list[list[int]],
                   current: Current) -> tuple[int, int] | None:
-    """run_queue.sh's steal_pick: victims by remaining, largest first; from the first that has one,
-    its last not-started cell that is expected to finish here before that machine's remaining."""
+    """The last fit (run_queue's rule before the min-max): victims by remaining, largest first; from
+    the first that has one, its last not-started cell expected to finish here before that
+    machine's remaining."""
     for j, rem, _left in victims(me, now, t, pending, current):
         for k in range(len(pending[j]) - 1, -1, -1):
             if t(pending[j][k], me) < rem:
