@@ -14,11 +14,8 @@ an old host name is another machine, and is measured again.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -81,6 +78,8 @@ def put_line(path: str, text: str) -> bool:
 def kept_key(command: str, env: str, host: str, slot: str, node: str, machine_id: str, gpus: str) -> str:
     """The kept measurement's file name (as run_queue.sh computed it: `printf '%s\\n' ... |
     sha256sum`, so that figures kept by earlier versions are found)."""
+    import hashlib
+
     text = "".join(f"{v}\n" for v in (command, env, host, slot or "-", node, machine_id, gpus))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -95,6 +94,9 @@ def machine_id() -> str:
 
 def gpu_uuids(slot: str, pin: bool) -> str:
     """The GPUs themselves (a container's name can stay): the slot's, else every one the job has."""
+    import shutil
+    import subprocess
+
     if not shutil.which("nvidia-smi"):
         return ""
     only = ["-i", slot] if slot and pin else []
@@ -118,6 +120,8 @@ def run_benchmark(command: str, workdir: str, log_path: str, timeout: int,
                   say: Callable[[str], None]) -> Measured:
     """Time the benchmark in `workdir` (the env is already active), under `timeout` (then KILL 10 s
     later); its output and errors are appended to `log_path`."""
+    import subprocess
+
     say(f"calibrating: {command}")
     t0 = time.time()
     last = b""

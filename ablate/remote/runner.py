@@ -43,10 +43,11 @@ import os
 import re
 import sys
 import time
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
-from ablate.remote import calibrate, grammar, learn
+from ablate.remote import grammar
 from ablate.remote.rules import (
     SILENT_REM,
     Candidate,
@@ -292,7 +293,7 @@ def deal_speeds(root: str, keys: Sequence[tuple[str, str]], est: Estimates) -> l
     raw = [0] * len(keys)
     sum_d = sum_r = 0
     for k, (h, s) in enumerate(keys):
-        ms = calibrate.calib_ms(root, h, s)
+        ms = _calibrate().calib_ms(root, h, s)
         if ms is not None:
             raw[k] = 1_000_000_000 // ms + 1
             sum_d += spd[k]
@@ -393,12 +394,20 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
     return steal(a, sweep, runners, slot, set(head), out)
 
 
+def _calibrate() -> types.ModuleType:
+    """ablate.remote.calibrate, imported where used (its imports cost the decisions that need none)."""
+    from ablate.remote import calibrate
+
+    return calibrate
+
+
 def calibration(a: argparse.Namespace, slot: str, hb_secs: int, out: Callable[[str], None]) -> int:
     """This runner's measurement (the `calibrate` event's fields, `event ...`), then the wait for the
     others' (`waiting HOST/QUEUE...` when it gave up). The spec's values come in the environment."""
     env = os.environ
     timeout = env.get("ABLATE_CALIBRATE_TIMEOUT", "")
     raw = env.get("ABLATE_CALIBRATE", "")
+    calibrate = _calibrate()
     setting = calibrate.Setting(
         a.root, a.host, a.queue, slot, raw.replace("{gpu}", env.get("ABLATE_GPU", "")), raw,
         env.get("ABLATE_ENV", ""), env.get("ABLATE_WORKDIR", "."), env.get("ABLATE_CKPT_ROOT", "."),
@@ -426,6 +435,8 @@ def steal(a: argparse.Namespace, sweep: Sweep, runners: Sequence[Runner], slot: 
     text = _read(os.path.join(a.root, "estimates.tsv"), "")
     if not text:
         return 1  # no estimates: nothing to steal by
+    from ablate.remote import learn  # imported where used: each decision is a Python start of its own
+
     learned = learn.learned_text(text, learn.read_events(a.root), time.time())
     est = read_estimates(learned if learned is not None else text)
     my_speed, my_over = est.speed_of(a.host, slot), est.over_of(a.host, slot)
