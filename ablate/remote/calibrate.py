@@ -21,8 +21,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
+from ablate.remote.rules import ms_of
+
 _CALIB_MS = re.compile(r"[1-9][0-9]{0,9}")
-_SECONDS = re.compile(r"\s*([0-9]{1,9})(?:\.([0-9]{1,6}))?\s*")
+_SECONDS = re.compile(r"\s*([0-9]{1,9}(?:\.[0-9]{1,6})?)\s*")
 
 
 class Beat(Protocol):
@@ -140,8 +142,9 @@ def run_benchmark(command: str, workdir: str, log_path: str, timeout: int,
     dur = time.time() - t0
     ms = int(dur * 1000)
     m = _SECONDS.fullmatch(last.decode(errors="replace").rstrip("\n"))
-    if m is not None:
-        ms = int(m.group(1)) * 1000 + int(((m.group(2) or "") + "000")[:3])
+    got = ms_of(m.group(1)) if m is not None else None
+    if got is not None:
+        ms = got
     if rc != 0:
         say(f"calibration exited {rc} (log {log_path}): the deal uses the declared speed of this host")
     return Measured(rc, max(1, ms), dur)

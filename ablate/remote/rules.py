@@ -28,7 +28,16 @@ from ablate.remote import grammar
 
 SILENT_REM = 1 << 50  # ms: a silent victim's remaining time (it never finishes)
 _DIGITS = re.compile(r"[0-9]{1,9}")
+_MS = re.compile(r"([0-9]{1,12})(?:\.([0-9]*))?")
 N = TypeVar("N", int, float)
+
+
+def ms_of(raw: object) -> int | None:
+    """Integer ms of a JSON number kept as its text ("1700000000.123456"), as the bash read it."""
+    m = _MS.fullmatch(raw) if isinstance(raw, str) else None
+    if m is None:
+        return None
+    return int(m.group(1)) * 1000 + int(((m.group(2) or "") + "000")[:3])
 
 
 # --------------------------------------------------------------------------- estimates

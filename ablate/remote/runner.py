@@ -55,12 +55,12 @@ from ablate.remote.rules import (
     HeadCell,
     Victim,
     deal_first,
+    ms_of,
     pick_steal,
     read_estimates,
     reentries,
 )
 
-_MS = re.compile(r"([0-9]{1,12})(?:\.([0-9]*))?")
 _DIGITS = re.compile(r"[0-9]{1,9}")
 _SLOT = re.compile(r"[0-9]{0,6}")
 
@@ -92,14 +92,6 @@ class Runner(NamedTuple):
     def own_from(self) -> int:
         """Where its own not-started lines begin."""
         return self.next if self.from_queue else self.idx
-
-
-def ms_of(raw: object) -> int | None:
-    """Integer ms of a JSON number kept as its text ("1700000000.123456"), as the bash read it."""
-    m = _MS.fullmatch(raw) if isinstance(raw, str) else None
-    if m is None:
-        return None
-    return int(m.group(1)) * 1000 + int(((m.group(2) or "") + "000")[:3])
 
 
 def _mtime_ms(path: str) -> int:
@@ -378,9 +370,10 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
         return calibration(a, slot, hb_secs, out)
     runners = scan_runners(a.root, a.host, a.queue, hb_secs)
     deferred = [int(x) for x in a.deferred.split() if x.isdigit()]
+    estimates = _read(os.path.join(a.root, "estimates.tsv"), "")  # one read for the deal and the steal
     head: tuple[str, ...] = ()
     if a.head:
-        d = deal(sweep, runners, read_estimates(_read(os.path.join(a.root, "estimates.tsv"), "")),
+        d = deal(sweep, runners, read_estimates(estimates),
                  (a.host, slot, a.queue), a.next, deferred)
         if d is not None:
             out(f"head_on {int(d.on)}")
@@ -391,7 +384,7 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
             head = d.head
     if a.verb == "deal" or not a.steal:
         return 1
-    return steal(a, sweep, runners, slot, set(head), out)
+    return steal(a, sweep, runners, slot, set(head), estimates, out)
 
 
 def _calibrate() -> types.ModuleType:
@@ -430,9 +423,9 @@ def calibration(a: argparse.Namespace, slot: str, hb_secs: int, out: Callable[[s
 
 
 def steal(a: argparse.Namespace, sweep: Sweep, runners: Sequence[Runner], slot: str, head: set[str],
-          out: Callable[[str], None]) -> int:
-    """The steal pick by the learned figures of this sweep's ended cells, else the controller's."""
-    text = _read(os.path.join(a.root, "estimates.tsv"), "")
+          text: str, out: Callable[[str], None]) -> int:
+    """The steal pick by the learned figures of this sweep's ended cells, else the controller's
+    (`text`, estimates.tsv)."""
     if not text:
         return 1  # no estimates: nothing to steal by
     from ablate.remote import learn  # imported where used: each decision is a Python start of its own
