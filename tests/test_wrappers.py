@@ -260,23 +260,40 @@ def test_invalid_line_in_the_fs_copy_is_skipped_never_run(local_project: LocalPr
     assert not marker.exists()
 
 
-@pytest.mark.parametrize(("fake_cp", "reason"), [
-    ('head -c 10 "$2" > "$3"', "is short"),  # a network FS "succeeding" short
-    ('{ cat "$2"; } | tr "\\000-\\377" "\\001-\\377\\000" > "$3"', "differs from its source"),  # same size
+# The standard library's shutil with a bad copyfile, found first on PYTHONPATH by run_one's `publish`
+# (python -S still reads PYTHONPATH): the copy a network FS "succeeded" at.
+FAKE_SHUTIL = """import sys
+here = sys.path.pop(sys.path.index(__file__.rpartition("/")[0]))
+del sys.modules["shutil"]
+import shutil
+sys.path.insert(1, here)
+def copyfile(src, dst, *, follow_symlinks=True):
+    with open(src, "rb") as f:
+        data = f.read()
+    with open(dst, "wb") as f:
+        f.write(BAD)
+    return dst
+shutil.copyfile = copyfile
+sys.modules["shutil"] = shutil
+"""
+
+
+@pytest.mark.parametrize(("bad_copy", "reason"), [
+    ("data[:10]", "is short"),  # a network FS "succeeding" short
+    ("bytes((b + 1) % 256 for b in data)", "differs from its source"),  # same size
 ])
 def test_a_bad_copy_is_caught_before_the_rename(local_project: LocalProject, tmp_path: Path,
-                                                fake_cp: str, reason: str) -> None:
+                                                bad_copy: str, reason: str) -> None:
     lp = local_project
     lp.queue("q1", [lp.cfg("cfgs/a/cp.yaml") + " recon 1"])
     launch(load_project(lp.root), "q1", "h1")
     drained(lp, "h1", "q1")
     shutil.rmtree(lp.shared / "final_ckpts" / "cp")  # as if it had never synced
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "cp").write_text(f"#!/bin/bash\n{fake_cp}\n")
-    (bin_dir / "cp").chmod(0o755)
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "shutil.py").write_text(FAKE_SHUTIL.replace("BAD", bad_copy))
     deployed = json.loads((lp.shared / "DEPLOYED.json").read_text())
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ABLATE_QUEUE": "manual"}
+    env = {**os.environ, "PYTHONPATH": str(fake), "ABLATE_QUEUE": "manual"}
     p = subprocess.run(["bash", str(lp.shared / "wrappers" / deployed["run_one"]),
                         str(lp.shared / "specs" / deployed["specs"]["h1"]), "cp", "cfgs/a/cp.yaml", "recon",
                         "1", "a", "1"], capture_output=True, env=env, timeout=60)

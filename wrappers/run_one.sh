@@ -5,7 +5,8 @@
 #
 # Exit code: the train command's; 3 when training succeeded but the sync failed (the
 # instance-local checkpoint is left intact); 125 when this wrapper could not set up the run.
-# Formats (MANIFEST.json, events): docs/ARCHITECTURE.md. Plain bash 5 + coreutils.
+# Formats (MANIFEST.json, events): docs/ARCHITECTURE.md. Plain bash 5 + coreutils; the sync's file
+# work (copies, checks, MANIFEST.json) is the runner's Python (ablate/remote/publish.py).
 # One compound command, parsed whole before any of it runs: bash reads a script as it goes, and
 # this file is on the shared FS, which can go away mid-run (an outage of a network FS).
 {
@@ -88,123 +89,44 @@ fail() {
   exit 3
 }
 ours() {  # the published result is this very run's (a rename whose answer the outage lost)
-  local m=$FINAL/MANIFEST.json
-  grep -qF "\"host\": \"$ABLATE_HOST\"" "$m" 2>/dev/null && grep -qF "\"started\": $STARTED," "$m" 2>/dev/null
+  local m=  # read by bash itself: no process per cell (MANIFEST.json is one line)
+  { IFS= read -r -d '' m <"$FINAL/MANIFEST.json"; } 2>/dev/null
+  [[ $m == *"\"host\": \"$ABLATE_HOST\""* && $m == *"\"started\": $STARTED,"* ]]
 }
-
-ck_add() {  # ck_add PATH [in-dir]: one checkpoint file, once, by its path relative to CKPT_DIR
-  local rel=${1#"$CKPT_DIR"/}
-  # A file named (or matched) must have content; a directory may hold empty files (markers).
-  [[ -n ${2-} || -s $1 ]] || fail "checkpoint $rel missing or empty in $CKPT_DIR"
-  # Recorded in MANIFEST.json as is: no quote, backslash or control character to escape.
-  [[ $rel == *[[:cntrl:]\"\\]* ]] && fail "checkpoint file name ${rel//[[:cntrl:]]/?} has a quote, backslash or control character; rename it"
-  [[ -n ${CK_SEEN[$rel]-} || $rel == "${ABLATE_METRICS-}" ]] && return 0
-  CK_SEEN[$rel]=1
-  CK_FILES+=("$rel")
-}
-ck_resolve() {  # CK_FILES: the files ABLATE_CHECKPOINT's entries name now (docs/ARCHITECTURE.md)
-  local entry m f newest n
-  local -a entries matches
-  CK_FILES=()
-  declare -gA CK_SEEN=()
-  read -ra entries <<<"$ABLATE_CHECKPOINT"
-  for entry in "${entries[@]}"; do
-    if [[ $entry == *[*?[]* ]]; then
-      shopt -s nullglob
-      # shellcheck disable=SC2206  # unquoted on purpose: expanded as a glob (entries hold no blanks)
-      matches=("$CKPT_DIR"/$entry)
-      shopt -u nullglob
-      (( ${#matches[@]} )) || fail "checkpoint $entry matches nothing in $CKPT_DIR"
-      if [[ ${ABLATE_PICK:-all} == newest ]]; then
-        newest=${matches[0]}
-        for m in "${matches[@]}"; do [[ $m -nt $newest ]] && newest=$m; done
-        matches=("$newest")
-      fi
-    else
-      matches=("$CKPT_DIR/$entry")
-    fi
-    for m in "${matches[@]}"; do
-      if [[ -d $m ]]; then
-        n=${#CK_FILES[@]}
-        while IFS= read -r -d '' f; do ck_add "$f" in-dir; done < <(find "$m" -type f -print0 | LC_ALL=C sort -z)
-        (( ${#CK_FILES[@]} > n )) || fail "checkpoint directory ${m#"$CKPT_DIR"/} has no files in $CKPT_DIR"
-      elif [[ -f $m ]]; then
-        ck_add "$m"
-      else
-        fail "checkpoint ${m#"$CKPT_DIR"/} missing or empty in $CKPT_DIR"
-      fi
-    done
-  done
-}
-
-sync_all() {  # copy, check, publish; exits 0 (synced) or through fail
-  ARTIFACTS=
-  ck_resolve
-  if [[ -n ${ABLATE_METRICS-} ]]; then
-    [[ -f $CKPT_DIR/$ABLATE_METRICS && -s $CKPT_DIR/$ABLATE_METRICS ]] \
-      || fail "metrics $ABLATE_METRICS missing or empty in $CKPT_DIR"
+stage() {  # the file work, in a subshell: its reason on stdout (ablate/remote/publish.py, in the
+  # runner's zipapp, run as run_queue's runner_py runs the decisions: the profile's env and python)
+  [[ -n ${ABLATE_RUNNER_PY-} ]] || { echo "the run spec names no runner (ABLATE_RUNNER_PY): deploy again"; exit 1; }
+  if [[ -n ${ABLATE_ENV-} ]]; then
+    set +u  # activation scripts (conda) reference unset variables
+    eval "$ABLATE_ENV" >/dev/null 2>&1 </dev/null || { echo "env activation failed: $ABLATE_ENV"; exit 1; }
   fi
+  # Every value as --opt=value: one starting with "-" is never taken for an option. A traceback
+  # goes to the log.
+  # shellcheck disable=SC2086  # the profile's python may be a command with arguments
+  exec ${ABLATE_PYTHON:-python3} -S "$ABLATE_RUNNER_PY" publish --staging="$STAGING" --ckpt-dir="$CKPT_DIR" \
+    --log="$LOG" --checkpoint="$ABLATE_CHECKPOINT" --pick="${ABLATE_PICK:-all}" --metrics="${ABLATE_METRICS-}" \
+    --workdir="$ABLATE_WORKDIR" --host="$ABLATE_HOST" --queue="$QUEUE" --started="$STARTED" --ended="$ENDED" \
+    --wrapper="$SELF" --run-queue="${ABLATE_RUN_QUEUE_VERSION-}" --spec="${ABLATE_SPEC_VERSION-}" \
+    -- "$NAME" "$CFG" "$TASK" "$EPOCHS" "$CAT" "$RESUME" </dev/null 2>>"$LOG"
+}
+
+sync_all() {  # stage, check, publish; exits 0 (synced) or through fail
   if [[ -e $FINAL ]]; then
     (( SYNC_TRIES )) && ours && { ev synced ", \"cell\": \"$NAME\""; exit 0; }
     fail "final_ckpts/$NAME already exists; a durable result is never overwritten"
   fi
-  mkdir -p "$FINAL_PARENT" || fail "cannot create $FINAL_PARENT"
   STAGING=$FINAL_PARENT/.staging.$NAME.$ABLATE_HOST.$$
-  rm -rf -- "$STAGING"
-  mkdir "$STAGING" || fail "cannot create $STAGING"
-
-  copy_checked() {  # copy_checked SRC REL: its manifest entry in REPLY
-    local src=$1 rel=$2 dst=$STAGING/$2 size dsize sum dsum
-    if [[ $rel == */* ]]; then mkdir -p -- "${dst%/*}" || fail "cannot create ${dst%/*}"; fi
-    cp -- "$src" "$dst" || fail "copy of $rel to the shared FS failed"
-    size=$(stat -c %s -- "$src") && dsize=$(stat -c %s -- "$dst") || fail "cannot stat $rel"
-    [[ $size == "$dsize" ]] || fail "copy of $rel is short: $dsize of $size bytes"
-    sum=$(sha256sum -- "$src") && dsum=$(sha256sum -- "$dst") || fail "cannot hash $rel"
-    sum=${sum%% *} dsum=${dsum%% *}
-    [[ $sum == "$dsum" ]] || fail "copy of $rel differs from its source (sha256 $dsum, expected $sum)"
-    REPLY="{\"file\": \"$rel\", \"size\": $size, \"sha256\": \"$sum\"}"
-  }
-  # One plain file configured and found: recorded as one object (as ever); else a list of them.
-  local ck='' rel
-  for rel in "${CK_FILES[@]}"; do
-    copy_checked "$CKPT_DIR/$rel" "$rel"
-    ck+="${ck:+, }$REPLY"
-  done
-  [[ ${#CK_FILES[@]} == 1 && ${CK_FILES[0]} == "$ABLATE_CHECKPOINT" ]] || ck="[$ck]"
-  ARTIFACTS="\"checkpoint\": $ck"
-  if [[ -n ${ABLATE_METRICS-} ]]; then
-    copy_checked "$CKPT_DIR/$ABLATE_METRICS" "$ABLATE_METRICS"
-    ARTIFACTS+=", \"metrics\": $REPLY"
+  if ! mkdir -- "$STAGING" 2>/dev/null; then  # one process when final_ckpts/ is there, as it mostly is
+    mkdir -p -- "$FINAL_PARENT" || fail "cannot create $FINAL_PARENT"
+    rm -rf -- "$STAGING"
+    mkdir -- "$STAGING" || fail "cannot create $STAGING"
   fi
-  copy_checked "$LOG" "$NAME.log"
-  ARTIFACTS+=", \"log\": $REPLY"
-
-  cfg_path=$CFG
-  [[ $CFG == /* ]] || cfg_path=$ABLATE_WORKDIR/$CFG
-  cfg_sha=null
-  if [[ -f $cfg_path && -r $cfg_path ]] && s=$(sha256sum -- "$cfg_path" 2>/dev/null); then
-    cfg_sha="\"${s%% *}\""
-  fi
-  commit=null
-  if command -v git >/dev/null 2>&1 && c=$(git -C "$ABLATE_WORKDIR" rev-parse HEAD 2>/dev/null) \
-      && [[ $c =~ ^[0-9a-f]{40}$ ]]; then
-    commit="\"$c\""
-  fi
-  sha12_of() {  # the version in a content-addressed file name (run_one.<sha12>.sh, <sha12>.env)
-    if [[ $1 =~ ^(run_one\.|run_queue\.)?([0-9a-f]{12})\.(sh|env)$ ]]; then
-      REPLY="\"${BASH_REMATCH[2]}\""
-    else
-      REPLY=null
-    fi
-  }
-  sha12_of "$SELF"; v_one=$REPLY
-  sha12_of "${ABLATE_RUN_QUEUE_VERSION-}"; v_queue=$REPLY
-  sha12_of "${ABLATE_SPEC_VERSION-}"; v_spec=$REPLY
-
-  printf '{"name": "%s", "cfg": "%s", "task": "%s", "epochs": %s, "cat": "%s", "cfg_sha256": %s, "wrapper_version": %s, "run_queue_version": %s, "spec_version": %s, "host": "%s", "queue": "%s", "commit": %s, "started": %s, "ended": %s, "resume": %s, "artifacts": {%s}}\n' \
-    "$NAME" "$CFG" "$TASK" "$EPOCHS" "$CAT" "$cfg_sha" "$v_one" "$v_queue" "$v_spec" "$ABLATE_HOST" \
-    "$QUEUE" "$commit" "$STARTED" "$ENDED" "$RESUME" "$ARTIFACTS" >"$STAGING/MANIFEST.json" \
-    || fail "cannot write MANIFEST.json in $STAGING"
+  # The checkpoint entries resolved, each file copied and its size + sha256 compared with the
+  # source's, the metrics file's and the log's too, MANIFEST.json (docs/ARCHITECTURE.md).
+  local reason rc
+  reason=$(stage)
+  rc=$?
+  (( rc == 0 )) || fail "${reason:-publish (${ABLATE_RUNNER_PY-}) exited $rc; see the log}"
 
   # -T: never move *into* an existing dir; -n: never replace one (renameat2 NOREPLACE where the FS has
   # it).

@@ -56,7 +56,7 @@ def packaged_learn() -> bytes:
 
 
 # ablate/remote/ modules in the runner zipapp, stdlib only
-RUNNER_MODULES = ("calibrate.py", "grammar.py", "learn.py", "rules.py", "runner.py")
+RUNNER_MODULES = ("calibrate.py", "grammar.py", "learn.py", "publish.py", "rules.py", "runner.py")
 _RUNNER_MAIN = b"from ablate.remote.runner import main\n\nraise SystemExit(main())\n"
 
 
