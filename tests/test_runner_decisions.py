@@ -106,8 +106,33 @@ def controller_verdicts(text: str) -> list[str]:
     return out
 
 
+class Served:
+    """The deployed zipapp's `serve`, run by a real python3, as run_queue runs it (its co-process)."""
+
+    def __init__(self, pyz: Path, root: Path, host: str = "h1", queue: str = "q") -> None:
+        env = {**os.environ, "ABLATE_TASK_EPOCHS": " ".join(f"{k}={v}" for k, v in TASKS.items())}
+        self.p = subprocess.Popen([sys.executable, "-S", str(pyz), "serve", str(root), host, queue, "-"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+
+    def ask(self, *args: str) -> tuple[list[str], int]:
+        assert self.p.stdin is not None and self.p.stdout is not None
+        self.p.stdin.write("\t".join(args) + "\n")
+        self.p.stdin.flush()
+        rows = []
+        while not (line := self.p.stdout.readline()).startswith(".done "):
+            assert line, "the served runner ended without an answer"
+            rows.append(line.rstrip("\n"))
+        return rows, int(line.split()[1])
+
+    def close(self) -> int:
+        assert self.p.stdin is not None
+        self.p.stdin.close()
+        return self.p.wait(timeout=10)
+
+
 def runner_verdicts(tmp_path: Path, text: str) -> list[str]:
-    """What a run_queue sees: the deployed zipapp's `lines`, run by a real python3."""
+    """What a run_queue sees: the deployed zipapp's `lines`, run by a real python3; and each line
+    asked of it served (`line --from I`), as run_queue asks: both must say the same."""
     root = tmp_path / "root"
     (root / "queues").mkdir(parents=True)
     (root / "queues" / "q.txt").write_bytes(text.encode("utf-8", "surrogateescape"))
@@ -122,6 +147,10 @@ def runner_verdicts(tmp_path: Path, text: str) -> list[str]:
         idx, rest = row.split(" ", 1)
         assert int(idx) == i
         rows.append(rest)
+    served = Served(pyz, root)
+    assert [served.ask("line", "--from", str(i)) for i in range(len(rows) + 1)] \
+        == [([r], 0) for r in rows] + [(["none"], 0)]
+    assert served.close() == 0
     return rows
 
 
@@ -379,3 +408,54 @@ def test_the_first_read_of_the_lines_brings_the_cut_reentries(
     assert runner.main(["lines", str(tmp_path), "h2", "q2", "-"]) == 0
     own = ["0 cell own c/own.yaml recon 3 c 0", "n 1", f"size {size}"]
     assert capsys.readouterr().out.splitlines() == own
+
+
+# --------------------------------------------------------------------------- the served runner
+
+def test_a_served_runner_answers_each_decision_sees_appends_and_ends_at_eof(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    sweep_root(tmp_path / "root", {"q": ["c/a.yaml recon", "# note"]})
+    pyz = tmp_path / "runner.pyz"
+    pyz.write_bytes(packaged_runner())
+    s = Served(pyz, tmp_path / "root")
+    assert s.ask("line", "--from", "0") == (["cell a c/a.yaml recon 3 c 0"], 0)
+    assert s.ask("line", "--from", "1") == (["skip"], 0)
+    assert s.ask("line", "--from", "2") == (["none"], 0)
+    with open(tmp_path / "root" / "queues" / "q.txt", "a") as f:
+        f.write("c/b.yaml det 4\n")  # an append, read at the next ask
+    assert s.ask("line", "--from", "2") == (["cell b c/b.yaml det 4 c 0"], 0)
+    assert s.ask("reentries") == ([], 0)
+    assert s.ask("nonsense")[1] == 2  # refused, and it answers the next one
+    assert s.ask("deal", "--next", "0", "--deferred", "") == ([], 1)  # no estimates: nothing dealt
+    s.p.send_signal(15)  # the TERM that stops a cell reaches the queue's whole group: not for it
+    assert s.ask("line", "--from", "0") == (["cell a c/a.yaml recon 3 c 0"], 0)
+    assert s.close() == 0  # its queue's shell ended
+
+
+def test_a_served_runner_parses_its_queue_again_only_when_it_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sweep_root(tmp_path, {"q": ["c/a.yaml recon", "c/b.yaml recon"]})
+    monkeypatch.setenv("ABLATE_TASK_EPOCHS", "recon=3")
+    parsed = []
+    real = runner.verdict
+    monkeypatch.setattr(runner, "verdict", lambda row, tasks: parsed.append(row) or real(row, tasks))
+    rows: list[str] = []
+    for i in (0, 1, 2, 0):
+        assert runner.answer(["line", str(tmp_path), "h", "q", "-", "--from", str(i)], rows.append) == 0
+    assert rows == ["cell a c/a.yaml recon 3 c 0", "cell b c/b.yaml recon 3 c 0", "none",
+                    "cell a c/a.yaml recon 3 c 0"]
+    assert parsed == ["c/a.yaml recon", "c/b.yaml recon"]  # once for four asks
+    with open(tmp_path / "queues" / "q.txt", "a") as f:
+        f.write("c/d.yaml recon\n")
+    assert runner.answer(["line", str(tmp_path), "h", "q", "-", "--from", "2"], rows.append) == 0
+    assert rows[-1] == "cell d c/d.yaml recon 3 c 0" and len(parsed) == 5
+
+
+def test_a_served_decision_that_fails_is_answered_with_4_and_the_runner_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep_root(tmp_path, {"q": ["c/a.yaml recon"]})
+    monkeypatch.setattr(runner, "scan_runners", lambda *a: 1 / 0)
+    rows: list[str] = []
+    assert runner.answer(["deal", str(tmp_path), "h", "q", "-"], rows.append) == 4
+    assert "ZeroDivisionError" in capsys.readouterr().err
+    assert runner.answer(["line", str(tmp_path), "h", "q", "-"], rows.append) == 0

@@ -8,9 +8,10 @@
 # stop files, other queues' heartbeats) are in docs/ARCHITECTURE.md. This bash is the queue's life:
 # signals, claims, events, the heartbeat, services, outage waits, running a cell. Its decisions (the
 # queue-line grammar, the steal pick, the head deal, re-entries, calibration's wait) are asked of
-# the stdlib-only ablate/remote/runner.py (`decide`): one Python start per decision, none per cell
-# and none per event. Values from the spec and the queues are safe by construction
-# ([A-Za-z0-9._/+@,=-], checked again here), so they go into JSON and commands without escaping;
+# the stdlib-only ablate/remote/runner.py (`decide`), one long-lived process per queue answering
+# them over a pipe: no decision costs a Python start. Values from the spec and the queues are safe
+# by construction ([A-Za-z0-9._/+@,=-], checked again here), so they go into JSON and commands
+# without escaping;
 # lines that do not parse are skipped with reason "invalid", never run.
 # One compound command, parsed whole before any of it runs: bash reads a script as it goes, and
 # this file is on the shared FS, which can go away mid-run (an outage of a network FS).
@@ -310,10 +311,17 @@ ticker_start() {
   ) &
   TICKER=$!
 }
-ticker_stop() {
+ticker_stop() {  # ticker_stop [signalled]: after a signal to our group its end is polled, not
+  # waited for: bash 5.2 can lose the end of a child that signal ended, and `wait PID` then blocks
+  # for as long as another child (the runner's process, a service) lives
+  local n=0
   if [[ -n $TICKER ]]; then
     kill "$TICKER" 2>/dev/null
-    wait "$TICKER" 2>/dev/null
+    if [[ -n ${1-} ]]; then
+      while pid_alive "$TICKER" && (( n++ < 500 )); do sleep 0.01; done
+    else
+      wait "$TICKER" 2>/dev/null
+    fi
     rm -f "$HB_TMP_PREFIX.$TICKER.tmp"
     TICKER=
   fi
@@ -330,7 +338,7 @@ on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctr
   elif [[ -n $CHILD ]]; then
     kill -TERM "$CHILD" 2>/dev/null
   fi
-  ticker_stop
+  ticker_stop signalled
   svc_stop_all
   STATE=stopped CUR_STARTED=
   hb_write
@@ -351,7 +359,7 @@ on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or t
   # The cell is cut with TERM (the trainer saves what it resumes from) and keeps its claim: the
   # next attempt of this queue re-enters it with {resume}=1.
   [[ -n $CHILD ]] && kill_cell
-  ticker_stop
+  ticker_stop signalled
   svc_stop_all
   STATE=stopped CUR_STARTED=
   hb_write
@@ -388,28 +396,51 @@ trap 'ticker_stop; svc_stop_all' EXIT
 say() { { printf '[ablate %s/%s] %s\n' "$ABLATE_HOST" "$QUEUE" "$*"; } 2>/dev/null; }
 
 # ---- the runner's decisions (ablate/remote/runner.py, deployed as wrappers/runner.<sha12>.pyz:
-# docs/ARCHITECTURE.md, "run_queue"), run with the profile's env and python
-runner_py() {  # runner_py VERB ARGS...: becomes the decision's process (call it in a subshell)
+# docs/ARCHITECTURE.md, "run_queue"), run with the profile's env and python: one process per queue,
+# this shell's co-process, asked one decision per line (`serve`); the calibration is a process of its own.
+runner_py() {  # runner_py VERB ARGS...: becomes the runner's process (call it in a subshell)
   if [[ -n ${ABLATE_ENV-} ]]; then
     set +u  # activation scripts (conda) reference unset variables
     eval "$ABLATE_ENV" >/dev/null 2>&1 </dev/null || exit 125
   fi
   # shellcheck disable=SC2086  # the profile's python may be a command with arguments
   exec ${ABLATE_PYTHON:-python3} -S "$ABLATE_RUNNER_PY" "$1" "$ROOT" "$ABLATE_HOST" "$QUEUE" "${SLOT:--}" \
-    "${@:2}" </dev/null
+    "${@:2}"
+}
+DECIDER_PID=
+runner_up() {  # the co-process answering decisions, started if it is not running (it ends at our
+  # EOF; a KILL to our group ends it too, and the next decision starts another)
+  if [[ -n ${DECIDER_PID-} ]] && pid_alive "$DECIDER_PID"; then return 0; fi
+  if [[ -n ${DECIDER_PID-} && -n ${DECIDER[1]-} ]]; then  # dead, not yet reaped: its pipes go
+    eval "exec ${DECIDER[0]}<&- ${DECIDER[1]}>&-"
+  fi
+  coproc DECIDER { runner_py serve; }
 }
 DECISION=
 decide() {  # decide VERB ARGS...: DECISION = its answer; rc 0 an answer, 1 nothing to take, else
   # it could not run (3: the FS could not be read, waited for and asked again, up to 3 times)
-  local tries=0 rc
+  local tries=0 starts=0 rc line req
+  printf -v req '%s\t' "$@"
   while :; do
-    DECISION=$(runner_py "$@")
-    rc=$?
+    DECISION='' rc=''
+    if runner_up; then
+      trap '' PIPE  # a co-process gone: the write fails (and is retried), this shell lives
+      { printf '%s\n' "${req%$'\t'}" 1>&"${DECIDER[1]}"; } 2>/dev/null \
+        && while IFS= read -r -u "${DECIDER[0]}" line; do
+          [[ $line == '.done '* ]] && { rc=${line#.done }; break; }
+          DECISION+=$line$'\n'
+        done
+      trap - PIPE
+    fi
+    if [[ ! $rc =~ ^[0-9]{1,3}$ ]]; then  # no answer: its process died (OOM, KILL); a new one
+      (( starts++ < 2 )) && continue
+      return 125
+    fi
     (( rc == 3 && tries++ < 3 )) && fs_wait && continue
     return "$rc"
   done
 }
-helper_failed() {  # decide lines failed: nothing can be run safely without the grammar
+helper_failed() {  # the queue's lines could not be read: nothing can be run safely without them
   ev queue_stop ", \"idx\": ${idx:-$START}, \"reason\": \"runner_failed\", \"rc\": $1"
   say "cannot read queue $QUEUE: the runner's decisions (${ABLATE_PYTHON:-python3} $ABLATE_RUNNER_PY) exited $1; is Python 3 on this host (the profile's python), and the shared FS up?"
   ticker_stop
@@ -419,42 +450,16 @@ helper_failed() {  # decide lines failed: nothing can be run safely without the 
   exit 2
 }
 
-# This queue's lines as the grammar reads them, each line parsed once: L_KIND[i] cell, skip or
-# invalid; L_CELL[i] "NAME CFG TASK EPOCHS CAT PRIORITY"; L_N lines known, of a file of L_SIZE
-# bytes. Lines appended since are read when the loop gets past the known ones and the file has
-# grown (a stat, no Python start, while it has not: a drained queue ends at once). The first read
-# also brings the cells earlier runs of this queue took from others and never ended (REENTRY).
-declare -a L_KIND=() L_CELL=()
-L_N=0 L_SIZE=-1
-REENTRY=()
+# This queue's line IDX by the one grammar (the runner parses the file again only once it changed).
 P_CFG='' P_TASK='' P_EPOCHS='' P_NAME='' P_CAT=''
-read_lines() {  # the lines from L_N on; the decision's rc
-  local i kind rest first=()
-  (( L_SIZE < 0 )) && first=(--reentries)
-  decide lines --from "$L_N" "${first[@]}" || return
-  while read -r i kind rest; do
-    case $i in
-      n) (( kind > L_N )) && L_N=$kind ;;
-      size) L_SIZE=$kind ;;
-      reenter) REENTRY+=("$kind $rest") ;;
-      *) [[ $i =~ ^[0-9]{1,9}$ ]] && L_KIND[i]=$kind L_CELL[i]=$rest ;;
-    esac
-  done <<<"$DECISION"
-  return 0
-}
 line_at() {  # line_at IDX: 0 = a cell (sets P_*), 1 = invalid, 2 = blank or comment, 3 = none (yet)
-  local rc size
-  if (( $1 >= L_N )); then
-    size=$(stat -c %s -- "$ROOT/queues/$QUEUE.txt" 2>/dev/null) || size=0  # (none: as read)
-    [[ $size == "$L_SIZE" ]] && return 3
-    read_lines || { rc=$?; helper_failed "$rc"; }
-    (( $1 < L_N )) || return 3
-  fi
-  case ${L_KIND[$1]-} in
-    cell)
-      read -r P_NAME P_CFG P_TASK P_EPOCHS P_CAT _ <<<"${L_CELL[$1]}"
-      safe_cell || return 1 ;;
+  local kind
+  decide line --from "$1" || helper_failed "$?"
+  read -r kind P_NAME P_CFG P_TASK P_EPOCHS P_CAT _ <<<"$DECISION"
+  case $kind in
+    cell) safe_cell || return 1 ;;
     skip) return 2 ;;
+    none) return 3 ;;
     *) return 1 ;;
   esac
 }
@@ -595,7 +600,7 @@ kill_cell() {  # the running cell's processes (run_one, the trainer): TERM, 10 s
   while pid_alive "$CHILD" && (( waited++ < 50 )); do sleep 0.2; done
   if [[ $PGID == "$$" ]]; then
     for p in $(pgrep -g "$PGID" 2>/dev/null); do
-      [[ $p == "$$" || $p == "$BASHPID" ]] || kill -KILL "$p" 2>/dev/null
+      [[ $p == "$$" || $p == "$BASHPID" || $p == "${DECIDER_PID-}" ]] || kill -KILL "$p" 2>/dev/null
     done
   fi
   pid_alive "$CHILD" && kill -KILL "$CHILD" 2>/dev/null
@@ -696,7 +701,7 @@ calibrate() {
       ABLATE_CKPT_ROOT ABLATE_PIN_GPU
     runner_py calibrate --secs "${ABLATE_CALIBRATE_WAIT:-${ABLATE_CALIBRATE_TIMEOUT:-600}}" \
       --stop "$STOP_FILE"
-  ) >"$out" &
+  ) </dev/null >"$out" &
   CHILD=$!
   wait "$CHILD"
   rc=$?
@@ -753,8 +758,9 @@ run_deferred() {  # 0 when it ran (or lost) one of this queue's deferred lines; 
 }
 
 # Cells this queue stole and that were cut (stop, reboot) before their `end`: re-entered with
-# resume 1 when the relaunched queue drains, before any new steal. Found once, with the first read
-# of our lines, from our events (REENTRY: "FROM IDX NAME CFG TASK EPOCHS CAT" each, oldest first).
+# resume 1 when the relaunched queue drains, before any new steal. Found once, before the first
+# line, from our events (REENTRY: "FROM IDX NAME CFG TASK EPOCHS CAT" each, oldest first).
+REENTRY=()
 reenter_one() {  # 0 when it ran one
   local from i
   while (( ${#REENTRY[@]} )); do
@@ -789,6 +795,10 @@ fi
 
 calibrate
 idx=$START
+decide reentries || helper_failed "$?"
+while read -r kind rest; do
+  [[ $kind == reenter ]] && REENTRY+=("$rest")
+done <<<"$DECISION"
 while :; do
   NEXT=$idx
   [[ -e $STOP_FILE ]] && stop_after_current "$idx"  # before every line, re-entry and steal

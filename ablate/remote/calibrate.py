@@ -18,7 +18,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from ablate.remote.rules import ms_of
@@ -259,3 +259,25 @@ def say_to(host: str, queue: str) -> Callable[[str], None]:
     def say(text: str) -> None:
         print(f"[ablate {host}/{queue}] {text}", file=sys.stderr, flush=True)
     return say
+
+
+def verb(root: str, host: str, queue: str, slot: str, secs: float, stop: str,
+         scan: Callable[[], Sequence[Beat] | None], env: Mapping[str, str],
+         out: Callable[[str], None]) -> int:
+    """The runner's `calibrate`: this runner's measurement (the `calibrate` event's fields,
+    `event ...`), then the wait for the others' (`waiting HOST/QUEUE...` when it gave up). The spec's
+    values come in `env`."""
+    timeout = env.get("ABLATE_CALIBRATE_TIMEOUT", "")
+    raw = env.get("ABLATE_CALIBRATE", "")
+    setting = Setting(
+        root, host, queue, slot, raw.replace("{gpu}", env.get("ABLATE_GPU", "")), raw,
+        env.get("ABLATE_ENV", ""), env.get("ABLATE_WORKDIR", "."), env.get("ABLATE_CKPT_ROOT", "."),
+        int(timeout) if timeout.isdigit() else 600, env.get("ABLATE_CALIBRATE_KEEP", "1") != "0",
+        env.get("ABLATE_PIN_GPU", "1") != "0")
+    payload = measure(setting, say_to(host, queue))
+    if payload is not None:
+        out("event " + payload)
+    waiting = calib_wait(root, scan, secs, stop)
+    if waiting:
+        out("waiting " + " ".join(waiting))
+    return 0

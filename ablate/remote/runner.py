@@ -1,36 +1,47 @@
-"""The runner's decisions: what `run_queue.sh` asks, one Python start per decision, none per cell.
+"""The runner's decisions: what `run_queue.sh` asks, answered by one long-lived process per queue.
 
-Stdlib only. `ablate deploy` ships this module with `grammar.py` and `learn.py` as one zipapp,
-`wrappers/runner.<sha12>.pyz` (content-addressed like the wrappers); run_queue runs it with the
-profile's env activated and its python (`ABLATE_PYTHON`):
+Stdlib only. `ablate deploy` ships this module with the others it imports as one zipapp,
+`wrappers/runner.<sha12>.pyz` (content-addressed like the wrappers); run_queue starts it once, as
+its co-process, with the profile's env activated and its python (`ABLATE_PYTHON`):
+
+    python3 runner.<sha12>.pyz serve ROOT HOST QUEUE SLOT|-
+
+and asks it one decision per line on its stdin, the verb and its options separated by tabs; each
+answer is the verb's output lines, then `.done RC`. So a decision costs a pipe's round trip, not a
+Python start: none per cell, none per line. The same verbs run alone too, for tests and by hand:
 
     python3 runner.<sha12>.pyz VERB ROOT HOST QUEUE SLOT|- [options]
 
 with the spec's `ABLATE_TASK_EPOCHS` and `ABLATE_HEARTBEAT_SECS` in its environment. Verbs (their
 output is lines of space-separated words, every word a safe name or a number):
 
-- `lines --from K [--reentries]`: this queue's lines from K on, by the one queue-line grammar
-  (`ablate/remote/grammar.py`): `K cell NAME CFG TASK EPOCHS CAT PRIORITY`, `K skip` (blank or
-  comment), `K invalid`; then `n N`, the number of lines, and `size BYTES`, the file's size as read
-  (run_queue asks again only once the file has grown: no Python start while it has not). With
-  --reentries (the first time), the cells this queue took from others and that were cut before
-  their `end` (its events, written by earlier runs of it): `reenter FROM_QUEUE IDX NAME CFG TASK
-  EPOCHS CAT` each, oldest first.
+- `line --from K`: this queue's line K by the one queue-line grammar (`ablate/remote/grammar.py`):
+  `cell NAME CFG TASK EPOCHS CAT PRIORITY`, `skip` (blank or comment), `invalid`, or `none` (not
+  written yet). The file is opened each time (on NFS an open revalidates the client's cache, so an
+  append is seen) and parsed again only when it changed.
+- `lines --from K`: every line from K on: `K cell ...`, `K skip`, `K invalid`; then `n N`, the
+  number of lines, and `size BYTES`, the file's size as read.
+- `reentries` (also `lines --reentries`): the cells this queue took from others and that were cut
+  before their `end` (its events, written by earlier runs of it): `reenter FROM_QUEUE IDX NAME CFG
+  TASK EPOCHS CAT` each, oldest first.
 - `deal --next K [--deferred "I J"]`: the shared head's deal (below); `head_on 0|1`, `head NAME...`,
   and `take deal QUEUE HOST IDX NAME CFG TASK EPOCHS CAT HERE_MS deal` when a head cell is dealt
   to this runner.
 - `drained --next K [--deferred ..] [--head 0|1] [--steal 0|1] [--skip "Q:I ..."]`: what a runner
   whose own lines are done does: the deal (with --head 1), else the steal pick (with --steal 1);
   the same lines, the steal's `take steal ... BY` (BY: `learned` or `estimates`).
-- `calibrate --secs S --stop FILE`: this host and slot's measurement (`calibrate:`; kept from an
-  earlier sweep on this machine, else the user's benchmark timed now: `ablate/remote/calibrate.py`),
-  `event , "rc": ...` the `calibrate` event's fields when it measured or took a kept figure; then
-  the wait, at most S seconds, until every other running queue has measured or started a cell:
-  `waiting HOST/QUEUE...` when it gave up. The spec's ABLATE_CALIBRATE* values, ABLATE_ENV,
-  ABLATE_WORKDIR, ABLATE_CKPT_ROOT, ABLATE_PIN_GPU and ABLATE_GPU come in its environment.
+- `calibrate --secs S --stop FILE` (a process of its own, in the background: it runs the user's
+  benchmark): this host and slot's measurement (`calibrate:`; kept from an earlier sweep on this
+  machine, else the user's benchmark timed now: `ablate/remote/calibrate.py`), `event , "rc": ...`
+  the `calibrate` event's fields when it measured or took a kept figure; then the wait, at most S
+  seconds, until every other running queue has measured or started a cell: `waiting HOST/QUEUE...`
+  when it gave up. The spec's ABLATE_CALIBRATE* values, ABLATE_ENV, ABLATE_WORKDIR,
+  ABLATE_CKPT_ROOT, ABLATE_PIN_GPU and ABLATE_GPU come in its environment.
+- `publish ...`: run_one's checked copy and MANIFEST.json (`ablate/remote/publish.py`).
 
-Exit 0 with the answer; 1 when there is nothing to take; 2 bad arguments; 3 the FS could not be
-read (run_queue waits for it and asks again).
+RC 0 with the answer; 1 when there is nothing to take; 2 bad arguments; 3 the FS could not be
+read (run_queue waits for it and asks again); 4 the decision failed (a bug: its traceback is on
+stderr, in the queue's pane).
 
 The rules themselves are `ablate/remote/rules.py`; this module reads the files they need.
 """
@@ -41,11 +52,13 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 import time
+import traceback
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple, TextIO
 
 from ablate.remote import grammar
 from ablate.remote.rules import (
@@ -187,6 +200,33 @@ class Sweep:
                 or os.path.exists(os.path.join(self.root, "final_ckpts", name, "MANIFEST.json")))
 
 
+Rows = list[tuple[str, grammar.Parsed | None]]
+# path -> (what the file was when parsed, its bytes, its rows): a served runner parses its own queue
+# file again only when it changed (append-only: it grows), not at each line it asks for.
+_OWN: dict[str, tuple[tuple[int, int, int, tuple[tuple[str, int], ...]], int, Rows]] = {}
+
+
+def own_rows(path: str, tasks: Mapping[str, int]) -> tuple[Rows, int]:
+    """This queue's rows and the file's size as read; none when it does not exist; FsDown when it
+    cannot be read. Opened each time (an NFS open revalidates the client's cached attributes, so an
+    append is seen at once), read and parsed only when its size, mtime or inode changed."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            key = (st.st_size, st.st_mtime_ns, st.st_ino, tuple(sorted(tasks.items())))
+            hit = _OWN.get(path)
+            if hit is not None and hit[0] == key:
+                return hit[2], hit[1]
+            data = f.read()
+    except FileNotFoundError:
+        return [], 0
+    except OSError as e:
+        raise FsDown(str(e)) from None
+    rows = [verdict(row, tasks) for row in grammar.split_lines(data.decode("utf-8", "replace"))]
+    _OWN[path] = (key, len(data), rows)
+    return rows, len(data)
+
+
 def verdict(row: str, tasks: Mapping[str, int]) -> tuple[str, grammar.Parsed | None]:
     try:
         p = grammar.parse(row, tasks, "")
@@ -299,7 +339,7 @@ def deal_speeds(root: str, keys: Sequence[tuple[str, str]], est: Estimates) -> l
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="runner")
-    ap.add_argument("verb", choices=("lines", "deal", "drained", "calibrate"))
+    ap.add_argument("verb", choices=("line", "lines", "reentries", "deal", "drained", "calibrate"))
     ap.add_argument("root")
     ap.add_argument("host")
     ap.add_argument("queue")
@@ -350,21 +390,24 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
     hb = os.environ.get("ABLATE_HEARTBEAT_SECS", "")
     hb_secs = int(hb) if re.fullmatch(r"[0-9]{1,6}", hb) else 10
     sweep = Sweep(a.root, grammar.task_epochs(os.environ.get("ABLATE_TASK_EPOCHS", "")))
-    if a.verb == "lines":
-        path = os.path.join(a.root, "queues", f"{a.queue}.txt")
-        data = _read_bytes(path)
-        rows = [verdict(row, sweep.tasks) for row in grammar.split_lines(data.decode("utf-8", "replace"))]
+    if a.verb in ("line", "lines"):
+        rows, size = own_rows(os.path.join(a.root, "queues", f"{a.queue}.txt"), sweep.tasks)
+        if a.verb == "line":
+            kind, p = rows[a.start] if 0 <= a.start < len(rows) else ("none", None)
+            out(f"cell {fields(p)} {p.priority}" if p is not None else kind)
+            return 0
         for i in range(max(a.start, 0), len(rows)):
             kind, p = rows[i]
             out(f"{i} cell {fields(p)} {p.priority}" if p is not None else f"{i} {kind}")
         out(f"n {len(rows)}")
-        out(f"size {len(data)}")
-        if a.reentries:
-            text = _read(os.path.join(a.root, "events", f"{a.host}.{a.queue}.jsonl"), "")
-            for c, frm, i in reentries(text.splitlines()):
-                p = sweep.cell_at(frm, i)
-                if p is not None and p.name == c:
-                    out(f"reenter {frm} {i} {fields(p)}")
+        out(f"size {size}")
+    if a.verb == "reentries" or a.reentries:
+        text = _read(os.path.join(a.root, "events", f"{a.host}.{a.queue}.jsonl"), "")
+        for c, frm, i in reentries(text.splitlines()):
+            p = sweep.cell_at(frm, i)
+            if p is not None and p.name == c:
+                out(f"reenter {frm} {i} {fields(p)}")
+    if a.verb in ("lines", "reentries"):
         return 0
     if a.verb == "calibrate":
         return calibration(a, slot, hb_secs, out)
@@ -395,31 +438,15 @@ def _calibrate() -> types.ModuleType:
 
 
 def calibration(a: argparse.Namespace, slot: str, hb_secs: int, out: Callable[[str], None]) -> int:
-    """This runner's measurement (the `calibrate` event's fields, `event ...`), then the wait for the
-    others' (`waiting HOST/QUEUE...` when it gave up). The spec's values come in the environment."""
-    env = os.environ
-    timeout = env.get("ABLATE_CALIBRATE_TIMEOUT", "")
-    raw = env.get("ABLATE_CALIBRATE", "")
-    calibrate = _calibrate()
-    setting = calibrate.Setting(
-        a.root, a.host, a.queue, slot, raw.replace("{gpu}", env.get("ABLATE_GPU", "")), raw,
-        env.get("ABLATE_ENV", ""), env.get("ABLATE_WORKDIR", "."), env.get("ABLATE_CKPT_ROOT", "."),
-        int(timeout) if timeout.isdigit() else 600, env.get("ABLATE_CALIBRATE_KEEP", "1") != "0",
-        env.get("ABLATE_PIN_GPU", "1") != "0")
-    payload = calibrate.measure(setting, calibrate.say_to(a.host, a.queue))
-    if payload is not None:
-        out("event " + payload)
-
+    """This runner's measurement, then the wait for the others' (`calibrate.verb`)."""
     def scan() -> list[Runner] | None:
         try:
             return scan_runners(a.root, a.host, a.queue, hb_secs)
         except FsDown:
             return None
 
-    waiting = calibrate.calib_wait(a.root, scan, a.secs, a.stop)
-    if waiting:
-        out("waiting " + " ".join(waiting))
-    return 0
+    rc: int = _calibrate().verb(a.root, a.host, a.queue, slot, a.secs, a.stop, scan, os.environ, out)
+    return rc
 
 
 def steal(a: argparse.Namespace, sweep: Sweep, runners: Sequence[Runner], slot: str, head: set[str],
@@ -428,7 +455,7 @@ def steal(a: argparse.Namespace, sweep: Sweep, runners: Sequence[Runner], slot: 
     (`text`, estimates.tsv)."""
     if not text:
         return 1  # no estimates: nothing to steal by
-    from ablate.remote import learn  # imported where used: each decision is a Python start of its own
+    from ablate.remote import learn  # imported where used: a lone decision (tests, by hand) needs less
 
     learned = learn.learned_text(text, learn.read_events(a.root), time.time())
     est = read_estimates(learned if learned is not None else text)
@@ -447,13 +474,50 @@ def steal(a: argparse.Namespace, sweep: Sweep, runners: Sequence[Runner], slot: 
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    rows: list[str] = []
+def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
+    """run_queue's co-process: one decision per line of `inp` (`VERB<TAB>OPTION<TAB>...`, run with
+    `base` = ROOT HOST QUEUE SLOT), each answered on `out` by its lines and `.done RC`, until EOF
+    (its queue's shell has ended: only it holds the pipe)."""
+    # The TERM that stops a cell goes to the queue's whole process group; this process is not the
+    # cell's and must answer the next decision. It ends with its queue (EOF), or by KILL.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for raw in iter(inp.readline, b""):
+        args = raw.decode("utf-8", "replace").rstrip("\n").split("\t")
+        rows: list[str] = []
+        rc = answer([*args[:1], *base, *args[1:]], rows.append)
+        out.write("".join(r + "\n" for r in rows) + f".done {rc}\n")
+        out.flush()
+    return 0
+
+
+def answer(argv: Sequence[str], out: Callable[[str], None]) -> int:
+    """One decision's rc: run()'s, 2 for bad arguments, 3 when the FS could not be read, 4 when it
+    failed (its traceback on stderr)."""
     try:
-        rc = run(sys.argv[1:] if argv is None else argv, rows.append)
+        return run(argv, out)
     except FsDown as e:
         print(f"runner: the shared FS could not be read: {e}", file=sys.stderr)
         return 3
+    except SystemExit as e:  # argparse's refusal (its message is on stderr)
+        return e.code if isinstance(e.code, int) else 2
+    except Exception:  # a served runner outlives a bug in one decision
+        traceback.print_exc()
+        return 4
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["serve"]:
+        if len(args) != 5:
+            print("usage: runner serve ROOT HOST QUEUE SLOT|-", file=sys.stderr)
+            return 2
+        return serve(args[1:], sys.stdin.buffer, sys.stdout)
+    if args[:1] == ["publish"]:
+        from ablate.remote import publish  # run_one's, once per cell
+
+        return publish.main(args[1:])
+    rows: list[str] = []
+    rc = answer(args, rows.append)
     sys.stdout.write("".join(r + "\n" for r in rows))
     return rc
 
