@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,26 @@ def servers(shared: Path) -> list[int]:
     out = subprocess.run(["pgrep", "-f", f"runner\\..*\\.pyz serve {shared}"], capture_output=True,
                          text=True).stdout
     return [int(p) for p in out.split()]
+
+
+def test_a_queue_starts_python_once_its_decisions_and_publishes_are_asked_of_one_process(
+        local_project: LocalProject, tmp_path: Path) -> None:
+    """The profile's python logs each start: one `serve` for a queue of three cells, no `publish` of
+    its own (run_one asks the queue's runner process over its fds 3 and 4)."""
+    lp = local_project
+    starts = tmp_path / "starts.log"
+    py = tmp_path / "py"
+    py.write_text(f'#!/bin/sh\necho "$3" >>{starts}\nexec {sys.executable} "$@"\n')
+    py.chmod(0o755)
+    (lp.root / "profiles").mkdir()
+    (lp.root / "profiles" / "logged.yaml").write_text(
+        f"transport: local\nshared_fs: .ablate/shared\nckpt_root: .ablate/local/{{host}}/ckpt\npython: {py}\n")
+    lp.write_config(profile="logged")
+    lp.queue("q1", [lp.cfg(f"cfgs/a/c{i}.yaml") + " recon 1" for i in range(3)])
+    launch(load_project(lp.root), "q1", "h1")
+    wait_for(lambda: any(e["ev"] == "queue_end" for e in events(lp, "h1", "q1")), timeout=60)
+    assert [e["cell"] for e in events(lp, "h1", "q1") if e["ev"] == "synced"] == ["c0", "c1", "c2"]
+    assert starts.read_text().split() == ["serve"]
 
 
 def test_a_killed_runner_process_is_started_again_and_the_queue_goes_on(

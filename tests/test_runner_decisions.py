@@ -114,14 +114,18 @@ class Served:
         self.p = subprocess.Popen([sys.executable, "-S", str(pyz), "serve", str(root), host, queue, "-"],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
 
+    asked = 0
+
     def ask(self, *args: str) -> tuple[list[str], int]:
         assert self.p.stdin is not None and self.p.stdout is not None
-        self.p.stdin.write("\t".join(args) + "\n")
+        self.asked += 1
+        self.p.stdin.write("\t".join((f"q{self.asked}", *args)) + "\n")
         self.p.stdin.flush()
         rows = []
         while not (line := self.p.stdout.readline()).startswith(".done "):
             assert line, "the served runner ended without an answer"
             rows.append(line.rstrip("\n"))
+        assert line.split()[2] == f"q{self.asked}"  # the answer names its request
         return rows, int(line.split()[1])
 
     def close(self) -> int:

@@ -31,3 +31,25 @@ jstr() {  # a JSON string literal in REPLY (reasons can quote a path)
   s=${s//\"/\\\"}
   REPLY="\"${s//[[:cntrl:]]/ }\""
 }
+ask() {  # ask ID TO FROM VERB ARGS...: one request of the queue's runner process (runner.py serve)
+  # over the fds TO and FROM; DECISION = its answer, rc its own; 125 when none came (the process is
+  # gone). Answers to other IDs (a run_one killed while it waited) are skipped.
+  local id=$1 to=$2 from=$3 req line rc=125
+  shift 3
+  printf -v req '%s\t' "$id" "$@"
+  [[ $req == *$'\n'* ]] && return 125  # (no value holds one: checked where they come from)
+  DECISION=''
+  trap '' PIPE  # a process gone: the write fails, this shell lives
+  if { printf '%s\n' "${req%$'\t'}" 1>&"$to"; } 2>/dev/null; then
+    while IFS= read -r -u "$from" line; do
+      if [[ $line =~ ^\.done\ ([0-9]{1,3})\ (.*)$ ]]; then
+        [[ ${BASH_REMATCH[2]} == "$id" ]] && { rc=${BASH_REMATCH[1]}; break; }
+        DECISION=''
+        continue
+      fi
+      DECISION+=$line$'\n'
+    done
+  fi
+  trap - PIPE
+  return "$rc"
+}

@@ -62,7 +62,7 @@ printf '# ablate %s host=%s queue=%s cell=%s resume=%s gpu=%s\n# ablate cmd: %s\
     eval "$ABLATE_ENV" || { echo "ablate: env activation failed: $ABLATE_ENV"; exit 125; }
   fi
   eval "$cmd"
-) </dev/null >>"$LOG" 2>&1
+) </dev/null >>"$LOG" 2>&1 3>&- 4>&-  # (3 and 4: the queue's runner process, not the trainer's)
 rc=$?
 now
 ENDED=$T
@@ -93,21 +93,17 @@ ours() {  # the published result is this very run's (a rename whose answer the o
   { IFS= read -r -d '' m <"$FINAL/MANIFEST.json"; } 2>/dev/null
   [[ $m == *"\"host\": \"$ABLATE_HOST\""* && $m == *"\"started\": $STARTED,"* ]]
 }
-stage() {  # the file work, in a subshell: its reason on stdout (ablate/remote/publish.py, in the
-  # runner's zipapp, run as run_queue's runner_py runs the decisions: the profile's env and python)
+stage() {  # stage ARGS...: the publish as a Python start of its own (run_one run by hand, or the
+  # queue's runner process gone), in a subshell: its reason on stdout. Run as run_queue runs the
+  # decisions: the profile's env and python.
   [[ -n ${ABLATE_RUNNER_PY-} ]] || { echo "the run spec names no runner (ABLATE_RUNNER_PY): deploy again"; exit 1; }
   if [[ -n ${ABLATE_ENV-} ]]; then
     set +u  # activation scripts (conda) reference unset variables
     eval "$ABLATE_ENV" >/dev/null 2>&1 </dev/null || { echo "env activation failed: $ABLATE_ENV"; exit 1; }
   fi
-  # Every value as --opt=value: one starting with "-" is never taken for an option. A traceback
-  # goes to the log.
+  # A traceback goes to the log.
   # shellcheck disable=SC2086  # the profile's python may be a command with arguments
-  exec ${ABLATE_PYTHON:-python3} -S "$ABLATE_RUNNER_PY" publish --staging="$STAGING" --ckpt-dir="$CKPT_DIR" \
-    --log="$LOG" --checkpoint="$ABLATE_CHECKPOINT" --pick="${ABLATE_PICK:-all}" --metrics="${ABLATE_METRICS-}" \
-    --workdir="$ABLATE_WORKDIR" --host="$ABLATE_HOST" --queue="$QUEUE" --started="$STARTED" --ended="$ENDED" \
-    --wrapper="$SELF" --run-queue="${ABLATE_RUN_QUEUE_VERSION-}" --spec="${ABLATE_SPEC_VERSION-}" \
-    -- "$NAME" "$CFG" "$TASK" "$EPOCHS" "$CAT" "$RESUME" </dev/null 2>>"$LOG"
+  exec ${ABLATE_PYTHON:-python3} -S "$ABLATE_RUNNER_PY" publish "$@" </dev/null 2>>"$LOG" 3>&- 4>&-
 }
 
 sync_all() {  # stage, check, publish; exits 0 (synced) or through fail
@@ -123,9 +119,21 @@ sync_all() {  # stage, check, publish; exits 0 (synced) or through fail
   fi
   # The checkpoint entries resolved, each file copied and its size + sha256 compared with the
   # source's, the metrics file's and the log's too, MANIFEST.json (docs/ARCHITECTURE.md).
-  local reason rc
-  reason=$(stage)
-  rc=$?
+  # Every value as --opt=value: one starting with "-" is never taken for an option.
+  local reason='' rc=125 args=(--staging="$STAGING" --ckpt-dir="$CKPT_DIR" --log="$LOG"
+    --checkpoint="$ABLATE_CHECKPOINT" --pick="${ABLATE_PICK:-all}" --metrics="${ABLATE_METRICS-}"
+    --workdir="$ABLATE_WORKDIR" --host="$ABLATE_HOST" --queue="$QUEUE" --started="$STARTED"
+    --ended="$ENDED" --wrapper="$SELF" --run-queue="${ABLATE_RUN_QUEUE_VERSION-}"
+    --spec="${ABLATE_SPEC_VERSION-}" -- "$NAME" "$CFG" "$TASK" "$EPOCHS" "$CAT" "$RESUME")
+  if [[ ${ABLATE_ASK-} == 3,4 ]]; then  # asked of the queue's runner process: no Python start
+    ask "c$$" 3 4 publish "${args[@]}"
+    rc=$?
+    reason=${DECISION%%$'\n'*}
+  fi
+  if (( rc != 0 && rc != 1 )); then
+    reason=$(stage "${args[@]}")
+    rc=$?
+  fi
   (( rc == 0 )) || fail "${reason:-publish (${ABLATE_RUNNER_PY-}) exited $rc; see the log}"
 
   # -T: never move *into* an existing dir; -n: never replace one (renameat2 NOREPLACE where the FS has

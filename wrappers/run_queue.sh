@@ -417,22 +417,16 @@ runner_up() {  # the co-process answering decisions, started if it is not runnin
   coproc DECIDER { runner_py serve; }
 }
 DECISION=
+ASKED=0
 decide() {  # decide VERB ARGS...: DECISION = its answer; rc 0 an answer, 1 nothing to take, else
   # it could not run (3: the FS could not be read, waited for and asked again, up to 3 times)
-  local tries=0 starts=0 rc line req
-  printf -v req '%s\t' "$@"
+  local tries=0 starts=0 rc
   while :; do
-    DECISION='' rc=''
-    if runner_up; then
-      trap '' PIPE  # a co-process gone: the write fails (and is retried), this shell lives
-      { printf '%s\n' "${req%$'\t'}" 1>&"${DECIDER[1]}"; } 2>/dev/null \
-        && while IFS= read -r -u "${DECIDER[0]}" line; do
-          [[ $line == '.done '* ]] && { rc=${line#.done }; break; }
-          DECISION+=$line$'\n'
-        done
-      trap - PIPE
-    fi
-    if [[ ! $rc =~ ^[0-9]{1,3}$ ]]; then  # no answer: its process died (OOM, KILL); a new one
+    ASKED=$((ASKED + 1))
+    runner_up
+    ask "q$ASKED" "${DECIDER[1]-}" "${DECIDER[0]-}" "$@"
+    rc=$?
+    if (( rc == 125 )); then  # no answer: its process died (OOM, KILL); a new one
       (( starts++ < 2 )) && continue
       return 125
     fi
@@ -557,8 +551,13 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
     svc_fail "$SVC_FAILED"
   fi
   # In the background + wait, so a signal is handled now, not when the cell ends.
-  ABLATE_IDX=$idx bash "$ABLATE_RUN_ONE" "$SPEC" "$name" "$3" "$4" "$5" "$6" "$resume" </dev/null &
+  # run_one asks this queue's runner process for its publish, over fds 3 and 4 opened for it alone
+  # (a coproc's own fds reach no child; without them, run_one's publish is a Python start).
+  local ask=
+  runner_up && { exec 3>"/proc/$$/fd/${DECIDER[1]}" 4<"/proc/$$/fd/${DECIDER[0]}"; } 2>/dev/null && ask=3,4
+  ABLATE_IDX=$idx ABLATE_ASK=$ask bash "$ABLATE_RUN_ONE" "$SPEC" "$name" "$3" "$4" "$5" "$6" "$resume" </dev/null &
   CHILD=$!
+  exec 3>&- 4<&-
   if (( ${#SVC_NAMES[@]} )); then  # a service that dies under the cell fails it as service_down
     while pid_alive "$CHILD"; do
       if svc_dead; then

@@ -1,7 +1,8 @@
 """run_one's sync, the file work (docs/ARCHITECTURE.md, "run_one"): the checkpoint entries resolved
 as ablate.yaml names them, each file copied into the staging dir on the shared FS and checked (size
 and sha256 of the copy against its source), and MANIFEST.json written beside them. Stdlib only;
-part of the runner's zipapp, one Python start per cell that trained:
+part of the runner's zipapp, asked of the queue's served runner (`runner.py serve`) by run_one, or
+run as a Python start of its own where run_one has none (run by hand, or that process is gone):
 
     python3 -S runner.<sha12>.pyz publish --staging DIR --ckpt-dir DIR --log FILE
         --checkpoint "ENTRY ..." [--pick all|newest] [--metrics FILE] --workdir DIR --host HOST
@@ -231,7 +232,8 @@ def cfg_sha256(workdir: str, cfg: str) -> str | None:
 
 class GitHead:
     """`git -C WORKDIR rev-parse HEAD`, started at once and read by `commit()`, so that it runs while
-    the files are copied (posix_spawn: no `subprocess` to import, each cell is a Python start)."""
+    the files are copied (posix_spawn: no `subprocess` to import where this is a Python start of
+    its own)."""
 
     def __init__(self, workdir: str) -> None:
         self.pid = 0
@@ -347,13 +349,18 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], out: Callable[[str], None] | None = None) -> int:
+    """0 published into the staging dir, 1 the sync failed (its reason one line on stdout, or to
+    `out`: the served runner's answer), 2 bad arguments."""
     a = parser().parse_args(list(argv))
     try:
         publish(a)
     except SyncFailed as e:
         # One line, whatever a file name holds; bytes that are not UTF-8 as "?"
         line = _CNTRL.sub("?", str(e)).encode("utf-8", "replace")
+        if out is not None:
+            out(line.decode("utf-8"))
+            return 1
         sys.stdout.buffer.write(line + b"\n")
         sys.stdout.flush()
         return 1

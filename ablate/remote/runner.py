@@ -475,25 +475,34 @@ def steal(a: argparse.Namespace, sweep: Sweep, runners: Sequence[Runner], slot: 
 
 
 def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
-    """run_queue's co-process: one decision per line of `inp` (`VERB<TAB>OPTION<TAB>...`, run with
-    `base` = ROOT HOST QUEUE SLOT), each answered on `out` by its lines and `.done RC`, until EOF
-    (its queue's shell has ended: only it holds the pipe)."""
+    """run_queue's co-process: one request per line of `inp` (`ID<TAB>VERB<TAB>OPTION<TAB>...`,
+    run with `base` = ROOT HOST QUEUE SLOT; `publish` with its own arguments, asked by the running
+    cell's run_one), each answered on `out` by its lines and `.done RC ID`, until EOF (its queue's
+    shell has ended: only it holds the pipe). A reader skips answers with another ID: those of a
+    run_one killed while it waited."""
     # The TERM that stops a cell goes to the queue's whole process group; this process is not the
     # cell's and must answer the next decision. It ends with its queue (EOF), or by KILL.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for raw in iter(inp.readline, b""):
-        args = raw.decode("utf-8", "replace").rstrip("\n").split("\t")
+        rid, *args = raw.decode("utf-8", "replace").rstrip("\n").split("\t")
         rows: list[str] = []
-        rc = answer([*args[:1], *base, *args[1:]], rows.append)
-        out.write("".join(r + "\n" for r in rows) + f".done {rc}\n")
+        if args[:1] == ["publish"]:
+            rc = answer(args, rows.append, publish=True)
+        else:
+            rc = answer([*args[:1], *base, *args[1:]], rows.append)
+        out.write("".join(r + "\n" for r in rows) + f".done {rc} {rid}\n")
         out.flush()
     return 0
 
 
-def answer(argv: Sequence[str], out: Callable[[str], None]) -> int:
-    """One decision's rc: run()'s, 2 for bad arguments, 3 when the FS could not be read, 4 when it
-    failed (its traceback on stderr)."""
+def answer(argv: Sequence[str], out: Callable[[str], None], publish: bool = False) -> int:
+    """One decision's rc (or with `publish`, run_one's publish: argv its arguments): run()'s, 2 for
+    bad arguments, 3 when the FS could not be read, 4 when it failed (its traceback on stderr)."""
     try:
+        if publish:
+            from ablate.remote import publish as pub  # the first cell's, once per queue
+
+            return pub.main(argv[1:], out)
         return run(argv, out)
     except FsDown as e:
         print(f"runner: the shared FS could not be read: {e}", file=sys.stderr)
@@ -512,10 +521,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("usage: runner serve ROOT HOST QUEUE SLOT|-", file=sys.stderr)
             return 2
         return serve(args[1:], sys.stdin.buffer, sys.stdout)
-    if args[:1] == ["publish"]:
-        from ablate.remote import publish  # run_one's, once per cell
-
-        return publish.main(args[1:])
     rows: list[str] = []
     rc = answer(args, rows.append)
     sys.stdout.write("".join(r + "\n" for r in rows))
