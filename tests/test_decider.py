@@ -51,7 +51,8 @@ def test_a_queue_starts_python_once_its_decisions_and_publishes_are_asked_of_one
     py.chmod(0o755)
     (lp.root / "profiles").mkdir()
     (lp.root / "profiles" / "logged.yaml").write_text(
-        f"transport: local\nshared_fs: .ablate/shared\nckpt_root: .ablate/local/{{host}}/ckpt\npython: {py}\n")
+        "transport: local\nshared_fs: .ablate/shared\n"
+        f"ckpt_root: .ablate/local/{{host}}/ckpt\npython: {py}\n")
     lp.write_config(profile="logged")
     lp.queue("q1", [lp.cfg(f"cfgs/a/c{i}.yaml") + " recon 1" for i in range(3)])
     launch(load_project(lp.root), "q1", "h1")
