@@ -16,7 +16,7 @@ import pytest
 
 from ablate.config.project import Task
 from ablate.errors import QueueError
-from ablate.remote import calibrate, grammar, runner
+from ablate.remote import calibrate, grammar, runner, serve
 from ablate.remote.rules import (
     SILENT_REM,
     Candidate,
@@ -394,7 +394,7 @@ def test_a_benchmark_is_timed_kept_for_the_next_sweep_and_a_failure_is_marked(tm
 
 @pytest.mark.parametrize("argv", [["lines", "/r", "a b", "q", "-"], ["lines", "/r", "h", "q", "x"]])
 def test_the_command_line_refuses_unsafe_names(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert runner.main(argv) == 2
+    assert serve.main(argv) == 2
     assert "bad host/queue/slot" in capsys.readouterr().err
 
 
@@ -406,10 +406,10 @@ def test_the_first_read_of_the_lines_brings_the_cut_reentries(
         {"ev": "steal", "cell": "b", "from_queue": "q1", "idx": 1},
         {"ev": "start", "cell": "b", "from_queue": "q1", "idx": 1, "resume": 0}]))
     monkeypatch.setenv("ABLATE_TASK_EPOCHS", "recon=3 det=2")
-    assert runner.main(["lines", str(tmp_path), "h2", "q2", "-", "--from", "1", "--reentries"]) == 0
+    assert serve.main(["lines", str(tmp_path), "h2", "q2", "-", "--from", "1", "--reentries"]) == 0
     size = (tmp_path / "queues" / "q2.txt").stat().st_size
     assert capsys.readouterr().out.splitlines() == ["n 1", f"size {size}", "reenter q1 1 b c/b.yaml det 5 c"]
-    assert runner.main(["lines", str(tmp_path), "h2", "q2", "-"]) == 0
+    assert serve.main(["lines", str(tmp_path), "h2", "q2", "-"]) == 0
     own = ["0 cell own c/own.yaml recon 3 c 0", "n 1", f"size {size}"]
     assert capsys.readouterr().out.splitlines() == own
 
@@ -445,13 +445,13 @@ def test_a_served_runner_parses_its_queue_again_only_when_it_changed(
     monkeypatch.setattr(runner, "verdict", lambda row, tasks: parsed.append(row) or real(row, tasks))
     rows: list[str] = []
     for i in (0, 1, 2, 0):
-        assert runner.answer(["line", str(tmp_path), "h", "q", "-", "--from", str(i)], rows.append) == 0
+        assert serve.answer(["line", str(tmp_path), "h", "q", "-", "--from", str(i)], rows.append) == 0
     assert rows == ["cell a c/a.yaml recon 3 c 0", "cell b c/b.yaml recon 3 c 0", "none",
                     "cell a c/a.yaml recon 3 c 0"]
     assert parsed == ["c/a.yaml recon", "c/b.yaml recon"]  # once for four asks
     with open(tmp_path / "queues" / "q.txt", "a") as f:
         f.write("c/d.yaml recon\n")
-    assert runner.answer(["line", str(tmp_path), "h", "q", "-", "--from", "2"], rows.append) == 0
+    assert serve.answer(["line", str(tmp_path), "h", "q", "-", "--from", "2"], rows.append) == 0
     assert rows[-1] == "cell d c/d.yaml recon 3 c 0" and len(parsed) == 5
 
 
@@ -460,6 +460,6 @@ def test_a_served_decision_that_fails_is_answered_with_4_and_the_runner_goes_on(
     sweep_root(tmp_path, {"q": ["c/a.yaml recon"]})
     monkeypatch.setattr(runner, "scan_runners", lambda *a: 1 / 0)
     rows: list[str] = []
-    assert runner.answer(["deal", str(tmp_path), "h", "q", "-"], rows.append) == 4
+    assert serve.answer(["deal", str(tmp_path), "h", "q", "-"], rows.append) == 4
     assert "ZeroDivisionError" in capsys.readouterr().err
-    assert runner.answer(["line", str(tmp_path), "h", "q", "-"], rows.append) == 0
+    assert serve.answer(["line", str(tmp_path), "h", "q", "-"], rows.append) == 0

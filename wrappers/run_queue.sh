@@ -4,15 +4,14 @@
 #
 #   bash run_queue.<sha12>.sh SPEC QUEUE START_INDEX [SLOT]
 #
-# Formats of everything written here (claims, events, heartbeat, tails) and read here (estimates,
-# stop files, other queues' heartbeats) are in docs/ARCHITECTURE.md. This bash is the queue's life:
-# signals, claims, events, the heartbeat, services, outage waits, running a cell. Its decisions (the
-# queue-line grammar, the steal pick, the head deal, re-entries, calibration's wait) are asked of
-# the stdlib-only ablate/remote/runner.py (`decide`), one long-lived process per queue answering
-# them over a pipe: no decision costs a Python start. Values from the spec and the queues are safe
-# by construction ([A-Za-z0-9._/+@,=-], checked again here), so they go into JSON and commands
-# without escaping;
-# lines that do not parse are skipped with reason "invalid", never run.
+# Formats of everything written here (claims, events, heartbeat, tails) and read here (stop files)
+# are in docs/ARCHITECTURE.md. This bash is the queue's life: signals, claims, events, the
+# heartbeat, services, outage waits, running a cell. Which line it takes next (the queue-line
+# grammar, the head deal, the steal, re-entries, deferred lines) is the walk of its runner process,
+# the stdlib-only ablate/remote/serve.py run as this shell's co-process for the queue's life: each
+# step a short script of what to do, done here in order; no decision costs a Python start. Values
+# from the spec and the walk are safe by construction ([A-Za-z0-9._/+@,=-], checked again here),
+# so they go into JSON and commands without escaping.
 # One compound command, parsed whole before any of it runs: bash reads a script as it goes, and
 # this file is on the shared FS, which can go away mid-run (an outage of a network FS).
 {
@@ -41,7 +40,6 @@ CLAIMS=$ROOT/claims
 FINAL=$ROOT/final_ckpts
 TAILS=$ROOT/tails
 STOP_FILE=$ROOT/control/$ABLATE_HOST.$QUEUE.stop
-ESTIMATES=$ROOT/estimates.tsv
 RQ_FILE=${BASH_SOURCE[0]##*/}
 SPEC_FILE=${SPEC##*/}
 mkdir -p "$ROOT/events" "$ROOT/heartbeats" "$CLAIMS" "$FINAL" "$TAILS" || {
@@ -444,30 +442,14 @@ helper_failed() {  # the queue's lines could not be read: nothing can be run saf
   exit 2
 }
 
-# This queue's line IDX by the one grammar (the runner parses the file again only once it changed).
-P_CFG='' P_TASK='' P_EPOCHS='' P_NAME='' P_CAT=''
-line_at() {  # line_at IDX: 0 = a cell (sets P_*), 1 = invalid, 2 = blank or comment, 3 = none (yet)
-  local kind
-  decide line --from "$1" || helper_failed "$?"
-  read -r kind P_NAME P_CFG P_TASK P_EPOCHS P_CAT _ <<<"$DECISION"
-  case $kind in
-    cell) safe_cell || return 1 ;;
-    skip) return 2 ;;
-    none) return 3 ;;
-    *) return 1 ;;
-  esac
-}
-safe_cell() {  # safe_cell [NAME CFG TASK EPOCHS CAT] (default: P_*): a decision's cell is what it
-  # must be, before a claim, an event or a command
-  (( $# )) || set -- "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT"
+safe_cell() {  # safe_cell NAME CFG TASK EPOCHS CAT: a decision's cell is what it must be, before a
+  # claim, an event or a command
   [[ $1 =~ $NAME_RE && $2 =~ $SAFE && $3 =~ $SAFE && $4 =~ ^[1-9][0-9]{0,6}$ && $5 =~ $SAFE ]]
 }
 
 # On a network FS a client's cache may still show a name the server no longer has (a claim that
-# remediate released, a result it set aside) for the FS's lag: `mkdir` then fails with EEXIST and
-# a stat finds it. Opening a file inside asks the server, so a claim's proof is its readable owner
-# and a result's its readable MANIFEST.json.
-published() { { : <"$FINAL/$1/MANIFEST.json"; } 2>/dev/null; }
+# remediate released) for the FS's lag: `mkdir` then fails with EEXIST and a stat finds it. Opening
+# a file inside asks the server, so a claim's proof is its readable owner.
 CLAIM_WAIT=${ABLATE_CLAIM_WAIT:-60}  # seconds a name with no owner is retried (the FS's lag, max)
 claim() {  # claim NAME IDX: 0 when this call created claims/NAME and owns it
   local waited=0
@@ -519,12 +501,6 @@ if [[ ${SLURM_JOB_ID-} =~ ^[0-9_]+$ ]]; then
   [[ $ATTEMPT =~ ^[0-9_]+\.[0-9]+$ ]] || ATTEMPT=$SLURM_JOB_ID.0
 fi
 export ABLATE_ATTEMPT=$ATTEMPT
-claimed_by_us() {  # claimed_by_us NAME: the claim's owner is this host + queue
-  local o_host='' o_queue=''
-  { read -r o_host o_queue _ <"$CLAIMS/$1/owner"; } 2>/dev/null
-  [[ $o_host == "$ABLATE_HOST" && $o_queue == "$QUEUE" ]]
-}
-
 write_tail() {  # write_tail NAME: tails/NAME.log = the last 100 lines of the cell's log (tmp + mv)
   local log=$ABLATE_CKPT_ROOT/$1.log tmp=$TAILS/.$1.$ABLATE_HOST.$$.tmp
   if [[ -r $log ]]; then
@@ -616,76 +592,6 @@ stop_after_current() {  # stop_after_current IDX: `ablate stop --after-current` 
   exit 0
 }
 
-# ---- work stealing and the shared head (docs/ARCHITECTURE.md, "run_queue"): runner.py decides,
-# this runs what it decided.
-declare -A STEAL_SKIP=() HEAD_CELL=() DEALT_AHEAD=()
-HEAD_ON=1  # 0: no calibration or stealing is off, or no head cell was left unclaimed
-[[ $STEAL == 0 || -z ${ABLATE_CALIBRATE-} ]] && HEAD_ON=0
-DEFERRED=()  # own lines left to the deal, in order
-T_KIND='' T_QUEUE='' T_HOST='' T_IDX='' T_HERE='' T_BY='' T_CELL=''
-took() {  # read DECISION (head_on, head, take lines); 0 when it names a cell to take (T_*, P_*)
-  local kind rest c c1 c2 c3 c4 c5 take=1
-  while read -r kind rest; do
-    case $kind in
-      head_on)
-        if [[ $rest == 0 ]] && (( HEAD_ON )); then
-          HEAD_ON=0  # every head cell is taken: from here on, lines and steals as before
-          say "the shared head is dealt out"
-        fi ;;
-      head)
-        HEAD_CELL=()
-        for c in $rest; do HEAD_CELL[$c]=1; done ;;
-      take)  # the caller's P_* (its own line) change only for a cell to take, below
-        read -r T_KIND T_QUEUE T_HOST T_IDX c1 c2 c3 c4 c5 T_HERE T_BY <<<"$rest"
-        if [[ $T_QUEUE =~ $NAME_RE && $T_HOST =~ $NAME_RE && $T_IDX =~ ^[0-9]{1,9}$ \
-              && $T_HERE =~ ^[0-9]{1,15}$ && $T_BY =~ ^[a-z]+$ ]] && safe_cell "$c1" "$c2" "$c3" "$c4" "$c5"; then
-          T_CELL="$c1 $c2 $c3 $c4 $c5"
-          take=0
-        fi ;;
-    esac
-  done <<<"$DECISION"
-  (( take == 0 )) || return 1
-  read -r P_NAME P_CFG P_TASK P_EPOCHS P_CAT <<<"$T_CELL"
-}
-deal_pick() {  # the head cell dealt to this runner (T_*, P_*); 1 when none is
-  (( HEAD_ON )) || return 1
-  decide deal --next "$NEXT" --deferred "${DEFERRED[*]-}"
-  took
-}
-drained_pick() {  # what a runner whose own lines are done takes: a dealt head cell, else a steal
-  local steal=0
-  [[ $STEAL != 0 && -e $ESTIMATES ]] && steal=1
-  (( HEAD_ON || steal )) || return 1
-  decide drained --next "$NEXT" --deferred "${DEFERRED[*]-}" --head "$HEAD_ON" --steal "$steal" \
-    --skip "${!STEAL_SKIP[*]}"
-  took
-}
-take_pick() {  # run the cell drained_pick chose; 0 = ran it or lost the race (decide again)
-  if [[ $T_KIND == deal ]]; then
-    take_dealt
-  else
-    take_other "$T_QUEUE" "$T_HOST" "$T_IDX" "$T_HERE" "$T_BY"
-  fi
-}
-take_other() {  # take_other QUEUE HOST IDX HERE_MS BY: claim another queue's line (P_*) and run
-  # it; 0 = ran it or lost the race (look again)
-  local key=$1:$3 secs
-  if published "$P_NAME"; then
-    STEAL_SKIP[$key]=1
-    return 0
-  fi
-  if ! claim "$P_NAME" "$3"; then
-    STEAL_SKIP[$key]=1  # claimed by someone else meanwhile (or claims/ is not writable)
-    say "lost the claim of $P_NAME (line $3 of $1); looking again"
-    return 0
-  fi
-  printf -v secs '%d.%03d' $(($4 / 1000)) $(($4 % 1000))
-  ev steal ", \"idx\": $3, \"cell\": \"$P_NAME\", \"from_queue\": \"$1\", \"from_host\": \"$2\", \"est\": $secs, \"by\": \"$5\""
-  say "taking $P_NAME (line $3 of $1 on $2, expected ${secs}s here, by $5)"
-  run_cell "$3" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0 "$1"
-  return 0
-}
-
 # ---- calibration (`calibrate:`; docs/ARCHITECTURE.md, "Calibration"): before the first cell, this
 # host and slot's measurement (kept from an earlier sweep on this machine, or the user's benchmark
 # timed now) and the wait for every other running queue's, in one decision (ablate/remote/
@@ -718,64 +624,6 @@ calibrate() {
   rm -f -- "$out"
 }
 
-take_dealt() {  # run the cell the deal chose (T_*, P_*); 0 = ran it or lost the race (deal again)
-  if [[ $T_QUEUE != "$QUEUE" ]]; then
-    take_other "$T_QUEUE" "$T_HOST" "$T_IDX" "$T_HERE" deal
-    return 0
-  fi
-  local i rest=()
-  for i in "${DEFERRED[@]}"; do [[ $i == "$T_IDX" ]] || rest+=("$i"); done
-  if ! claim "$P_NAME" "$T_IDX"; then  # someone's since the deal (deal again), or the FS failed
-    [[ -e $CLAIMS/$P_NAME/owner ]] && DEFERRED=("${rest[@]}")  # (then it stays ours to take back)
-    return 0
-  fi
-  DEFERRED=("${rest[@]}")
-  (( T_IDX > idx )) && DEALT_AHEAD[$T_IDX]=1  # the main loop passes it when it gets there
-  if (( T_IDX == idx )); then idx=$((idx + 1)); NEXT=$idx; fi
-  run_cell "$T_IDX" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0
-  return 0
-}
-run_deferred() {  # 0 when it ran (or lost) one of this queue's deferred lines; 1 when none is left
-  local i
-  while (( ${#DEFERRED[@]} )); do
-    i=${DEFERRED[0]}
-    DEFERRED=("${DEFERRED[@]:1}")
-    line_at "$i" || continue
-    if published "$P_NAME"; then  # each own line ends with its own outcome, as in the main loop
-      ev skip ", \"idx\": $i, \"cell\": \"$P_NAME\", \"reason\": \"done\""
-      continue
-    fi
-    if ! claim "$P_NAME" "$i"; then
-      ev skip ", \"idx\": $i, \"cell\": \"$P_NAME\", \"reason\": \"claimed\""
-      continue
-    fi
-    say "line $i: taking back $P_NAME (deferred to the head deal, still unclaimed)"
-    run_cell "$i" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 0
-    return 0
-  done
-  return 1
-}
-
-# Cells this queue stole and that were cut (stop, reboot) before their `end`: re-entered with
-# resume 1 when the relaunched queue drains, before any new steal. Found once, before the first
-# line, from our events (REENTRY: "FROM IDX NAME CFG TASK EPOCHS CAT" each, oldest first).
-REENTRY=()
-reenter_one() {  # 0 when it ran one
-  local from i
-  while (( ${#REENTRY[@]} )); do
-    read -r from i P_NAME P_CFG P_TASK P_EPOCHS P_CAT <<<"${REENTRY[0]}"
-    REENTRY=("${REENTRY[@]:1}")  # (the main loop reads its own line again after a re-entry)
-    [[ $from =~ $NAME_RE && $i =~ ^[0-9]{1,9}$ ]] && safe_cell || continue
-    published "$P_NAME" && continue
-    claimed_by_us "$P_NAME" || continue  # released by remediate, or never ours
-    say "re-entering $P_NAME (line $i of $from), stolen by this queue and cut before its end"
-    [[ -n $ATTEMPT ]] && own "$P_NAME" "$i"
-    run_cell "$i" "$P_NAME" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" 1 "$from"
-    return 0
-  done
-  return 1
-}
-
 svc_layout
 hb_write
 ev queue_start ", \"start_index\": $START, \"slot\": ${SLOT:-null}, \"pid\": $$, \"pgid\": $PGID, \"run_queue\": \"$RQ_FILE\", \"spec\": \"$SPEC_FILE\"${ATTEMPT:+, \"attempt\": \"$ATTEMPT\", \"node\": \"${HOSTNAME-}\"}"
@@ -793,90 +641,57 @@ elif [[ ${ABLATE_PIN_GPU:-1} == 0 ]]; then
 fi
 
 calibrate
+# ---- the walk (ablate/remote/walk.py, docs/ARCHITECTURE.md "run_queue"): each step asked of the
+# runner's process, a short script of what to do, done here in order. Its position is held here
+# and sent with each step: a runner process started again goes on from it.
 idx=$START
-decide reentries || helper_failed "$?"
-while read -r kind rest; do
-  [[ $kind == reenter ]] && REENTRY+=("$rest")
-done <<<"$DECISION"
+DEFERRED=() AHEAD=()
+HEAD=1  # the shared head's deal: only with calibration and stealing on
+[[ $STEAL == 0 || -z ${ABLATE_CALIBRATE-} ]] && HEAD=0
+OUTCOME=-
 while :; do
-  NEXT=$idx
-  [[ -e $STOP_FILE ]] && stop_after_current "$idx"  # before every line, re-entry and steal
-  svc_up queue || svc_fail "$SVC_FAILED"  # before the first claim; again after one died
-  line_at "$idx"
-  lrc=$?
-  if (( lrc == 3 )); then
-    # Our own lines are done. Still `running`: an append now is read at the top of the loop.
-    reenter_one && continue
-    if drained_pick; then
-      take_pick
-      continue
-    fi
-    run_deferred && continue
-    STATE=drained CUR_STARTED=
-    ticker_stop
-    svc_stop_all
-    hb_write
-    # `ablate append` writes the queue file, then reads this heartbeat: an append that raced the
-    # drain decision is seen by this second read, or append sees "drained" and restarts us.
-    line_at "$idx"
-    if (( $? != 3 )); then
-      STATE=running
-      hb_write
-      ticker_start
-      continue
-    fi
-    ev queue_end ", \"idx\": $idx"
-    say "drained at line $idx"
-    exit 0
+  if [[ $OUTCOME != drained ]]; then
+    NEXT=$idx
+    [[ -e $STOP_FILE ]] && stop_after_current "$idx"  # before every line, re-entry and steal
+    svc_up queue || svc_fail "$SVC_FAILED"  # before the first claim; again after one died
   fi
-  case $lrc in
-    2)
-      idx=$((idx + 1))
-      continue ;;
-    1)
-      ev skip ", \"idx\": $idx, \"cell\": null, \"reason\": \"invalid\""
-      say "line $idx: not <cfg> <task> [epochs] with a known task; skipped"
-      idx=$((idx + 1))
-      continue ;;
-  esac
-  name=$P_NAME
-  if [[ -n ${DEALT_AHEAD[$idx]-} ]]; then  # dealt to us before we got here: its events are written
-    idx=$((idx + 1))
-    continue
-  fi
-  if published "$name"; then
-    ev skip ", \"idx\": $idx, \"cell\": \"$name\", \"reason\": \"done\""
-    idx=$((idx + 1))
-    continue
-  fi
-  if (( HEAD_ON )) && [[ ! -e $CLAIMS/$name ]]; then  # the head deal first (this line, if it is
-    # dealt to us); a line already claimed is skipped or re-entered as before
-    if deal_pick; then
-      take_dealt
-      continue
-    fi
-    if [[ -n ${HEAD_CELL[$name]-} ]]; then  # the deal gave it to another runner
-      DEFERRED+=("$idx")
-      ev defer ", \"idx\": $idx, \"cell\": \"$name\""
-      say "line $idx: $name dealt to a runner expected to end it earlier; deferred"
-      idx=$((idx + 1))
-      NEXT=$idx
-      transition
-      continue
-    fi
-  fi
-  if claim "$name" "$idx"; then
-    resume=0
-  elif claimed_by_us "$name"; then
-    resume=1  # ours, interrupted (or failed): re-enter with the checkpoint dir intact
-    [[ -n $ATTEMPT ]] && own "$name" "$idx"  # this attempt's now
-  else
-    ev skip ", \"idx\": $idx, \"cell\": \"$name\", \"reason\": \"claimed\""
-    idx=$((idx + 1))
-    continue
-  fi
-  run_cell "$idx" "$name" "$P_CFG" "$P_TASK" "$P_EPOCHS" "$P_CAT" "$resume"
-  idx=$((idx + 1))
+  decide next --at "$idx" --deferred "${DEFERRED[*]-}" --ahead "${AHEAD[*]-}" --head "$HEAD" \
+    --steal "$([[ $STEAL == 0 ]] && echo 0 || echo 1)" --outcome "$OUTCOME" || helper_failed "$?"
+  OUTCOME=-
+  mapfile -t STEPS <<<"$DECISION"
+  for op in "${STEPS[@]}"; do
+    read -r kind a b rest <<<"$op"
+    case $kind in
+      next) [[ $a =~ ^[0-9]{1,9}$ ]] && idx=$a NEXT=$a ;;
+      deferred) read -ra DEFERRED <<<"$a $b $rest" ;;
+      ahead) read -ra AHEAD <<<"$a $b $rest" ;;
+      ev) ev "$a" "${op#"ev $a "}" ;;
+      say) say "${op#say }" ;;
+      claim)
+        [[ $a =~ $NAME_RE && $b =~ ^[0-9]{1,9}$ ]] && claim "$a" "$b" || { OUTCOME=lost; break; }
+        OUTCOME=won ;;
+      own) [[ -n $ATTEMPT && $a =~ $NAME_RE && $b =~ ^[0-9]{1,9}$ ]] && own "$a" "$b" ;;
+      run)
+        read -r _ i c1 c2 c3 c4 c5 resume from <<<"$op"
+        [[ $i =~ ^[0-9]{1,9}$ && $resume =~ ^[01]$ && ( $from == - || $from =~ $NAME_RE ) ]] \
+          && safe_cell "$c1" "$c2" "$c3" "$c4" "$c5" || { say "not run: a bad step from the runner: $op"; break; }
+        [[ $from == - ]] && from=''
+        run_cell "$i" "$c1" "$c2" "$c3" "$c4" "$c5" "$resume" "$from" ;;
+      transition) transition ;;
+      drained)  # `ablate append` writes the queue file, then reads this heartbeat: an append
+        # that raced the drain is seen by the walk's next read, or append sees "drained"
+        STATE=drained CUR_STARTED=
+        ticker_stop
+        svc_stop_all
+        hb_write
+        OUTCOME=drained ;;
+      running)
+        STATE=running
+        hb_write
+        ticker_start ;;
+      end) exit 0 ;;
+    esac
+  done
 done
 exit
 }

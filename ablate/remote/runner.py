@@ -2,13 +2,11 @@
 
 Stdlib only. `ablate deploy` ships this module with the others it imports as one zipapp,
 `wrappers/runner.<sha12>.pyz` (content-addressed like the wrappers); run_queue starts it once, as
-its co-process, with the profile's env activated and its python (`ABLATE_PYTHON`):
+its co-process (`ablate/remote/serve.py`), with the profile's env activated and its python
+(`ABLATE_PYTHON`):
 
-    python3 runner.<sha12>.pyz serve ROOT HOST QUEUE SLOT|-
-
-and asks it one decision per line on its stdin, the verb and its options separated by tabs; each
-answer is the verb's output lines, then `.done RC`. So a decision costs a pipe's round trip, not a
-Python start: none per cell, none per line. The same verbs run alone too, for tests and by hand:
+and asks it its decisions over a pipe (and its walk: `ablate/remote/walk.py`). The same verbs run
+alone too, for tests and by hand:
 
     python3 runner.<sha12>.pyz VERB ROOT HOST QUEUE SLOT|- [options]
 
@@ -37,7 +35,6 @@ output is lines of space-separated words, every word a safe name or a number):
   seconds, until every other running queue has measured or started a cell: `waiting HOST/QUEUE...`
   when it gave up. The spec's ABLATE_CALIBRATE* values, ABLATE_ENV, ABLATE_WORKDIR,
   ABLATE_CKPT_ROOT, ABLATE_PIN_GPU and ABLATE_GPU come in its environment.
-- `publish ...`: run_one's checked copy and MANIFEST.json (`ablate/remote/publish.py`).
 
 RC 0 with the answer; 1 when there is nothing to take; 2 bad arguments; 3 the FS could not be
 read (run_queue waits for it and asks again); 4 the decision failed (a bug: its traceback is on
@@ -52,13 +49,11 @@ import argparse
 import json
 import os
 import re
-import signal
 import sys
 import time
-import traceback
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import BinaryIO, NamedTuple, TextIO
+from typing import NamedTuple
 
 from ablate.remote import grammar
 from ablate.remote.rules import (
@@ -472,60 +467,3 @@ def steal(a: argparse.Namespace, sweep: Sweep, runners: Sequence[Runner], slot: 
     out(f"take steal {v.queue} {v.host} {c.idx} {fields(p)} {int(c.here)} "
         f"{'learned' if learned is not None else 'estimates'}")
     return 0
-
-
-def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
-    """run_queue's co-process: one request per line of `inp` (`ID<TAB>VERB<TAB>OPTION<TAB>...`,
-    run with `base` = ROOT HOST QUEUE SLOT; `publish` with its own arguments, asked by the running
-    cell's run_one), each answered on `out` by its lines and `.done RC ID`, until EOF (its queue's
-    shell has ended: only it holds the pipe). A reader skips answers with another ID: those of a
-    run_one killed while it waited."""
-    # The TERM that stops a cell goes to the queue's whole process group; this process is not the
-    # cell's and must answer the next decision. It ends with its queue (EOF), or by KILL.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    for raw in iter(inp.readline, b""):
-        rid, *args = raw.decode("utf-8", "replace").rstrip("\n").split("\t")
-        rows: list[str] = []
-        if args[:1] == ["publish"]:
-            rc = answer(args, rows.append, publish=True)
-        else:
-            rc = answer([*args[:1], *base, *args[1:]], rows.append)
-        out.write("".join(r + "\n" for r in rows) + f".done {rc} {rid}\n")
-        out.flush()
-    return 0
-
-
-def answer(argv: Sequence[str], out: Callable[[str], None], publish: bool = False) -> int:
-    """One decision's rc (or with `publish`, run_one's publish: argv its arguments): run()'s, 2 for
-    bad arguments, 3 when the FS could not be read, 4 when it failed (its traceback on stderr)."""
-    try:
-        if publish:
-            from ablate.remote import publish as pub  # the first cell's, once per queue
-
-            return pub.main(argv[1:], out)
-        return run(argv, out)
-    except FsDown as e:
-        print(f"runner: the shared FS could not be read: {e}", file=sys.stderr)
-        return 3
-    except SystemExit as e:  # argparse's refusal (its message is on stderr)
-        return e.code if isinstance(e.code, int) else 2
-    except Exception:  # a served runner outlives a bug in one decision
-        traceback.print_exc()
-        return 4
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["serve"]:
-        if len(args) != 5:
-            print("usage: runner serve ROOT HOST QUEUE SLOT|-", file=sys.stderr)
-            return 2
-        return serve(args[1:], sys.stdin.buffer, sys.stdout)
-    rows: list[str] = []
-    rc = answer(args, rows.append)
-    sys.stdout.write("".join(r + "\n" for r in rows))
-    return rc
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

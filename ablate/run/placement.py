@@ -56,7 +56,8 @@ def packaged_learn() -> bytes:
 
 
 # ablate/remote/ modules in the runner zipapp, stdlib only
-RUNNER_MODULES = ("calibrate.py", "grammar.py", "learn.py", "publish.py", "rules.py", "runner.py")
+RUNNER_MODULES = ("calibrate.py", "grammar.py", "learn.py", "publish.py", "rules.py", "runner.py",
+                  "serve.py", "walk.py")
 # run_one's publish where it runs as a Python start of its own: without the decisions' modules
 _RUNNER_MAIN = b"""import sys
 
@@ -64,7 +65,7 @@ if sys.argv[1:2] == ["publish"]:
     from ablate.remote.publish import main as publish
 
     raise SystemExit(publish(sys.argv[2:]))
-from ablate.remote.runner import main
+from ablate.remote.serve import main
 
 raise SystemExit(main())
 """

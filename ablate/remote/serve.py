@@ -1,0 +1,136 @@
+"""The runner's process: run_queue's co-process for a queue's life, and the zipapp's command line.
+
+    python3 runner.<sha12>.pyz serve ROOT HOST QUEUE SLOT|-
+
+answers one request per line of its stdin, `ID<TAB>VERB<TAB>OPTION<TAB>...`, by the verb's lines and
+`.done RC ID`, until EOF (its queue's shell has ended: only it holds the pipe). Verbs: the decisions
+of `ablate/remote/runner.py` (run with ROOT HOST QUEUE SLOT), `next` (the walk's step,
+`ablate/remote/walk.py`), and `publish` (run_one's, asked over the fds run_queue gives it:
+`ablate/remote/publish.py`). So no decision and no publish costs a Python start. A reader skips
+answers with another ID: those of a run_one killed while it waited.
+
+    python3 runner.<sha12>.pyz VERB ROOT HOST QUEUE SLOT|- [options]
+
+runs one decision alone (tests, by hand, and the calibration, which runs the user's benchmark in a
+process of its own). RC 0 with the answer; 1 when there is nothing to take; 2 bad arguments; 3 the
+FS could not be read (run_queue waits for it and asks again); 4 it failed (a bug: its traceback is
+on stderr, in the queue's pane).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, BinaryIO, TextIO
+
+from ablate.remote.runner import FsDown, run
+
+if TYPE_CHECKING:
+    from ablate.remote.walk import Walk
+
+
+def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
+    """run_queue's co-process: one request per line of `inp` (`ID<TAB>VERB<TAB>OPTION<TAB>...`,
+    run with `base` = ROOT HOST QUEUE SLOT; `publish` with its own arguments, asked by the running
+    cell's run_one), each answered on `out` by its lines and `.done RC ID`, until EOF (its queue's
+    shell has ended: only it holds the pipe). A reader skips answers with another ID: those of a
+    run_one killed while it waited."""
+    # The TERM that stops a cell goes to the queue's whole process group; this process is not the
+    # cell's and must answer the next decision. It ends with its queue (EOF), or by KILL.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    walk: list[Walk] = []  # the queue's walk, made at its first step
+    for raw in iter(inp.readline, b""):
+        rid, *args = raw.decode("utf-8", "replace").rstrip("\n").split("\t")
+        rows: list[str] = []
+        if args[:1] == ["publish"]:
+            rc = answer(args, rows.append, publish=True)
+        elif args[:1] == ["next"]:
+            rc = answer(args, rows.append, step=lambda argv, out: step(base, walk, argv, out))
+        else:
+            rc = answer([*args[:1], *base, *args[1:]], rows.append)
+        out.write("".join(r + "\n" for r in rows) + f".done {rc} {rid}\n")
+        out.flush()
+    return 0
+
+
+def step(base: Sequence[str], walk: list[Walk], argv: Sequence[str], out: Callable[[str], None]) -> int:
+    """`next --at K --deferred "I ..." --ahead "I ..." --head 0|1 --steal 0|1 --outcome O`: the
+    walk's step from the position run_queue holds; its script on `out`."""
+    from ablate.remote.walk import Walk
+
+    ap = argparse.ArgumentParser(prog="runner next")
+    ap.add_argument("verb")
+    for opt in ("--at", "--head", "--steal"):
+        ap.add_argument(opt, type=int, default=0)
+    for opt in ("--deferred", "--ahead"):
+        ap.add_argument(opt, default="")
+    ap.add_argument("--outcome", default="-")
+    a = ap.parse_args(argv)
+    root, host, queue, _slot = base
+
+    def decide(words: Sequence[str]) -> tuple[int, list[str]]:
+        """One decision of the walk's; a bug in the deal or the steal takes nothing (the walk goes
+        on), one in reading the lines fails the step."""
+        rows: list[str] = []
+        try:
+            return run([words[0], *base, *words[1:]], rows.append), rows
+        except (FsDown, SystemExit):
+            raise
+        except Exception:
+            if words[0] not in ("deal", "drained"):
+                raise
+            traceback.print_exc()
+            return 4, []
+
+    if not walk:
+        walk.append(Walk(root, queue, decide, bool(a.head), bool(a.steal)))
+    w = walk[0]
+    w.idx = a.at
+    w.deferred = [int(x) for x in a.deferred.split() if x.isdigit()]
+    w.ahead = {int(x) for x in a.ahead.split() if x.isdigit()}
+    for op in w.step(host, a.outcome):
+        out(op)
+    return 0
+
+
+def answer(argv: Sequence[str], out: Callable[[str], None], publish: bool = False,
+           step: Callable[[Sequence[str], Callable[[str], None]], int] | None = None) -> int:
+    """One decision's rc (with `publish`, run_one's publish: argv its arguments; with `step`, the
+    walk's): run()'s, 2 for bad arguments, 3 when the FS could not be read, 4 when it failed (its
+    traceback on stderr)."""
+    try:
+        if step is not None:
+            return step(argv, out)
+        if publish:
+            from ablate.remote import publish as pub  # the first cell's, once per queue
+
+            return pub.main(argv[1:], out)
+        return run(argv, out)
+    except FsDown as e:
+        print(f"runner: the shared FS could not be read: {e}", file=sys.stderr)
+        return 3
+    except SystemExit as e:  # argparse's refusal (its message is on stderr)
+        return e.code if isinstance(e.code, int) else 2
+    except Exception:  # a served runner outlives a bug in one decision
+        traceback.print_exc()
+        return 4
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["serve"]:
+        if len(args) != 5:
+            print("usage: runner serve ROOT HOST QUEUE SLOT|-", file=sys.stderr)
+            return 2
+        return serve(args[1:], sys.stdin.buffer, sys.stdout)
+    rows: list[str] = []
+    rc = answer(args, rows.append)
+    sys.stdout.write("".join(r + "\n" for r in rows))
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
