@@ -31,6 +31,15 @@ jstr() {  # a JSON string literal in REPLY (reasons can quote a path)
   s=${s//\"/\\\"}
   REPLY="\"${s//[[:cntrl:]]/ }\""
 }
+runner_exec() {  # runner_exec VERB ARGS...: becomes the runner's process (ablate/remote/serve.py,
+  # in the zipapp the spec names) with the profile's env and python; call it in a subshell
+  if [[ -n ${ABLATE_ENV-} ]]; then
+    set +u  # activation scripts (conda) reference unset variables
+    eval "$ABLATE_ENV" >/dev/null 2>&1 </dev/null || { echo "ablate: env activation failed: $ABLATE_ENV" >&2; exit 125; }
+  fi
+  # shellcheck disable=SC2086  # the profile's python may be a command with arguments
+  exec ${ABLATE_PYTHON:-python3} -S "$ABLATE_RUNNER_PY" "$@"
+}
 ask() {  # ask ID TO FROM VERB ARGS...: one request of the queue's runner process (runner.py serve)
   # over the fds TO and FROM; DECISION = its answer, rc its own; 125 when none came (the process is
   # gone). Answers to other IDs (a run_one killed while it waited) are skipped.

@@ -94,16 +94,9 @@ ours() {  # the published result is this very run's (a rename whose answer the o
   [[ $m == *"\"host\": \"$ABLATE_HOST\""* && $m == *"\"started\": $STARTED,"* ]]
 }
 stage() {  # stage ARGS...: the publish as a Python start of its own (run_one run by hand, or the
-  # queue's runner process gone), in a subshell: its reason on stdout. Run as run_queue runs the
-  # decisions: the profile's env and python.
+  # queue's runner process gone), in a subshell: its reason on stdout, a traceback in the log
   [[ -n ${ABLATE_RUNNER_PY-} ]] || { echo "the run spec names no runner (ABLATE_RUNNER_PY): deploy again"; exit 1; }
-  if [[ -n ${ABLATE_ENV-} ]]; then
-    set +u  # activation scripts (conda) reference unset variables
-    eval "$ABLATE_ENV" >/dev/null 2>&1 </dev/null || { echo "env activation failed: $ABLATE_ENV"; exit 1; }
-  fi
-  # A traceback goes to the log.
-  # shellcheck disable=SC2086  # the profile's python may be a command with arguments
-  exec ${ABLATE_PYTHON:-python3} -S "$ABLATE_RUNNER_PY" publish "$@" </dev/null 2>>"$LOG" 3>&- 4>&-
+  runner_exec publish "$@" </dev/null 2>>"$LOG" 3>&- 4>&-
 }
 
 sync_all() {  # stage, check, publish; exits 0 (synced) or through fail

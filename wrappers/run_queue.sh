@@ -252,10 +252,7 @@ svc_fail() {  # svc_fail NAME: the queue stops at line $idx, before its next cel
   jstr "${tail_text:0:600}"
   ev service_failed ", \"idx\": $idx, \"service\": \"$name\", \"reason\": \"$SVC_WHY\", \"tail\": $REPLY"
   say "service $name $SVC_WHY; stopping the queue (log: $log)"
-  svc_stop_all
-  ticker_stop
-  STATE=stopped CUR_STARTED=
-  hb_write
+  halt
   ev queue_stop ", \"idx\": $idx, \"reason\": \"service_failed\", \"service\": \"$name\""
   exit 4
 }
@@ -325,6 +322,12 @@ ticker_stop() {  # ticker_stop [signalled]: after a signal to our group its end 
   fi
 }
 transition() { ticker_stop; hb_write; ticker_start; }
+halt() {  # halt [signalled]: the queue stops: its ticker and services, then the heartbeat `stopped`
+  ticker_stop "${1-}"
+  svc_stop_all
+  STATE=stopped CUR_STARTED=
+  hb_write
+}
 
 CHILD=
 on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctrl-C
@@ -336,10 +339,7 @@ on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctr
   elif [[ -n $CHILD ]]; then
     kill -TERM "$CHILD" 2>/dev/null
   fi
-  ticker_stop signalled
-  svc_stop_all
-  STATE=stopped CUR_STARTED=
-  hb_write
+  halt signalled
   exit "$1"
 }
 slurm_left() {  # REPLY = the seconds this job has left by squeue (%L); 1 when unknown
@@ -357,10 +357,7 @@ on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or t
   # The cell is cut with TERM (the trainer saves what it resumes from) and keeps its claim: the
   # next attempt of this queue re-enters it with {resume}=1.
   [[ -n $CHILD ]] && kill_cell
-  ticker_stop signalled
-  svc_stop_all
-  STATE=stopped CUR_STARTED=
-  hb_write
+  halt signalled
   # The signal comes at most 60 s before `grace`: with more time left than that, the site's
   # preemption sent it (PreemptParameters=send_user_signal), and Slurm's preemption decides what
   # becomes of the job (requeue or cancel): one owner of retries, so we ask for nothing.
@@ -393,18 +390,9 @@ trap 'ticker_stop; svc_stop_all' EXIT
 
 say() { { printf '[ablate %s/%s] %s\n' "$ABLATE_HOST" "$QUEUE" "$*"; } 2>/dev/null; }
 
-# ---- the runner's decisions (ablate/remote/runner.py, deployed as wrappers/runner.<sha12>.pyz:
-# docs/ARCHITECTURE.md, "run_queue"), run with the profile's env and python: one process per queue,
-# this shell's co-process, asked one decision per line (`serve`); the calibration is a process of its own.
-runner_py() {  # runner_py VERB ARGS...: becomes the runner's process (call it in a subshell)
-  if [[ -n ${ABLATE_ENV-} ]]; then
-    set +u  # activation scripts (conda) reference unset variables
-    eval "$ABLATE_ENV" >/dev/null 2>&1 </dev/null || exit 125
-  fi
-  # shellcheck disable=SC2086  # the profile's python may be a command with arguments
-  exec ${ABLATE_PYTHON:-python3} -S "$ABLATE_RUNNER_PY" "$1" "$ROOT" "$ABLATE_HOST" "$QUEUE" "${SLOT:--}" \
-    "${@:2}"
-}
+# ---- the runner's process (ablate/remote/serve.py, deployed as wrappers/runner.<sha12>.pyz:
+# docs/ARCHITECTURE.md, "The runner's process"): this shell's co-process for the queue's life, asked
+# the walk's steps one per line; the calibration is a process of its own.
 DECIDER_PID=
 runner_up() {  # the co-process answering decisions, started if it is not running (it ends at our
   # EOF; a KILL to our group ends it too, and the next decision starts another)
@@ -412,7 +400,7 @@ runner_up() {  # the co-process answering decisions, started if it is not runnin
   if [[ -n ${DECIDER_PID-} && -n ${DECIDER[1]-} ]]; then  # dead, not yet reaped: its pipes go
     eval "exec ${DECIDER[0]}<&- ${DECIDER[1]}>&-"
   fi
-  coproc DECIDER { runner_py serve; }
+  coproc DECIDER { runner_exec serve "$ROOT" "$ABLATE_HOST" "$QUEUE" "${SLOT:--}"; }
 }
 DECISION=
 ASKED=0
@@ -435,10 +423,7 @@ decide() {  # decide VERB ARGS...: DECISION = its answer; rc 0 an answer, 1 noth
 helper_failed() {  # the queue's lines could not be read: nothing can be run safely without them
   ev queue_stop ", \"idx\": ${idx:-$START}, \"reason\": \"runner_failed\", \"rc\": $1"
   say "cannot read queue $QUEUE: the runner's decisions (${ABLATE_PYTHON:-python3} $ABLATE_RUNNER_PY) exited $1; is Python 3 on this host (the profile's python), and the shared FS up?"
-  ticker_stop
-  svc_stop_all
-  STATE=stopped CUR_STARTED=
-  hb_write
+  halt
   exit 2
 }
 
@@ -585,10 +570,7 @@ kill_cell() {  # the running cell's processes (run_one, the trainer): TERM, 10 s
 stop_after_current() {  # stop_after_current IDX: `ablate stop --after-current` asked us to stop
   ev queue_stop ", \"idx\": $1, \"reason\": \"after_current\""
   say "stop requested: not starting line $1"
-  ticker_stop
-  svc_stop_all
-  STATE=stopped CUR_STARTED=
-  hb_write
+  halt
   exit 0
 }
 
@@ -604,8 +586,8 @@ calibrate() {
   (
     export ABLATE_CALIBRATE ABLATE_CALIBRATE_TIMEOUT ABLATE_CALIBRATE_KEEP ABLATE_ENV ABLATE_WORKDIR \
       ABLATE_CKPT_ROOT ABLATE_PIN_GPU
-    runner_py calibrate --secs "${ABLATE_CALIBRATE_WAIT:-${ABLATE_CALIBRATE_TIMEOUT:-600}}" \
-      --stop "$STOP_FILE"
+    runner_exec calibrate "$ROOT" "$ABLATE_HOST" "$QUEUE" "${SLOT:--}" \
+      --secs "${ABLATE_CALIBRATE_WAIT:-${ABLATE_CALIBRATE_TIMEOUT:-600}}" --stop "$STOP_FILE"
   ) </dev/null >"$out" &
   CHILD=$!
   wait "$CHILD"
