@@ -322,3 +322,31 @@ def test_the_agents_probe_reads_gpus_and_logs_as_the_hosts_script_does(
     assert via_probe.missing == ["gone"] and via_probe.gpu_error is None
     assert via_probe.tails == via_script.tails and via_probe.tails["a"].endswith("loss 0.25 \u00e9\r")
     assert len(via_probe.tails["a"]) == 1000 - 1  # the last 1000 bytes; é is two of them
+
+
+@pytest.mark.parametrize(("answers", "sessions"), [
+    (["server exited unexpectedly", "no server running on /tmp/tmux-0/x"], set()),
+    (["server exited unexpectedly", "=ablate-s-h1-q2"], {"ablate-s-h1-q2"}),
+    (["server exited unexpectedly", "server exited unexpectedly"], None),
+])
+def test_tmux_asked_as_its_last_session_ends_is_asked_again_once(
+        tmp_path: Path, answers: list[str], sessions: set[str] | None) -> None:
+    """A host's tmux server exits when its last session (a drained queue) ends; a `list-sessions`
+    that catches it exiting says "server exited unexpectedly". Asked again once, the host shows no
+    server (nothing runs) or the sessions started since; only a server that keeps saying it is an
+    error (e.g. a client of another tmux build)."""
+    from ablate.sweep.hostview import tmux_answer
+    from ablate.transport.shellhost import LIST_SESSIONS
+
+    count = tmp_path / "count"
+    fake = tmp_path / "tmux"
+    script = f"n=$(cat {count} 2>/dev/null || echo 0); echo $((n + 1)) > {count}\n"
+    for i, a in enumerate(answers):
+        ok = a.startswith("=")
+        script += f'[ "$n" = {i} ] && {{ echo "{a.lstrip("=")}"; exit {0 if ok else 1}; }}\n'
+    fake.write_text("#!/bin/sh\n" + script + "exit 9\n")
+    fake.chmod(0o755)
+    r = subprocess.run(["sh", "-c", LIST_SESSIONS, "sh", str(fake)], capture_output=True, text=True)
+    got, why = tmux_answer(r.stdout.splitlines(), str(r.returncode))
+    assert got == sessions and count.read_text().strip() == "2"
+    assert (why is None) == (sessions is not None)

@@ -38,9 +38,11 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
     cell's run_one), each answered on `out` by its lines and `.done RC ID`, until EOF (its queue's
     shell has ended: only it holds the pipe). A reader skips answers with another ID: those of a
     run_one killed while it waited."""
-    # The TERM that stops a cell goes to the queue's whole process group; this process is not the
-    # cell's and must answer the next decision. It ends with its queue (EOF), or by KILL.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The TERM that stops a cell goes to the queue's whole process group, and so do a stop's TERM,
+    # tmux's HUP and a Ctrl-C: this process is not the cell's, it must answer the next step, and it
+    # ends with its queue's shell (EOF), or by KILL.
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     walk: list[Walk] = []  # the queue's walk, made at its first step
     for raw in iter(inp.readline, b""):
         rid, *args = raw.decode("utf-8", "replace").rstrip("\n").split("\t")

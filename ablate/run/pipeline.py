@@ -46,7 +46,7 @@ from ablate.sweep.ledger import check_prefix, entry_line, new_entry
 from ablate.sweep.snapshot import Snapshot, probe_only
 from ablate.transport import HostTransport, fan_out, host_transport
 from ablate.transport.base import AppendLine, FSOp, Remove, WriteAtomic, apply_groups
-from ablate.transport.shellhost import NO_TMUX_SERVER
+from ablate.transport.shellhost import LIST_SESSIONS, NO_TMUX_SERVER
 from ablate.transport.slurm import SlurmHost
 from ablate.util.fmt import Log
 from ablate.util.progress import steps
@@ -261,7 +261,7 @@ def _ask(ctx: LaunchContext, host: Host) -> _Asked:
     """One command on `host`: its tmux sessions (as `tmux_sessions` reads them) and what the budget
     and drift checks measure. Raises what the transport raises when the host cannot be asked."""
     ht = ctx.transport(host.name)
-    tmux = ("tmux", [*ht.tmux_argv(), "list-sessions", "-F", "#{session_name}"])
+    tmux = ("tmux", ["sh", "-c", LIST_SESSIONS, "sh", *ht.tmux_argv()])
     got, why = measure(ht, [tmux, *launch_sections(ctx.project, host)])
     sec = got.get("tmux")
     if sec is None:

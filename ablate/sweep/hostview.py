@@ -24,7 +24,7 @@ from ablate.errors import AblateError
 from ablate.remote.layout import SweepLayout
 from ablate.transport import fan_out, host_transport
 from ablate.transport.base import HostTransport
-from ablate.transport.shellhost import BASH_C, NO_TMUX_SERVER, ShellHost
+from ablate.transport.shellhost import BASH_C, LIST_SESSIONS, NO_TMUX_SERVER, ShellHost
 from ablate.transport.sshfs import PROBE_RUN, PYC, lib_digest, probe_command
 
 ViewAnswer = tuple[dict[str, Any] | None, str | None]  # the `mine` document, or why there is none
@@ -34,7 +34,7 @@ Answer = tuple[TmuxAnswer, ViewAnswer]  # one host's tmux and view answers
 MARK = "\x1eablate"  # a record separator no log line (and no JSON document) carries
 # tmux: "$@" is the host's tmux command line; its sessions come first, the rc after them.
 TMUX = r"""printf '\036ablate tmux\n'
-"$@" list-sessions -F '#{session_name}' 2>&1; printf '\036ablate tmuxrc %s\n' "$?"
+(""" + LIST_SESSIONS + r"""); printf '\036ablate tmuxrc %s\n' "$?"
 """
 # The view: $vd the probe's library dir on the FS (as this host mounts it; empty: not asked), $ve
 # the profile's env, $vp its python, $va the JSON arguments. rc 97: the library is not there yet.

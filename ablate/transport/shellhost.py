@@ -31,6 +31,13 @@ GUARD = ('exec 3<&0 </dev/null; "$@" & p=$!; { read -r _ <&3; kill "$p" 2>/dev/n
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # what `tmux list-sessions` says when no tmux server runs there: nothing runs, not a failure
 NO_TMUX_SERVER = re.compile(r"no server running|error connecting|No such file")
+# `tmux list-sessions` ("$@": the host's tmux command line), output and errors on stdout, its rc;
+# asked again once when the server was exiting as it answered (its last session had just ended:
+# "server exited unexpectedly"), which the second asking finds gone, or a new one up
+LIST_SESSIONS = ("o=$(\"$@\" list-sessions -F '#{session_name}' 2>&1); r=$?; "
+                 "case $o in *'server exited unexpectedly'*) sleep 0.2; "
+                 "o=$(\"$@\" list-sessions -F '#{session_name}' 2>&1); r=$? ;; esac; "
+                 "[ -z \"$o\" ] || printf '%s\\n' \"$o\"; exit $r")
 
 
 class HostUnreachable(RemoteError):
@@ -184,9 +191,9 @@ class ShellHost(ABC):
                             *(["-c", cwd] if cwd else []), command)).check()
 
     def tmux_sessions(self) -> set[str]:
-        r = self.run(self._tmux("list-sessions", "-F", "#{session_name}"))
+        r = self.run(["sh", "-c", LIST_SESSIONS, "sh", *self._tmux()])
         if r.rc != 0:
-            if NO_TMUX_SERVER.search(r.stderr):
+            if NO_TMUX_SERVER.search(r.stdout + r.stderr):
                 return set()
             r.check()
         return {line for line in r.stdout.splitlines() if line}
