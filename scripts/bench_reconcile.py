@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from benchlib import measured_line, median, write_section  # noqa: E402
 
 from ablate.config.project import load_project  # noqa: E402
-from ablate.remote import verify  # noqa: E402  (after the sys.path lines above)
+from ablate.remote import artifacts, verify  # noqa: E402  (after the sys.path lines above)
 from ablate.results.reconcile import reconcile  # noqa: E402
 
 
@@ -178,7 +178,7 @@ def measure(ds: Dataset, reps: int) -> dict[str, float]:
         for what, fn in (("cat", lambda: cat(ds.files)), ("reconcile", lambda: run_reconcile(ds))):
             cat(ds.files)  # warm-up
             got[f"{what} warm"].append(timed(fn))
-        got["sha256 warm"].append(timed(lambda: [verify.sha256_file(f) for f in ds.files]))
+        got["sha256 warm"].append(timed(lambda: [artifacts.sha256_file(f) for f in ds.files]))
         done = ", ".join(f"{k} {v[-1]:.2f}s" for k, v in got.items())
         print(f"{ds.label} rep {r}: {done}", file=sys.stderr)
     return {k: median(v) for k, v in got.items()}

@@ -15,7 +15,7 @@ import pytest
 
 from ablate.config.project import load_project
 from ablate.remote import verify
-from ablate.remote.verify import sha256_file
+from ablate.remote.artifacts import sha256_file
 from ablate.run.launch import launch
 from tests.helpers import framework_train
 from tests.helpers.cli import Cli

@@ -630,6 +630,8 @@ idx=$START
 DEFERRED=() AHEAD=()
 HEAD=1  # the shared head's deal: only with calibration and stealing on
 [[ $STEAL == 0 || -z ${ABLATE_CALIBRATE-} ]] && HEAD=0
+STEAL_ON=1
+[[ $STEAL == 0 ]] && STEAL_ON=0
 OUTCOME=-
 while :; do
   if [[ $OUTCOME != drained ]]; then
@@ -638,7 +640,7 @@ while :; do
     svc_up queue || svc_fail "$SVC_FAILED"  # before the first claim; again after one died
   fi
   decide next --at "$idx" --deferred "${DEFERRED[*]-}" --ahead "${AHEAD[*]-}" --head "$HEAD" \
-    --steal "$([[ $STEAL == 0 ]] && echo 0 || echo 1)" --outcome "$OUTCOME" || helper_failed "$?"
+    --steal "$STEAL_ON" --outcome "$OUTCOME" || helper_failed "$?"
   OUTCOME=-
   mapfile -t STEPS <<<"$DECISION"
   for op in "${STEPS[@]}"; do

@@ -19,7 +19,9 @@ be in the result as well.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
+import os
 import posixpath
 from typing import Any
 
@@ -83,3 +85,29 @@ def index_shards(path: str, rel: str) -> tuple[list[str], str | None]:
         return [], f"index {rel} has no weight_map of tensor -> shard file"
     base = posixpath.dirname(rel)
     return sorted({posixpath.normpath(posixpath.join(base, v)) for v in wmap.values()}), None
+
+
+PREFETCH = 32 << 20  # bytes asked of the disk ahead of the hash (posix_fadvise WILLNEED)
+
+
+def sha256_file(path: str | os.PathLike[str], bufsize: int = 1 << 20) -> str:
+    """sha256 of a file; the kernel reads the next PREFETCH bytes while this thread hashes."""
+    h = hashlib.sha256()
+    advise = getattr(os, "posix_fadvise", None)
+    with open(path, "rb", buffering=0) as f:
+        fd, pos, ahead = f.fileno(), 0, 0
+        if os.fstat(fd).st_size < bufsize:  # a small file: one read, no buffer to allocate
+            while chunk := f.read(bufsize):
+                h.update(chunk)
+            return h.hexdigest()
+        view = memoryview(bytearray(bufsize))
+        while True:
+            if advise is not None and pos + bufsize > ahead:
+                advise(fd, ahead, PREFETCH, os.POSIX_FADV_WILLNEED)
+                ahead += PREFETCH
+            n = f.readinto(view)
+            if not n:
+                break
+            h.update(view[:n])
+            pos += n
+    return h.hexdigest()

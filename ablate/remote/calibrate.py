@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
-from ablate.remote.rules import ms_of
+from ablate.remote.rules import ms_of, secs_of
 
 _CALIB_MS = re.compile(r"[1-9][0-9]{0,9}")
 _SECONDS = re.compile(r"\s*([0-9]{1,9}(?:\.[0-9]{1,6})?)\s*")
@@ -185,8 +185,8 @@ def measure(s: Setting, say: Callable[[str], None]) -> str | None:
         if ms is not None:  # measured on this machine by an earlier sweep: nothing runs
             if not put_line(mine, str(ms)):
                 return None
-            say(f"calibrated on this machine before: {_secs(ms)}s ({os.path.basename(kept)} in {kept_dir})")
-            return f', "rc": 0, "dur": 0, "secs": {_secs(ms)}, "kept": true'
+            say(f"calibrated on this machine before: {secs_of(ms)}s ({os.path.basename(kept)} in {kept_dir})")
+            return f', "rc": 0, "dur": 0, "secs": {secs_of(ms)}, "kept": true'
     got = run_benchmark(s.command, s.workdir, os.path.join(s.ckpt_root, f".calibrate.{s.queue}.log"),
                         s.timeout, say)
     if got.rc != 0:  # marked, so that nobody waits for it; measured again on a relaunch
@@ -198,12 +198,8 @@ def measure(s: Setting, say: Callable[[str], None]) -> str | None:
         with contextlib.suppress(OSError):
             os.makedirs(kept_dir, exist_ok=True)
             put_line(kept, str(got.ms))
-    say(f"calibrated: {_secs(got.ms)}s")
-    return f', "rc": 0, "dur": {got.dur:.6f}, "secs": {_secs(got.ms)}'
-
-
-def _secs(ms: int) -> str:
-    return f"{ms // 1000}.{ms % 1000:03d}"
+    say(f"calibrated: {secs_of(got.ms)}s")
+    return f', "rc": 0, "dur": {got.dur:.6f}, "secs": {secs_of(got.ms)}'
 
 
 # --------------------------------------------------------------------------- the wait

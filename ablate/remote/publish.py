@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -41,10 +40,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-GLOB_CHARS = "*?["  # run_one's `[[ $entry == *[*?[]* ]]`
-NEWEST = "newest"
-MANIFEST = "MANIFEST.json"
-_CHUNK = 1 << 20
+from ablate.remote.artifacts import is_glob, sha256_file
+from ablate.remote.layout import MANIFEST
+
 # A content-addressed file name's version (run_one.<sha12>.sh, run_queue.<sha12>.sh, <sha12>.env)
 _SHA12 = re.compile(r"(?:run_one\.|run_queue\.)?([0-9a-f]{12})\.(?:sh|env)")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -57,16 +55,6 @@ _CNTRL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 class SyncFailed(Exception):
     """The sync cannot go on; the message is its reason as run_one records it."""
-
-
-def sha256_of(path: str) -> str:
-    h = hashlib.sha256()
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
 
 
 def _nonempty_file(path: str) -> bool:
@@ -162,11 +150,11 @@ def resolve(ckpt_dir: str, checkpoint: str, pick: str = "all", metrics: str = ""
         found.append(rel)
 
     for entry in checkpoint.split():
-        if any(c in GLOB_CHARS for c in entry):
+        if is_glob(entry):  # run_one's `[[ $entry == *[*?[]* ]]`
             matches = glob_matches(ckpt_dir, entry)
             if not matches:
                 raise SyncFailed(f"checkpoint {entry} matches nothing in {ckpt_dir}")
-            if pick == NEWEST:
+            if pick == "newest":
                 matches = [newest(ckpt_dir, matches)]
         else:
             matches = [entry]
@@ -206,7 +194,7 @@ def copy_checked(src: str, staging: str, rel: str) -> dict[str, Any]:
     if size != dsize:
         raise SyncFailed(f"copy of {rel} is short: {dsize} of {size} bytes")
     try:
-        want, got = sha256_of(src), sha256_of(dst)
+        want, got = sha256_file(src), sha256_file(dst)
     except OSError as e:
         raise SyncFailed(f"cannot hash {rel}: {e.strerror}") from None
     if want != got:
@@ -225,7 +213,7 @@ def cfg_sha256(workdir: str, cfg: str) -> str | None:
     if not (os.path.isfile(path) and os.access(path, os.R_OK)):
         return None
     try:
-        return sha256_of(path)
+        return sha256_file(path)
     except OSError:
         return None
 

@@ -32,6 +32,11 @@ _MS = re.compile(r"([0-9]{1,12})(?:\.([0-9]*))?")
 N = TypeVar("N", int, float)
 
 
+def secs_of(ms: int) -> str:
+    """Whole ms as seconds to the millisecond, the text of a JSON number (`ms_of`'s inverse)."""
+    return f"{ms // 1000}.{ms % 1000:03d}"
+
+
 def ms_of(raw: object) -> int | None:
     """Integer ms of a JSON number kept as its text ("1700000000.123456"), as the bash read it."""
     m = _MS.fullmatch(raw) if isinstance(raw, str) else None

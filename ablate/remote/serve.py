@@ -32,6 +32,20 @@ if TYPE_CHECKING:
     from ablate.remote.walk import Walk
 
 
+def _next_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="runner next")
+    ap.add_argument("verb")
+    for opt in ("--at", "--head", "--steal"):
+        ap.add_argument(opt, type=int, default=0)
+    for opt in ("--deferred", "--ahead"):
+        ap.add_argument(opt, default="")
+    ap.add_argument("--outcome", default="-")
+    return ap
+
+
+_NEXT = _next_parser()  # built once: a step per cell asks it
+
+
 def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
     """run_queue's co-process: one request per line of `inp` (`ID<TAB>VERB<TAB>OPTION<TAB>...`,
     run with `base` = ROOT HOST QUEUE SLOT; `publish` with its own arguments, asked by the running
@@ -63,14 +77,7 @@ def step(base: Sequence[str], walk: list[Walk], argv: Sequence[str], out: Callab
     walk's step from the position run_queue holds; its script on `out`."""
     from ablate.remote.walk import Walk
 
-    ap = argparse.ArgumentParser(prog="runner next")
-    ap.add_argument("verb")
-    for opt in ("--at", "--head", "--steal"):
-        ap.add_argument(opt, type=int, default=0)
-    for opt in ("--deferred", "--ahead"):
-        ap.add_argument(opt, default="")
-    ap.add_argument("--outcome", default="-")
-    a = ap.parse_args(argv)
+    a = _NEXT.parse_args(argv)
     root, host, queue, _slot = base
 
     def decide(words: Sequence[str]) -> tuple[int, list[str]]:

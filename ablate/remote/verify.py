@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ablate.remote import artifacts as arts
+from ablate.remote.artifacts import sha256_file
 from ablate.remote.layout import MANIFEST
 
 TORCH_EXT = (".pt", ".pth", ".ckpt", ".bin")
@@ -60,32 +61,6 @@ class _NoLoader(Exception):
 
 def _problem(file: str, kind: str, error: str) -> Problem:
     return {"file": file, "kind": kind, "error": error}
-
-
-PREFETCH = 32 << 20  # bytes asked of the disk ahead of the hash (posix_fadvise WILLNEED)
-
-
-def sha256_file(path: str | os.PathLike[str], bufsize: int = 1 << 20) -> str:
-    """sha256 of a file; the kernel reads the next PREFETCH bytes while this thread hashes."""
-    h = hashlib.sha256()
-    advise = getattr(os, "posix_fadvise", None)
-    with open(path, "rb", buffering=0) as f:
-        fd, pos, ahead = f.fileno(), 0, 0
-        if os.fstat(fd).st_size < bufsize:  # a small file: one read, no buffer to allocate
-            while chunk := f.read(bufsize):
-                h.update(chunk)
-            return h.hexdigest()
-        view = memoryview(bytearray(bufsize))
-        while True:
-            if advise is not None and pos + bufsize > ahead:
-                advise(fd, ahead, PREFETCH, os.POSIX_FADV_WILLNEED)
-                ahead += PREFETCH
-            n = f.readinto(view)
-            if not n:
-                break
-            h.update(view[:n])
-            pos += n
-    return h.hexdigest()
 
 
 def _short(exc: BaseException) -> str:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ablate.remote import grammar
+from ablate.remote.rules import secs_of
 
 # (rc, rows) of one of runner.py's decisions: `line --from K`, `reentries`, `deal ...`, `drained ...`
 Decide = Callable[[Sequence[str]], tuple[int, list[str]]]
@@ -90,10 +91,6 @@ def _ev(kind: str, **fields: object) -> str:
         return str(v) if isinstance(v, _Number) else json.dumps(v)
 
     return f"ev {kind} " + "".join(f", {json.dumps(k)}: {value(v)}" for k, v in fields.items())
-
-
-def _secs(ms: int) -> str:
-    return f"{ms // 1000}.{ms % 1000:03d}"
 
 
 class Walk:
@@ -168,9 +165,14 @@ class Walk:
     def _words(ints: Sequence[int] | set[int]) -> str:
         return " ".join(map(str, ints))
 
+    @classmethod
+    def _listed(cls, op: str, ints: Sequence[int]) -> str:
+        """A list operation (`deferred`, `ahead`): its name alone when the list is empty."""
+        return f"{op} {cls._words(ints)}".rstrip()
+
     def _position(self) -> list[str]:
-        return [f"next {self.idx}", f"deferred {self._words(self.deferred)}".rstrip(),
-                f"ahead {self._words(sorted(self.ahead))}".rstrip()]
+        return [f"next {self.idx}", self._listed("deferred", self.deferred),
+                self._listed("ahead", sorted(self.ahead))]
 
     # ---------------------------------------------------------------- the step
     def step(self, host: str, outcome: str) -> list[str]:
@@ -197,7 +199,7 @@ class Walk:
         if p.kind == "dealt":  # someone's since the deal (then dropped), or the FS failed (kept)
             if self._owner(p.cell.name) is not None:
                 self.deferred = list(p.rest)
-                out.append(" ".join(("deferred", *map(str, p.rest))))
+                out.append(self._listed("deferred", p.rest))
             return None
         if p.kind == "other":
             self.steal_skip.add(f"{p.queue}:{p.idx}")
@@ -250,28 +252,24 @@ class Walk:
         if t.queue != self.queue or t.kind != "deal":
             if self._published(t.cell.name):
                 self.steal_skip.add(f"{t.queue}:{t.idx}")
-                return self._next_after(out)
+                return [*out, *self._position()]  # decide again, as bash's `continue`
             self.pending = Pending("other", t.idx, t.cell, t.queue)
             return [*out, *self._position(), f"claim {t.cell.name} {t.idx}",
                     _ev("steal", idx=t.idx, cell=t.cell.name, from_queue=t.queue, from_host=t.host,
-                        est=_Number(_secs(t.here_ms)), by=t.by),
+                        est=_Number(secs_of(t.here_ms)), by=t.by),
                     f"say taking {t.cell.name} (line {t.idx} of {t.queue} on {t.host}, expected "
-                    f"{_secs(t.here_ms)}s here, by {t.by})",
+                    f"{secs_of(t.here_ms)}s here, by {t.by})",
                     f"run {t.idx} {t.cell.words} 0 {t.queue}"]
         rest = tuple(i for i in self.deferred if i != t.idx)
         self.pending = Pending("dealt", t.idx, t.cell, rest=rest)
         # after the claim: the deferred lines without it; a line ahead passed over when we get there
-        after = [" ".join(("deferred", *map(str, rest)))]
+        after = [self._listed("deferred", rest)]
         if t.idx > self.idx:
-            after.append(" ".join(("ahead", *map(str, sorted({*self.ahead, t.idx})))))
+            after.append(self._listed("ahead", sorted({*self.ahead, t.idx})))
         if t.idx == self.idx:
             after.append(f"next {self.idx + 1}")
         return [*out, *self._position(), f"claim {t.cell.name} {t.idx}", *after,
                 f"run {t.idx} {t.cell.words} 0 -"]
-
-    def _next_after(self, out: list[str]) -> list[str]:
-        """A take that needed no claim (published meanwhile): decide again, as bash's `continue`."""
-        return [*out, *self._position()] if out else self._position()
 
     def _drained(self, host: str, out: list[str]) -> list[str]:
         """Own lines done: a re-entry, a dealt head cell or a steal, a deferred line, else drained."""
@@ -293,7 +291,7 @@ class Walk:
         steal = self.steal and os.path.exists(os.path.join(self.root, "estimates.tsv"))
         if self.head_on or steal:
             _, rows = self.decide(["drained", "--next", str(self.idx), "--deferred",
-                                   " ".join(map(str, self.deferred)), "--head", str(int(self.head_on)),
+                                   self._words(self.deferred), "--head", str(int(self.head_on)),
                                    "--steal", str(int(steal)), "--skip", " ".join(sorted(self.steal_skip))])
             take = self._took(rows, out)
             if take is not None:

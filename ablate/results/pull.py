@@ -24,9 +24,8 @@ from typing import Any
 
 from ablate.config.project import Project
 from ablate.remote import verify
-from ablate.remote.artifacts import manifest_files
+from ablate.remote.artifacts import manifest_files, sha256_file  # the one hash helper
 from ablate.remote.layout import MANIFEST, SweepLayout
-from ablate.remote.verify import sha256_file  # the one hash helper (stdlib-only, runs on hosts too)
 from ablate.results.common import artifacts_arg, default_results_dir
 from ablate.sweep.classify import sweep_roster
 from ablate.transport import SharedFS, shared_fs
