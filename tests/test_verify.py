@@ -32,6 +32,17 @@ def test_good_result_of_every_format_verifies(tmp_path: Path, ckpt: str) -> None
     assert verify.verify_cell_dir(str(d), art(ckpt)) == []
 
 
+@pytest.mark.parametrize(("ckpt", "how"), [("model.safetensors", "loaded"), ("best.pth", "loaded"),
+                                         ("w.npy", "loaded"), ("weights.h5", "hash")])
+def test_each_file_says_how_it_was_checked(tmp_path: Path, ckpt: str, how: str) -> None:
+    d = make_result(tmp_path, "cfgs/a.yaml", "recon", 3, checkpoint=ckpt)
+    problems, checks = verify.check_cell_dir(str(d), art(ckpt))
+    assert problems == []
+    assert checks == {ckpt: how, "metrics.json": "loaded", "a.log": "hash"}
+    assert verify.check_cell_dir(str(d), art(ckpt), load=False)[1][ckpt] == "hash"
+    assert verify.check_cell_dir(str(d), art(ckpt), load=False, check_hash=False)[1][ckpt] == "size"
+
+
 def test_truncated_checkpoint_is_corrupt_by_manifest_size(tmp_path: Path) -> None:
     d = make_result(tmp_path, "a.yaml", "recon", 3)
     truncate(d / "model.safetensors", 0.9)

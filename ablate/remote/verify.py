@@ -63,6 +63,10 @@ def _problem(file: str, kind: str, error: str) -> Problem:
     return {"file": file, "kind": kind, "error": error}
 
 
+def _failed(file: str, kind: str, error: str) -> tuple[Problem, str]:
+    return _problem(file, kind, error), ""
+
+
 def _short(exc: BaseException) -> str:
     """One line from a library's (often multi-paragraph, ANSI-coloured) exception."""
     text = _ANSI.sub("", str(exc))
@@ -149,6 +153,14 @@ def _load_json(path: str, keys: list[str] | None) -> str | None:
     if absent:
         return f"metrics lack key(s) {', '.join(absent)} (have: {', '.join(sorted(data)) or 'none'})"
     return None
+
+
+def _has_loader(path: str, role: str) -> bool:
+    """Whether load_file reads this file with a library (else size and hash are all it gets)."""
+    lower = path.lower()
+    if role == "metrics" or lower.endswith((".json", ".safetensors", *NUMPY_EXT)):
+        return True
+    return lower.endswith(TORCH_EXT) and (not lower.endswith(".bin") or _is_torch_file(path))
 
 
 def load_file(path: str, role: str, metrics_keys: list[str] | None = None,
@@ -246,10 +258,21 @@ def verify_cell_dir(path: str, artifacts: dict[str, Any], *, load: bool = True,
     "metrics_keys": [...]}. load=False checks existence, sizes and (check_hash) sha256 against
     MANIFEST.json only. pool: check the files side by side (a sharded checkpoint of one cell).
     """
+    return check_cell_dir(path, artifacts, load=load, check_hash=check_hash, pool=pool)[0]
+
+
+def check_cell_dir(path: str, artifacts: dict[str, Any], *, load: bool = True,
+                   check_hash: bool = True, pool: concurrent.futures.Executor | None = None,
+                   ) -> tuple[list[Problem], dict[str, str]]:
+    """(every problem of one result dir, how each file that passed was checked).
+
+    How: "loaded" (read by its library), "hash" (size and sha256 against MANIFEST.json only) or
+    "size" (size only: check_hash=False and not loaded).
+    """
     path = os.fspath(path)
     name = os.path.basename(os.path.normpath(path))
     if not os.path.isdir(path):
-        return [_problem("", "missing", f"no result directory {path}")]
+        return [_problem("", "missing", f"no result directory {path}")], {}
     manifest, _digest, mproblem = _read_manifest(path)
     problems = [mproblem] if mproblem else []
     if manifest is not None and manifest.get("name") not in (None, name):
@@ -260,11 +283,12 @@ def verify_cell_dir(path: str, artifacts: dict[str, Any], *, load: bool = True,
     if manifest is not None:
         problems += _checkpoint_coverage(path, artifacts, files)
 
-    def check(f: tuple[str, str, Any]) -> Problem | None:
+    def check(f: tuple[str, str, Any]) -> tuple[Problem | None, str]:
         return _check_file(path, f[0], f[1], f[2], manifest is not None, artifacts, load, check_hash)
 
-    found = pool.map(check, files) if pool is not None and len(files) > 2 else map(check, files)
-    return problems + [p for p in found if p]
+    found = list(pool.map(check, files) if pool is not None and len(files) > 2 else map(check, files))
+    checks = {f[1]: how for f, (p, how) in zip(files, found, strict=True) if p is None}
+    return problems + [p for p, _ in found if p], checks
 
 
 def _checkpoint_coverage(path: str, artifacts: dict[str, Any],
@@ -290,53 +314,57 @@ def _checkpoint_coverage(path: str, artifacts: dict[str, Any],
 
 
 def _check_file(path: str, role: str, file: str, entry: Any, have_manifest: bool,
-                artifacts: dict[str, Any], load: bool, check_hash: bool) -> Problem | None:
+                artifacts: dict[str, Any], load: bool, check_hash: bool) -> tuple[Problem | None, str]:
+    """(the file's problem or None, how it was checked)."""
     if isinstance(entry, dict) and entry.get("malformed"):
-        return _problem(file, "corrupt", f"MANIFEST.json has a malformed {role} entry")
+        return _failed(file, "corrupt", f"MANIFEST.json has a malformed {role} entry")
     full = os.path.join(path, file)
     try:
         size = os.stat(full).st_size
     except FileNotFoundError:
-        return _problem(file, "missing", f"{role} file {file} is missing")
+        return _failed(file, "missing", f"{role} file {file} is missing")
     except OSError as e:
-        return _problem(file, "corrupt", f"cannot stat: {e}")
+        return _failed(file, "corrupt", f"cannot stat: {e}")
     if not os.path.isfile(full):
-        return _problem(file, "corrupt", f"{file} is not a regular file")
+        return _failed(file, "corrupt", f"{file} is not a regular file")
     want_size = entry.get("size") if isinstance(entry, dict) else None
     # A log may be empty, and so may a file run_one found in a checkpoint directory, as recorded.
     may_be_empty = role == "log" or (role == "checkpoint" and want_size == 0
                                      and file not in arts.entries(artifacts.get("checkpoint")))
     if size == 0 and (not may_be_empty or (isinstance(want_size, int) and want_size > 0)):
-        return _problem(file, "zero_byte", f"{role} file {file} is empty (0 bytes)")
+        return _failed(file, "zero_byte", f"{role} file {file} is empty (0 bytes)")
     if have_manifest:
         if not isinstance(entry, dict):
-            return _problem(file, "corrupt", f"MANIFEST.json does not record the {role}")
+            return _failed(file, "corrupt", f"MANIFEST.json does not record the {role}")
         configured = arts.entries(artifacts.get(role))
         if role == "checkpoint" and not any(arts.covers(c, file) for c in configured):
-            return _problem(file, "corrupt", f"MANIFEST.json records checkpoint file {file}, which none "
+            return _failed(file, "corrupt", f"MANIFEST.json records checkpoint file {file}, which none "
                                              f"of ablate.yaml's entries ({', '.join(configured)}) names")
         if role == "metrics" and configured and posixpath.normpath(configured[0]) != file:
-            return _problem(file, "corrupt", f"MANIFEST.json records {role} {file}, ablate.yaml expects "
+            return _failed(file, "corrupt", f"MANIFEST.json records {role} {file}, ablate.yaml expects "
                                              f"{configured[0]}")
         if want_size != size:
-            return _problem(file, "corrupt", f"size {size} bytes, MANIFEST.json says {want_size} "
+            return _failed(file, "corrupt", f"size {size} bytes, MANIFEST.json says {want_size} "
                                              "(truncated or changed)")
         if check_hash:
             try:
                 digest = sha256_file(full)
             except OSError as e:
-                return _problem(file, "corrupt", f"cannot read: {e}")
+                return _failed(file, "corrupt", f"cannot read: {e}")
             if digest != entry.get("sha256"):
-                return _problem(file, "corrupt", "sha256 differs from MANIFEST.json (changed or damaged)")
+                return _failed(file, "corrupt", "sha256 differs from MANIFEST.json (changed or damaged)")
+    how = "hash" if have_manifest and check_hash else "size"
     if load and role != "log":
         try:
             error = load_file(full, role, list(artifacts.get("metrics_keys") or []),
                               hashed=have_manifest and check_hash)
         except _NoLoader as e:
-            return _problem(file, "no_loader", str(e))
+            return _failed(file, "no_loader", str(e))
         if error:
-            return _problem(file, "corrupt", error)
-    return None
+            return _failed(file, "corrupt", error)
+        if _has_loader(full, role):
+            how = "loaded"
+    return None, how
 
 
 def _stat_files(path: str, files: list[str]) -> dict[str, list[int]]:
@@ -356,10 +384,10 @@ def describe_dir(path: str, artifacts: dict[str, Any], verify: bool, load: bool,
     name = os.path.basename(os.path.normpath(path))
     manifest, digest, _ = _read_manifest(path)
     files = [f for _, f, _ in expected_files(name, artifacts, manifest)] + [MANIFEST]
-    problems = verify_cell_dir(path, artifacts, load=load, check_hash=check_hash, pool=pool) \
-        if verify else None
+    problems, checks = check_cell_dir(path, artifacts, load=load, check_hash=check_hash, pool=pool) \
+        if verify else (None, None)
     return {"manifest": manifest, "manifest_sha256": digest, "files": _stat_files(path, files),
-            "problems": problems}
+            "problems": problems, "checks": checks}
 
 
 def _describe_job(job: tuple[str, dict[str, Any], bool, bool, bool]) -> dict[str, Any]:
@@ -377,7 +405,8 @@ def verify_tree(args: dict[str, Any],
     MAX_WORKERS; serial below PARALLEL_MIN dirs).
     Returns {"dir", "exists", "entries": every name in dir (staging dirs too), "dirs": non-hidden
     dirs, "cells": {name: {"manifest", "manifest_sha256", "files": {file: [size, mtime_ns]},
-    "problems": list or None when not verified}}}. Plain JSON, so a host can print it.
+    "problems": list or None when not verified, "checks": {file: how it passed} (check_cell_dir)
+    or None when not verified}}}. Plain JSON, so a host can print it.
     `progress(done, total, name)` is called as each dir is described (a controller's progress bar).
     """
     root = str(args["dir"])
