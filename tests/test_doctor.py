@@ -18,6 +18,7 @@ from ablate.errors import CheckFailed
 from ablate.run.doctor import DoctorReport, doctor
 from ablate.run.launch import launch
 from ablate.transport import close_all, host_transport
+from ablate.transport.ssh import SSHHost
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
 from tests.testbed import Testbed
@@ -224,6 +225,47 @@ def test_testbed_unknown_host_key_fails_that_host(testbed: Testbed, tb_project: 
     assert f"`ssh -F {cfg} -o StrictHostKeyChecking=ask tb-h2`" in reason
     assert "--accept-new-host-keys" in reason
     assert known.read_text().count("\n") == 2  # nothing was trusted behind the user's back
+
+
+def test_testbed_host_key_removed_or_changed_fails_doctor_while_a_master_lives(
+        testbed: Testbed, tb_project: Path, tmp_path: Path, cli: Cli) -> None:
+    """Doctor predicts the next cold command: its host-key and authentication checks are a new
+    connection's, not the kept master's (authenticated before the key went), which it leaves alive
+    for the other commands."""
+    known = testbed.trust_current_keys(tmp_path / "known_hosts")
+    cfg = testbed.write_ssh_config(tmp_path / "ssh_config", known_hosts=known)
+    write_tb_config(tb_project, cfg, testbed)
+    code, report, _ = cli_doctor(cli, tb_project)
+    assert code == 0, failures(report)
+    project = load_project(tb_project)
+    hosts = {h: host_transport(project, project.hosts[h]) for h in ("tb-h2", "tb-h3")}
+    masters = {h: t.master_pid() for h, t in hosts.items() if isinstance(t, SSHHost)}
+    assert set(masters) == {"tb-h2", "tb-h3"} and all(masters.values()), masters  # kept for the next command
+
+    # tb-h2's line removed (the instance re-created and cleaned up); tb-h3 re-keyed, its old key kept.
+    lines = known.read_text().splitlines(keepends=True)
+    known.write_text("".join(ln for ln in lines if not ln.startswith(testbed.address("tb-h2") + " ")))
+    testbed.change_host_key("tb-h3")
+    for h in ("tb-h2", "tb-h3"):  # what OpenSSH itself says to a cold command
+        r = subprocess.run(["ssh", "-F", str(cfg), "-o", "ControlPath=none", h, "true"],
+                           capture_output=True, timeout=60)
+        assert r.returncode == 255 and b"Host key verification failed" in r.stderr, r.stderr
+    code, report, _ = cli_doctor(cli, tb_project)
+    assert code == 1 and report["ok"] is False
+    got = failures(report)
+    assert set(got) == {("tb-h2", "reachable"), ("tb-h3", "reachable")}, got
+    assert "unknown host key" in got["tb-h2", "reachable"]
+    assert f"`ssh -F {cfg} -o StrictHostKeyChecking=ask tb-h2`" in got["tb-h2", "reachable"]
+    assert "CHANGED" in got["tb-h3", "reachable"] and "ssh-keygen" in got["tb-h3", "reachable"]
+    assert report["hosts"]["tb-h1"]["ok"] is True
+    assert known.read_text().count("\n") == 2  # nothing was trusted behind the user's back
+    # The kept connections are left to the commands that reuse them, as before.
+    close_all()
+    project = load_project(tb_project)
+    for h, pid in masters.items():
+        t = host_transport(project, project.hosts[h])
+        assert isinstance(t, SSHHost) and t.master_pid() == pid
+        assert t.run(["true"]).rc == 0
 
 
 def test_report_lines_name_host_check_and_reason(testbed: Testbed, tb_project: Path) -> None:

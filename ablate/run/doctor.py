@@ -1,6 +1,8 @@
 """`ablate doctor`: preflight every host in parallel, each check ok/FAIL with a one-line reason.
 
-Per host one connection and one batched `sh -c` script (ablate/run/hostcheck.py); before it, one
+Per ssh host first a connection of its own, as the next cold command will make it (no kept
+ControlMaster, no host agent: OpenSSH checks the host key and the user authenticates now), then one
+batched `sh -c` script over the usual, shared connection (ablate/run/hostcheck.py); before it, one
 nonce written on the shared FS through the host that serves it, and after it the nonce removed.
 "Shared" is proved, not assumed: every host reads the nonce back through its own transport at the
 path its own profile gives (AutoDL file storage is per region; only this tells), waiting up to the
@@ -42,6 +44,8 @@ from ablate.run.slurmcheck import slurm_checks
 from ablate.run.svccheck import service_checks, service_sections
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
 from ablate.transport.shellhost import BASH_C, ShellHost
+from ablate.transport.slurm import SlurmHost
+from ablate.transport.ssh import SSHHost
 from ablate.util.fmt import Log
 
 RUNPOD_PROXY = "ssh.runpod.io"
@@ -214,8 +218,25 @@ def _shared(project: Project, host: Host, plan: _Plan, sec: Section | None, t: H
                                      f"(waited {plan.cap:.0f} s)")
 
 
+def _cold(t: HostTransport) -> Check | None:
+    """The connection as the next cold command will make it (`SSHHost.cold_check`): a failed
+    reachable check, or None. A kept master (or the host agent behind it) was authenticated
+    earlier: through it alone, a host key removed or changed in known_hosts since would pass."""
+    inner = t.inner if isinstance(t, SlurmHost) else t
+    if not isinstance(inner, SSHHost):
+        return None  # this machine, or paramiko (a new connection in every process already)
+    try:
+        inner.cold_check()
+    except AblateError as e:
+        return Check("reachable", False, e.message)
+    return None
+
+
 def _check_slurm(project: Project, host: Host, plan: _Plan, t: HostTransport) -> HostReport:
     """A Slurm host: its client, its request, and (in a probe job) a compute node's view."""
+    cold = _cold(t)
+    if cold is not None:
+        return HostReport(host.name, (cold,))
     node = [s for s in _sections(project, host, plan) if s[0] in ("env", "nonce", "sha", "gpu", "workdir")]
 
     def on_node(got: Mapping[str, Section], why: str | None) -> list[tuple[str, bool, str]]:
@@ -244,6 +265,9 @@ def _check_host(project: Project, host: Host, plan: _Plan) -> HostReport:
         return HostReport(host.name, (Check("reachable", False, f"{host.ssh} goes through the RunPod proxy "
                                             f"{proxy} (no exec, no SFTP): use full SSH (root@IP -p PORT) "
                                             "with the pod's public IP and exposed port 22"),))
+    cold = _cold(t)
+    if cold is not None:
+        return HostReport(host.name, (cold,))
     try:
         got, why = measure(t, _sections(project, host, plan))
     except AblateError as e:

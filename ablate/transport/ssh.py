@@ -67,6 +67,7 @@ from ablate.transport.sshagent import AgentRoute
 from ablate.transport.sshconfig import Resolved
 from ablate.transport.sshproc import (
     DROPPED,
+    MARK,
     MARK_CMD,
     MASTER_FAILED,
     TIMED_OUT,
@@ -185,6 +186,28 @@ class SSHHost(Resolved, AgentRoute, ShellHost):
             self.run(["true"], timeout=self.connect_timeout * 3 + 5)
         else:  # no agent can serve there: its first command is a login shell either way
             self._ensure()
+
+    def cold_check(self) -> None:
+        """Connect as a command would with no kept master: a new connection of its own (no
+        ControlMaster, no host agent), so OpenSSH checks the host key against known_hosts and the
+        user authenticates now. Raises the classified failure (host key, authentication, config,
+        unreachable); the master, if one lives, is left alone for the commands that reuse it."""
+        argv = [*self._base(), "-T", "-o", "ControlMaster=no", "-o", "ControlPath=none", "--", self.alias,
+                MARK_CMD + "true"]
+        try:
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                               timeout=self.connect_timeout * 3 + 5, start_new_session=True)
+        except subprocess.TimeoutExpired:
+            raise HostUnreachable(f"{self._where()}: no answer within the {self.connect_timeout:g}s "
+                                  "connect time-out (host down or network unreachable)") from None
+        except OSError as e:
+            raise RemoteError(f"{self.name}: cannot run the ssh client {self.ssh!r}: {e}") from e
+        err = r.stderr.decode(errors="replace")
+        early, marked, _ = err.partition(MARK.decode())
+        if not marked:
+            raise self._explain(early or f"ssh exited {r.returncode} without a word")
+        if r.returncode != 0:
+            raise HostUnreachable(f"{self._where()}: `true` did not succeed there (rc {r.returncode})")
 
     def _probe_direct(self) -> None:
         live = self._spawn([*self._base(), "-T", "-o", "ControlPath=none", "--", self.alias,
