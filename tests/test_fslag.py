@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from ablate.run.doctor import DoctorReport, HostReport
-from ablate.run.fslag import CAP, LONG, LagResult, Pair, await_content, measure_pairs
+from ablate.run.fslag import CAP, CAP_ENV, LONG, LagResult, Pair, await_content, measure_pairs, raise_cap
 from ablate.sweep.lock import whoami
 from ablate.transport import close_all
 from ablate.transport.local import LocalHost
@@ -194,6 +194,24 @@ def test_a_long_lag_warns_and_names_the_mount_options_an_unseen_pair_fails() -> 
     failed = DoctorReport(hosts, unseen)
     assert not failed.ok and failed.problems == 1
     assert failed.to_json()["fs_lag"]["pairs"][0]["new_file"] is None
+    [fail] = [ln for ln in failed.lines() if ln.startswith("fs lag FAIL")]
+    assert "ABLATE_FS_LAG_CAP=300 ablate doctor" in fail  # the knob, pasteable
+    for option in SSHFS_OPTIONS:  # and what shortens the lag instead
+        assert option in fail, option
+
+
+def test_the_default_cap_covers_default_nfs_and_sshfs_caches_and_a_lag_near_it_names_the_knob() -> None:
+    assert CAP >= 60 * 2  # NFS acdirmax / acregmax default to 60 s; sshfs or FUSE set to 60 s
+    nfs = LagResult(("a", "b"), (Pair("a", "b", 61.2, 1.0), Pair("b", "a", 0.3, 60.4)), CAP, 0.07,
+                    time.time(), "me")
+    assert nfs.ok and nfs.lag == 61.2
+    warning = nfs.warning or pytest.fail("no warning")
+    assert "near the cap" not in warning and CAP_ENV not in warning  # well inside the default cap
+    near = LagResult(("a", "b"), (Pair("a", "b", 61.2, 1.0),), 75.0, 0.07, time.time(), "me")
+    warning = near.warning or pytest.fail("no warning")
+    assert "near the cap of 75 s" in warning and "`ABLATE_FS_LAG_CAP=300 ablate doctor`" in warning
+    assert "lookupcache=positive" in warning and "dcache_timeout" in warning
+    assert "ABLATE_FS_LAG_CAP=400" in raise_cap(200.0)
 
 
 # --------------------------------------------------------------------------- test bed
@@ -269,7 +287,8 @@ def test_testbed_host_outside_the_shared_fs_waits_the_cap_then_is_left_out(
         report = r.json()
         [shared] = [c for c in report["hosts"]["tb-h3"]["checks"] if not c["ok"]]
         assert shared["check"] == "shared_fs"
-        assert shared["reason"].endswith("is missing on tb-h3 (waited 2 s)")
+        assert "is missing on tb-h3 (waited 2 s); if it is the same FS behind a longer client cache, " \
+               "wait longer: `ABLATE_FS_LAG_CAP=300 ablate doctor`" in shared["reason"]
         lag = report["fs_lag"]
         assert lag["ok"] is True and lag["hosts"] == ["tb-h1", "tb-h2"] and lag["cap"] == 2.0, lag
         assert lag["skipped"] == {"tb-h3": "shared_fs failed"}

@@ -27,7 +27,7 @@ from ablate.config.project import Host, Project, parse_size
 from ablate.errors import AblateError, ConfigError
 from ablate.remote.layout import SweepLayout
 from ablate.run.deploycheck import deployed_check, deployed_files
-from ablate.run.fslag import LagResult, await_content, cap_seconds, survey
+from ablate.run.fslag import LagResult, await_content, cap_seconds, raise_cap, survey
 from ablate.run.hostcheck import Section, ask_text, measure
 from ablate.run.refusals import (
     Cells,
@@ -212,10 +212,13 @@ def _shared(project: Project, host: Host, plan: _Plan, sec: Section | None, t: H
         late = f" after {waited:.1f} s (the FS's client cache)" if waited >= 1 else ""
         return Check("shared_fs", True, f"{host.profile.shared_fs} is shared: nonce written through "
                                         f"{plan.writer} read back here{late}")
-    seen = "is missing" if sec is None or sec.rc != 0 else "holds other bytes"
+    missing = sec is None or sec.rc != 0
+    late = (f"; if it is the same FS behind a longer client cache, {raise_cap(plan.cap)}" if missing
+            else "")
     return Check("shared_fs", False, f"not the same shared FS as {plan.writer} (AutoDL file storage "
-                                     f"is per region?): the nonce {path} {seen} on {host.name} "
-                                     f"(waited {plan.cap:.0f} s)")
+                                     f"is per region?): the nonce {path} "
+                                     f"{'is missing' if missing else 'holds other bytes'} on {host.name} "
+                                     f"(waited {plan.cap:.0f} s){late}")
 
 
 def _cold(t: HostTransport) -> Check | None:

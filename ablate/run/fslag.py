@@ -59,8 +59,12 @@ from ablate.sweep.lock import whoami
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport
 from ablate.util.fmt import Log
 
-CAP = 60.0  # seconds a reader waits for a write before the pair is "> cap" (env ABLATE_FS_LAG_CAP)
+# Seconds a reader waits for a write before the pair is "> cap" (env ABLATE_FS_LAG_CAP): above the
+# longest cache a default mount keeps (NFS `acdirmax` / `acregmax` 60 s, sshfs or FUSE set to 60 s),
+# with margin. Only a lagging pair waits it: a reader reports each write the moment it sees it.
+CAP = 150.0
 CAP_ENV = "ABLATE_FS_LAG_CAP"
+NEAR = 0.75  # a lag above this share of the cap warns: a slower moment would fail doctor
 POLL = 0.05  # seconds between a reader's looks
 LONG = 5.0  # a lag above this is worth a warning
 START = 60.0  # seconds a command may take to start on a host (over SSH, on a busy machine), beside the cap
@@ -140,6 +144,12 @@ def cap_seconds() -> float:
     return v if math.isfinite(v) and v > 0 else CAP
 
 
+def raise_cap(cap: float) -> str:
+    """What raises the cap, pasteable."""
+    return (f"wait longer: `{CAP_ENV}={max(300, math.ceil(2 * cap))} ablate doctor` (seconds; "
+            f"the default is {CAP:.0f})")
+
+
 def _turns(seconds: float) -> str:
     return str(math.ceil(seconds / POLL) + 10)
 
@@ -203,10 +213,12 @@ class LagResult:
     def warning(self) -> str | None:
         if self.unseen or self.lag <= LONG:
             return None
+        near = (f"; it is near the cap of {self.cap:.0f} s, so a slower moment would fail doctor: "
+                f"{raise_cap(self.cap)}" if self.lag >= NEAR * self.cap else "")
         return (f"the shared FS shows one host's new file or appended line to another only after up to "
                 f"{self.lag:.1f} s (client caches): every decision that something is absent (no end "
                 f"event, no claim, no result yet) waits that long. Shorten it with the mount's options: "
-                f"{MOUNT_OPTIONS}; then run `ablate doctor` again")
+                f"{MOUNT_OPTIONS}; then run `ablate doctor` again{near}")
 
     def record(self) -> dict[str, Any]:
         """The content of `gate/fslag.json`."""
@@ -247,7 +259,9 @@ class LagResult:
             p = self.unseen[0]
             out.append(f"fs lag FAIL: {len(self.unseen)} pair(s) never saw the write within {self.cap:.0f} s "
                        f"(first: {p.writer} -> {p.reader}: {p.note or 'not seen'}): the FS may not be shared "
-                       f"between them, or its lag is longer; {self.cap:.0f} s recorded")
+                       f"between them, or its lag is longer; {self.cap:.0f} s recorded. If it is shared, "
+                       f"shorten the lag with the mount's options ({MOUNT_OPTIONS}) or "
+                       f"{raise_cap(self.cap)}")
         if self.record_error:
             out.append(f"fs lag FAIL: could not record the lag: {self.record_error}")
         elif self.recorded:
