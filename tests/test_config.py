@@ -15,6 +15,7 @@ import yaml
 from ablate.config.project import Profile, load_profile, load_project, parse_size, shipped_profiles
 from ablate.errors import AblateError, ConfigError, QueueError
 from ablate.sweep import cells
+from tests.helpers.cli import Cli
 from tests.helpers.project import TRAIN, LocalProject
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,6 +119,26 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], list[str]]] = [
     ("checkpoint the ckpt dir", {"artifacts": {"checkpoint": "./"}}, ["artifacts.checkpoint"]),
     ("pick unknown", {"artifacts": {"checkpoint": "e*.ckpt", "pick": "latest"}},
      ["artifacts.pick", "all", "newest", "'latest'"]),
+    # artifacts.verify (issue 32): one check for every entry, or {entry: check}
+    ("verify unknown check", {"artifacts": {"checkpoint": "a.pt", "verify": "loaded"}},
+     ["artifacts.verify: 'loaded' (did you mean 'load'?) is not a check", "write load, structure, hash", "{entry: check}"]),
+    ("verify a list", {"artifacts": {"checkpoint": "a.pt", "verify": ["hash"]}},
+     ["artifacts.verify: ['hash'] is not a check", "load, structure, hash"]),
+    ("verify a YAML boolean", {"artifacts": {"checkpoint": "a.pt", "verify": False}},
+     ["artifacts.verify: False is not a check"]),
+    ("verify a number", {"artifacts": {"checkpoint": "a.pt", "verify": 3}}, ["artifacts.verify: 3 is not a check"]),
+    ("verify key no entry", {"artifacts": {"checkpoint": ["trainer/checkpoint-*", "w.h5"], "verify": {"trainer/checkpoint*": "structure"}}},
+     ["artifacts.verify: 'trainer/checkpoint*' is not a checkpoint entry", "did you mean 'trainer/checkpoint-*'", "(trainer/checkpoint-*, w.h5)"]),
+    ("verify key a file under an entry", {"artifacts": {"checkpoint": "hf", "verify": {"hf/model.safetensors": "hash"}}},
+     ["artifacts.verify: 'hf/model.safetensors' is not a checkpoint entry", "entries of artifacts.checkpoint (hf)"]),
+    ("verify key a number", {"artifacts": {"checkpoint": "a.pt", "verify": {1: "hash"}}},
+     ["artifacts.verify: 1 is not a checkpoint entry"]),
+    ("verify entry bad check", {"artifacts": {"checkpoint": ["a.pt", "w.h5"], "verify": {"w.h5": "sha256"}}},
+     ["artifacts.verify: w.h5: 'sha256' is not a check", "load, structure, hash"]),
+    ("verify entry a mapping", {"artifacts": {"checkpoint": "w.h5", "verify": {"w.h5": {"how": "hash"}}}},
+     ["artifacts.verify: w.h5: {'how': 'hash'} is not a check"]),
+    ("verify entry empty", {"artifacts": {"checkpoint": "w.h5", "verify": {"w.h5": None}}},
+     ["artifacts.verify: w.h5: None is not a check"]),
     ("cells priority text", {"cells": [{"glob": "c/*.yaml", "task": "recon", "priority": "high"}]},
      ["cells[0].priority", "whole number"]),
     # services
@@ -252,6 +273,54 @@ def test_checkpoint_may_be_a_glob_a_directory_or_a_list(local_project: LocalProj
     a = load_project(local_project.root).artifacts
     assert a.checkpoint == ("hf/model*.safetensors*", "hf/config.json", "global_step*")
     assert a.pick == "newest"
+
+
+def test_verify_one_check_applies_to_every_checkpoint_entry(local_project: LocalProject) -> None:
+    local_project.write_config(artifacts={"checkpoint": ["trainer/checkpoint-*", "weights.h5"], "verify": "hash"})
+    a = load_project(local_project.root).artifacts
+    assert a.verify == (("trainer/checkpoint-*", "hash"), ("weights.h5", "hash"))
+
+
+def test_verify_per_entry_keys_are_entries_as_configured(local_project: LocalProject) -> None:
+    # A key is normalised as its entry is (`global_step*/` is the entry `global_step*`); entries
+    # not named keep the strongest check that applies (absent from the mapping).
+    local_project.write_config(artifacts={
+        "checkpoint": ["trainer/checkpoint-*", "global_step*/", "latest", "weights.h5"], "pick": "newest",
+        "verify": {"trainer/checkpoint-*": "structure", "global_step*/": "load", "weights.h5": "hash"}})
+    a = load_project(local_project.root).artifacts
+    assert a.checkpoint == ("trainer/checkpoint-*", "global_step*", "latest", "weights.h5")
+    assert dict(a.verify) == {"trainer/checkpoint-*": "structure", "global_step*": "load", "weights.h5": "hash"}
+
+
+def test_without_verify_the_artifacts_argument_is_as_before(local_project: LocalProject) -> None:
+    """The verify probe's argument carries `verify` only when ablate.yaml sets it: a project without
+    the key passes exactly what it passed before issue 32, and its run spec does not change."""
+    from ablate.results.common import artifacts_arg
+    from ablate.run.placement import render_spec
+
+    local_project.write_config(artifacts={"checkpoint": "model.safetensors", "metrics": "metrics.json",
+                                          "metrics_keys": ["val_loss"]})
+    before = load_project(local_project.root)
+    assert before.artifacts.verify == ()
+    assert artifacts_arg(before) == {"checkpoint": ["model.safetensors"], "pick": "all",
+                                     "metrics": "metrics.json", "metrics_keys": ["val_loss"]}
+    local_project.write_config(artifacts={"checkpoint": "model.safetensors", "metrics": "metrics.json",
+                                          "metrics_keys": ["val_loss"], "verify": {"model.safetensors": "structure"}})
+    after = load_project(local_project.root)
+    assert artifacts_arg(after) == {**artifacts_arg(before), "verify": {"model.safetensors": "structure"}}
+    # how a result is checked is no part of how it is made: the run spec (its content address) stays
+    assert render_spec(after, after.hosts["h1"], "/r1") == render_spec(before, before.hosts["h1"], "/r1")
+    local_project.write_config(artifacts={"checkpoint": "model.safetensors", "verify": {}})
+    assert "verify" not in artifacts_arg(load_project(local_project.root))
+
+
+def test_a_bad_verify_is_exit_2_on_the_command_line(local_project: LocalProject, cli: Cli) -> None:
+    local_project.write_config(artifacts={"checkpoint": "model.safetensors", "verify": "strict"})
+    before = local_project.snapshot()
+    r = cli(local_project, "reconcile", "--json")
+    assert r.code == 2 and "artifacts.verify: 'strict'" in r.err and len(r.err.strip().splitlines()) == 1
+    assert "artifacts.verify" in r.json()["error"]
+    assert local_project.snapshot() == before  # nothing changed
 
 
 @pytest.mark.parametrize(("value", "expected"), [

@@ -41,6 +41,7 @@ CONFIG_NAME = "ablate.yaml"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 TRAIN_FIELDS = {"cfg", "task", "epochs", "name", "ckpt_dir", "cat", "resume", "gpu"}
 TRANSPORTS = ("local", "ssh", "slurm")
+VERIFY = ("load", "structure", "hash")  # artifacts.verify: strongest first
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
@@ -112,6 +113,7 @@ class Artifacts:
     metrics: str | None
     metrics_keys: tuple[str, ...]
     pick: str = "all"  # which matches of a glob count: all | newest
+    verify: tuple[tuple[str, str], ...] = ()  # (checkpoint entry, load|structure|hash); else the strongest
 
 
 @dataclass(frozen=True)
@@ -280,6 +282,24 @@ def _checkpoint_entries(a: Reader) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _verify(a: Reader, entries: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """artifacts.verify: one check for every checkpoint entry, or {entry: check} for some of them."""
+    raw = a.data.get("verify")
+    items = raw.items() if isinstance(raw, dict) else [(e, raw) for e in entries] if raw is not None else []
+    out: dict[str, str] = {}
+    for key, how in items:
+        entry = key.strip().rstrip("/") if isinstance(key, str) else key
+        if entry not in entries:
+            raise a.err("verify", f"{key!r} is not a checkpoint entry{suggest(str(key), entries)}; the "
+                                  f"keys are entries of artifacts.checkpoint ({', '.join(entries)})")
+        if how not in VERIFY:
+            hint = suggest(how, VERIFY) if isinstance(how, str) else ""
+            raise a.err("verify", f"{'' if raw is how else f'{key}: '}{how!r}{hint} is not a check; write "
+                                  f"{', '.join(VERIFY)} (for every checkpoint entry) or {{entry: check}}")
+        out[entry] = how
+    return tuple(out.items())
+
+
 def _local_path(p: str, base: Path) -> str:
     expanded = Path(os.path.expanduser(p))
     return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
@@ -325,7 +345,7 @@ def load_project(directory: Path | str = ".") -> Project:
     if "{cfg}" not in train:
         raise r.err("train", "must use {cfg} so each cell trains its own config")
 
-    a = r.sub("artifacts", {"checkpoint", "metrics", "metrics_keys", "pick"})
+    a = r.sub("artifacts", {"checkpoint", "metrics", "metrics_keys", "pick", "verify"})
     checkpoint = _checkpoint_entries(a)
     metrics = a.text("metrics")
     if metrics is not None and not _relative(metrics, _SAFE_PATH):
@@ -339,7 +359,7 @@ def load_project(directory: Path | str = ".") -> Project:
         raise a.err("metrics_keys", f"must be a list of key names, got {keys!r}")
     if keys and not metrics:
         raise a.err("metrics_keys", "needs artifacts.metrics (the JSON file holding those keys)")
-    artifacts = Artifacts(checkpoint, metrics, tuple(keys), pick)
+    artifacts = Artifacts(checkpoint, metrics, tuple(keys), pick, _verify(a, checkpoint))
 
     tasks = _tasks(r)
     cells = _cells(r, tasks)
