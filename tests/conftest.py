@@ -81,6 +81,13 @@ def testbed_sshfs() -> Iterator[Testbed]:
     yield from session_bed("sshfs")
 
 
+@pytest.fixture(scope="session")
+def testbed_slowfs() -> Iterator[Testbed]:
+    """Like `testbed_sshfs`, with the caches a default NFS mount keeps (`acdirmax=60`): sshfs's
+    `dcache_timeout=60`, so another instance's new file or append shows up to 60 s late."""
+    yield from session_bed("sshfs", "dcache_timeout=60")
+
+
 @pytest.fixture(autouse=True)
 def _testbed_heal() -> Iterator[None]:
     yield

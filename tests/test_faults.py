@@ -88,6 +88,7 @@ class Sweep:
                 (where / rel).write_text(body)
         self.ssh_config = base / "ssh_config"
         self.refused: set[str] = set()  # hosts whose release was refused mid-sweep
+        self.doctor = None  # `ablate doctor --json` when this sweep ran it (the bed's first)
         self.write_ssh_config(ssh_extra)
         (self.proj / "ablate.yaml").write_text(yaml.safe_dump({
             "profile": "tb", "sweep": name, "workdir": f"{tb.shared_path}/work/{name}",
@@ -241,6 +242,7 @@ class Sweep:
             r = self.cli("doctor", "--json")
             assert record.exists(), (r.code, r.output)
             _MEASURED[self.tb.rid] = record.read_text()
+            self.doctor: CliResult | None = r
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(_MEASURED[self.tb.rid])
 
@@ -779,3 +781,43 @@ def test_13_storage_outage_mid_queue(testbed: Testbed, sweep: Callable[..., Swee
     # The first cells' syncs waited for the FS and went through: no sync failure was recorded.
     assert not sw.evs("sync_failed"), sw.evs("sync_failed")
     sw.finish()
+
+
+def test_14_default_nfs_like_caches_pass_doctor_and_the_sweep_holds(
+        testbed_slowfs: Testbed, tmp_path: Path, cli: Cli) -> None:
+    """The shared FS keeps the caches a default NFS mount keeps (sshfs `dcache_timeout=60`, as NFS's
+    `acdirmax=60`): doctor passes with its default cap and records a lag of tens of seconds, and a
+    sweep with a crashed cell, its remediation and the release gate holds on it (nothing lost,
+    nothing run twice), the rules waiting out the measured lag."""
+    from ablate.run.fslag import CAP, LONG
+
+    sw = Sweep(testbed_slowfs, tmp_path, cli, "f14-slowfs")
+    try:
+        assert sw.doctor is not None, "the bed's first sweep runs doctor"
+        assert sw.doctor.code == 0, sw.doctor.output
+        lag = sw.doctor.json()["fs_lag"]
+        assert lag["ok"] is True and LONG < lag["lag"] < CAP, lag  # real caches, within the cap
+        assert all(p["new_file"] is not None and p["append"] is not None for p in lag["pairs"]), lag
+        assert "dcache_timeout" in lag["warning"] and "near the cap" not in lag["warning"], lag["warning"]
+        assert sw.lag_allowance() >= lag["lag"]
+
+        bad, after_bad = sw.queues["tb-h2"]
+        sw.fault(bad, "oom")
+        sw.ok("launch", "--all")
+        others = [c for c in sw.cells if c != bad]
+        sw.wait_synced(others, timeout=300)
+        assert [e["rc"] for e in sw.evs("end", bad)] == [137]
+        sw.wait_states({bad: "oom", **{c: DONE for c in others}}, timeout=300)
+        sw.assert_gate_closed("tb-h2")
+
+        sw.clear(bad, "oom")  # the user fixes the cause
+        rem = sw.ok("remediate", "--launch")
+        assert [a for a in rem["advice"] if a.startswith(f"oom: {bad}:")], rem["advice"]
+        [record] = sw.remediations()
+        assert record["cells"] == {bad: "oom"}, record
+        sw.wait_synced(timeout=300)
+        assert sw.manifest(after_bad)["host"] == "tb-h2"
+        sw.finish()
+    finally:
+        testbed_slowfs.heal()
+        sw.close()

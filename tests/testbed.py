@@ -98,9 +98,11 @@ class Testbed:
     __test__ = False  # not a test class, despite the name
 
     def __init__(self, n: int = 3, shared: Literal["bind", "sshfs"] = "bind", *,
-                 startup_timeout: float = 20.0) -> None:
+                 startup_timeout: float = 20.0, sshfs_options: str = "") -> None:
         assert shared in ("bind", "sshfs"), f"testbed: shared is 'bind' or 'sshfs', not {shared!r}"
+        assert not sshfs_options or shared == "sshfs", "testbed: sshfs_options needs shared='sshfs'"
         self.n, self.shared = n, shared
+        self.sshfs_options = sshfs_options  # appended to the mounts' own (`dcache_timeout=60`)
         self.startup_timeout = startup_timeout
         self.rid = secrets.token_hex(3)
         self.dir = BASE / self.rid

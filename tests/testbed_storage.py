@@ -89,8 +89,9 @@ class Storage:
         """The shell step (run inside an instance's namespaces) that mounts the shared FS; sshfs
         daemonizes once mounted, its ssh client's messages go to `log`."""
         q = shlex.quote
+        options = ",".join(o for o in (SSHFS_OPTIONS, self.tb.sshfs_options) if o)
         return (f"sshfs -F {q(str(self.ssh_config))} {q('storage:' + str(self.tb.shared_dir))} "
-                f"{q(self.tb.shared_path)} -o {SSHFS_OPTIONS} 2>>{q(str(log))}")
+                f"{q(self.tb.shared_path)} -o {q(options)} 2>>{q(str(log))}")
 
     def set_down(self) -> None:
         self.down = True

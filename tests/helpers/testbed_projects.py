@@ -97,13 +97,13 @@ def sshfs_testbed(bind_only: Collection[str] = ()) -> Any:
 LIVE_BEDS: list[Testbed] = []  # the session's test beds, healed after each test (conftest)
 
 
-def session_bed(shared: str) -> Iterator[Testbed]:
+def session_bed(shared: str, sshfs_options: str = "") -> Iterator[Testbed]:
     """A 3-instance bed with that shared FS for the session (skipped with the reason when it cannot
     be built here), in LIVE_BEDS while it lives, torn down at the end whatever happened."""
     reason = missing_requirement(shared)
     if reason:
         pytest.skip(reason)
-    tb = Testbed(3, shared=shared)
+    tb = Testbed(3, shared=shared, sshfs_options=sshfs_options)
     try:
         tb.start()
         LIVE_BEDS.append(tb)
