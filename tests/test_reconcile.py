@@ -11,6 +11,8 @@ import pytest
 from ablate.config.project import load_project
 from ablate.errors import AblateError, ConfigError
 from ablate.results.reconcile import STALE, _staging_name, reconcile
+from tests.helpers.checked import OPAQUE, add_checkpoint_file
+from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
 from tests.helpers.results import make_result, rewrite_manifest, truncate
 
@@ -41,11 +43,15 @@ def test_complete_reconcile_reports_the_contract_shape_and_records_the_gate(proj
     publish(proj, results(proj))
     logged: list[str] = []
     report = reconcile(load_project(proj.root), log=logged.append)
+    checked = {n: {"model.safetensors": "loaded", "metrics.json": "loaded", f"{n}.log": "hash"}
+               for n in "abc"}
     assert report.to_json() == {"roster": 3, "verified": 3, "complete": True, "missing": [], "zero_byte": [],
                                 "corrupt": [], "duplicates": [], "unexpected": [],
-                                "states": {"verified": 3}, "cells": {}}  # + the cell states (issue 6)
+                                "states": {"verified": 3}, "cells": {},  # + the cell states (issue 6)
+                                "checked": checked, "checkpoint_checks": {"loaded": 3}}  # + issue 32
     assert list(report.to_json())[:len(KEYS)] == KEYS
-    assert report.lines() == [f"3/3 cells verified (loaded; local copies in {results(proj)})"]
+    assert report.lines() == [f"3/3 cells verified (loaded; local copies in {results(proj)})",
+                              "verified by: loaded 3 checkpoint files"]
     assert logged
     rec = json.loads((proj.shared / "gate" / "reconcile.json").read_text())
     assert rec["complete"] is True and rec["source"] == "local" and rec["load"] is True
@@ -56,6 +62,59 @@ def test_complete_reconcile_reports_the_contract_shape_and_records_the_gate(proj
     assert a["files"]["model.safetensors"] == [st.st_size, st.st_mtime_ns]
     assert set(a["files"]) == {"model.safetensors", "metrics.json", "a.log", "MANIFEST.json"}
     assert len(a["manifest_sha256"]) == 64
+    assert a["checked"] == checked["a"] and a["verified_by"] == "loaded"
+
+
+def test_each_file_says_how_it_was_checked_and_the_weakest_is_recorded(proj: LocalProject, cli: Cli) -> None:
+    """A checkpoint of a format with a reader (loaded) and one without (size and sha256 only): the
+    JSON says it per file, counts the checkpoint files of the verified cells, the text says it in
+    one line, and the gate record keeps each cell's weakest check for status and the report."""
+    proj.write_config(artifacts={"checkpoint": ["model.safetensors", "weights.h5"], "metrics": "metrics.json",
+                                 "metrics_keys": ["val_loss"]})
+    publish(proj, results(proj))
+    for n in "abc":
+        add_checkpoint_file(results(proj) / n, "weights.h5", OPAQUE)
+    truncate(results(proj) / "c" / "weights.h5")  # c fails: its files are no evidence of anything
+    r = cli(proj, "reconcile", "--json")
+    assert r.code == 1  # incomplete: the exit code of the contract, unchanged
+    out = r.json()
+    assert list(out)[:len(KEYS)] == KEYS and out["verified"] == 2
+    assert out["checked"] == {n: {"model.safetensors": "loaded", "weights.h5": "hash",
+                                  "metrics.json": "loaded", f"{n}.log": "hash"} for n in "ab"}
+    assert out["checkpoint_checks"] == {"loaded": 2, "hash": 2}  # a and b's checkpoint files; not c's
+    text = cli(proj, "reconcile")
+    assert text.code == 1
+    lines = text.out.splitlines()
+    assert "verified by: loaded 2 checkpoint files, hash 2" in lines
+    assert lines[-1].startswith("2/3 cells verified (checked as `verified by:` says; local copies")
+    rec = json.loads((proj.shared / "gate" / "reconcile.json").read_text())
+    assert set(rec["cells"]) == {"a", "b"}
+    assert rec["cells"]["a"]["verified_by"] == "hash" and rec["cells"]["a"]["checked"] == out["checked"]["a"]
+
+    # --no-load: every file by size and sha256, and the text says so
+    (results(proj) / "c").rename(results(proj) / "c.gone")
+    make_result(results(proj), "configs/det/c.yaml", "det", 2, project_dir=proj.root)
+    add_checkpoint_file(results(proj) / "c", "weights.h5", OPAQUE)
+    out = cli.json(proj, "reconcile", "--no-load")
+    assert out["complete"] and out["checkpoint_checks"] == {"hash": 6}
+    assert set(out["checked"]["c"].values()) == {"hash"}
+    lines = cli(proj, "reconcile", "--no-load").out.splitlines()
+    assert lines[:2] == [f"3/3 cells verified (size+hash only, not loaded; local copies in {results(proj)})",
+                         "verified by: hash 6 checkpoint files"]
+    rec = json.loads((proj.shared / "gate" / "reconcile.json").read_text())
+    assert {n: c["verified_by"] for n, c in rec["cells"].items()} == dict.fromkeys("abc", "hash")
+
+
+def test_verify_in_ablate_yaml_reaches_the_verification(proj: LocalProject) -> None:
+    """`artifacts.verify` goes to verify as {entry: check}; a format nobody reads passes by hash
+    under `verify: hash` as it does by default, and the result says so."""
+    proj.write_config(artifacts={"checkpoint": ["model.safetensors", "w/*.h5"], "verify": {"w/*.h5": "hash"}})
+    publish(proj, results(proj))
+    for n in "abc":
+        add_checkpoint_file(results(proj) / n, "w/weights.h5", OPAQUE)
+    report = reconcile(load_project(proj.root))
+    assert report.complete and report.checked["a"]["w/weights.h5"] == "hash"
+    assert report.checked["a"]["model.safetensors"] == "loaded"
 
 
 def test_missing_zero_byte_truncated_and_bad_metrics(proj: LocalProject) -> None:

@@ -18,7 +18,15 @@ from ablate.plan.cost import CostModel, eta_line, learn, queue_eta
 from ablate.remote.layout import session_name
 from ablate.sweep.alarms import HostAlarm, host_alarms
 from ablate.sweep.cells import Cell
-from ablate.sweep.classify import CellState, classify_state, state_counts, state_lines, warning_lines
+from ablate.sweep.classify import (
+    CellState,
+    check_counts,
+    classify_state,
+    counts_text,
+    state_counts,
+    state_lines,
+    warning_lines,
+)
 from ablate.sweep.snapshot import Asked, Snapshot, SweepState, load
 from ablate.transport import shared_fs
 from ablate.util.fmt import duration
@@ -68,6 +76,8 @@ class StatusReport:
     views: dict[str, dict[str, Any]] = field(default_factory=dict)
     lag: dict[str, Any] = field(default_factory=dict)  # the FS's visibility lag the rules allow for
     calibrate: Calibration | None = None  # `calibrate:`: what each queue measured, and its cost
+    # the last reconcile's verified cells by the weakest check of their checkpoint files (issue 32)
+    verified_by: dict[str, int] = field(default_factory=dict)
 
     @property
     def eta(self) -> float | None:
@@ -86,6 +96,7 @@ class StatusReport:
             "idle_hosts": [i.to_json() for i in self.idle], "hosts": self.hosts, "warnings": self.warnings,
             "views": self.views, "fs_lag": self.lag,
             "calibrate": self.calibrate.to_json() if self.calibrate else None,
+            "verified_by": self.verified_by,
         }
 
     def lines(self) -> list[str]:
@@ -104,6 +115,8 @@ class StatusReport:
                 if r.priorities]
         out += self.calibrate.lines() if self.calibrate else []
         verified = "not reconciled" if self.verified is None else f"{self.verified} verified by load"
+        if self.verified is not None and self.verified_by:  # a record that says how (older ones: by load)
+            verified = f"{self.verified} verified (checkpoint: {counts_text(self.verified_by, 'cells')})"
         out.append(f"sweep {self.sweep}: {self.synced}/{self.roster} cells synced to the shared FS, "
                    f"{verified}")
         if self.model is not None:
@@ -198,7 +211,7 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
             row.last_job = None if row.job else state.ended_jobs(h.name).get(session)
     report = StatusReport(
         sweep=project.sweep, roster=len(roster), synced=len(roster & set(snap.results)),
-        verified=_last_verified(snap.reconcile, roster),
+        verified=_last_verified(snap.reconcile, roster), verified_by=_verified_by(snap.reconcile, roster),
         rows=rows, unreachable=state.unreachable, via=getattr(fs, "via", None), model=model,
         cells=got.cells, idle=host_alarms(state, list(project.hosts), project.monitor.idle_after),
         warnings=list(state.warnings), views=_views(state),
@@ -252,6 +265,15 @@ def _last_verified(rec: Mapping[str, Any] | None, roster: set[str]) -> int | Non
         return None
     cells = rec.get("cells")
     return sum(1 for n in cells if n in roster) if isinstance(cells, dict) else 0
+
+
+def _verified_by(rec: Mapping[str, Any] | None, roster: set[str]) -> dict[str, int]:
+    """{check: cells} of the record's roster cells; {} for a record of before issue 32."""
+    cells = (rec or {}).get("cells")
+    if not isinstance(cells, dict):
+        return {}
+    return check_counts(c["verified_by"] for n, c in cells.items()
+                        if n in roster and isinstance(c, dict) and isinstance(c.get("verified_by"), str))
 
 
 def watch(project: Project, interval: float) -> None:

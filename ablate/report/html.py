@@ -21,10 +21,13 @@ from ablate.report.stats import LEVEL
 from ablate.report.svg import human_secs, timeline_svg
 from ablate.report.table import TaskTable, fmt_csv
 from ablate.report.timeline import Run, Timeline
+from ablate.sweep.classify import check_counts, counts_text
 
-STATE_HELP = ("verified = loaded by the last reconcile and unchanged since; synced = a durable copy on "
-              "the shared FS, not yet verified; the others (running, crashed, oom, interrupted, lost, "
-              "never_ran, ...) as `ablate remediate` classifies them; hover a state for the reason")
+STATE_HELP = ("verified = checked by the last reconcile and unchanged since (checked: the weakest check of "
+              "its checkpoint files, loaded > structure (parsed, never run) > hash (size and sha256 only); "
+              "hover it for every file); synced = a durable copy on the shared FS, not yet verified; the "
+              "others (running, crashed, oom, interrupted, lost, never_ran, ...) as `ablate remediate` "
+              "classifies them; hover a state for the reason")
 
 
 def _asset(name: str) -> str:
@@ -63,12 +66,27 @@ def _why(data: SweepData, name: str) -> str:
     return st.reason if st is not None else ""
 
 
+def _checked(data: SweepData, name: str) -> str:
+    """A verified cell's weakest checkpoint check; its title counts every file's (the record's)."""
+    st = data.details.get(name)
+    by = st.verified_by if st is not None and st.state == "verified" else None
+    if by is None:
+        return _td("")
+    cells = (data.record or {}).get("cells")
+    files = (cells.get(name) if isinstance(cells, dict) else None) or {}
+    checked = files.get("checked") if isinstance(files, dict) else None
+    title = f"its files: {counts_text(check_counts(checked.values()))}" if isinstance(checked, dict) else ""
+    t = f' title="{escape(title)}"' if title else ""
+    return f'<td class="checked checked-{escape(by)}" data-value="{escape(by)}"{t}>{escape(by)}</td>'
+
+
 def roster_table(data: SweepData, tl: Timeline) -> str:
     runs: dict[str, list[Run]] = {}
     for r in tl.runs:
         runs.setdefault(r.cell, []).append(r)
     cols = [("cell", "text"), ("task", "text"), ("epochs", "num"), ("cfg", "text"), ("state", "text"),
-            ("runs", "num"), ("last run", "text"), ("where", "text"), ("duration", "num")]
+            ("runs", "num"), ("last run", "text"), ("where", "text"), ("duration", "num"),
+            ("checked", "text")]
     rows = []
     for name, rc in data.roster.items():
         mine = runs.get(name, [])
@@ -81,7 +99,7 @@ def roster_table(data: SweepData, tl: Timeline) -> str:
             + _td_num(len(mine))
             + _td(outcome) + _td(last.lane if last else "")
             + _td_num(round(last.dur, 3) if last else None, shown=human_secs(last.dur) if last else None)
-            + "</tr>")
+            + _checked(data, name) + "</tr>")
     return (f'<table id="roster" class="sortable roster">{_head(cols)}<tbody>' + "\n".join(rows)
             + "</tbody></table>")
 

@@ -34,9 +34,18 @@ from ablate.config.project import Project
 from ablate.errors import AblateError
 from ablate.remote import verify
 from ablate.remote.layout import MANIFEST, SweepLayout
-from ablate.results.common import artifacts_arg, default_results_dir
+from ablate.results.common import artifacts_arg, checkpoint_checks, default_results_dir
 from ablate.sweep.cells import Cell, Roster
-from ablate.sweep.classify import CellState, Verification, cell_lines, collect, count_line, sweep_roster
+from ablate.sweep.classify import (
+    CellState,
+    Verification,
+    cell_lines,
+    check_counts,
+    collect,
+    count_line,
+    counts_text,
+    sweep_roster,
+)
 from ablate.transport import shared_fs
 from ablate.util.fmt import Log
 from ablate.util.progress import steps
@@ -65,22 +74,33 @@ class ReconcileReport:
     cell_states: dict[str, CellState] = field(default_factory=dict)
     states: dict[str, int] = field(default_factory=dict)
     classify_error: str | None = None
+    # How each file of each verified cell was checked (verify's `checks`: loaded / structure / hash /
+    # size), and how many of their checkpoint files each way, strongest first.
+    checked: dict[str, dict[str, str]] = field(default_factory=dict)
+    checkpoint_checks: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """The contract shape of `reconcile --json` (DESIGN.md), nothing more."""
+        """The contract shape of `reconcile --json` (DESIGN.md), then what the issues added."""
         return {
             "roster": self.roster, "verified": self.verified, "complete": self.complete,
             "missing": self.missing, "zero_byte": self.zero_byte, "corrupt": self.corrupt,
             "duplicates": self.duplicates, "unexpected": self.unexpected,
             "states": self.states, "cells": {n: c.to_json() for n, c in self.cell_states.items()},
+            "checked": self.checked, "checkpoint_checks": self.checkpoint_checks,
         }
 
+    def checks_line(self) -> list[str]:
+        """`verified by: loaded 12 checkpoint files, structure 8, hash 1` (none verified: nothing)."""
+        counts = self.checkpoint_checks
+        return [f"verified by: {counts_text(counts, 'checkpoint files')}"] if counts else []
+
     def lines(self) -> list[str]:
-        how = "loaded" if self.load else "size+hash only, not loaded"
+        how = "size+hash only, not loaded" if not self.load else \
+            "loaded" if set(self.checkpoint_checks) <= {"loaded"} else "checked as `verified by:` says"
         where = "shared FS" if self.source == "fs" else "local copies"
         summary = f"{self.verified}/{self.roster} cells verified ({how}; {where} in {self.results_dir})"
         if self.complete:
-            out = [summary]
+            out = [summary, *self.checks_line()]
             out += [f"unexpected: {n} (result dir not in the roster)" for n in self.unexpected]
             return out
         out = []
@@ -100,6 +120,7 @@ class ReconcileReport:
             out += cell_lines(list(self.cell_states.values()))
         if self.classify_error:
             out.append(f"cell states not classified: {self.classify_error}")
+        out += self.checks_line()
         out.append(f"{summary}: INCOMPLETE")
         return out
 
@@ -173,6 +194,7 @@ def classify(project: Project, roster: Roster, tree: dict[str, Any], hosts: list
     dirs: list[str] = tree["dirs"]
     report = ReconcileReport(roster=len(roster.cells), verified=0, complete=False)
     index = _Candidates(dirs, tree["entries"], roster, hosts)
+    ckpt_hows: list[str] = []
     for name, cell in roster.cells.items():
         candidates = index.of(name)
         info = cells_info.get(name)
@@ -198,6 +220,9 @@ def classify(project: Project, roster: Roster, tree: dict[str, Any], hosts: list
             report.duplicate_dirs[name] = candidates
         if ok:
             report.verified += 1
+            report.checked[name] = dict(info.get("checks") or {})
+            ckpt_hows += checkpoint_checks(info.get("checks"), manifest).values()
+    report.checkpoint_checks = check_counts(ckpt_hows)
     report.unexpected = [d for d in dirs if d not in roster.cells]
     # A case variant of a roster cell is not a roster cell: listed here and in that cell's duplicates.
     report.corrupt.sort(key=lambda c: (c["name"], c["file"]))
@@ -278,6 +303,9 @@ def _record(roster: Roster, report: ReconcileReport, tree: dict[str, Any]) -> di
         if info is None or name in bad:
             continue
         cells[name] = {"manifest_sha256": info["manifest_sha256"], "files": info["files"]}
+        if name in report.checked:  # status and the report say how it was verified (old records lack it)
+            hows = check_counts(checkpoint_checks(report.checked[name], info.get("manifest")).values())
+            cells[name].update(checked=report.checked[name], verified_by=next(reversed(hows), None))
     record = {
         "t": time.time(), "complete": report.complete, "roster": report.roster,
         "roster_digest": roster.digest(), "verified": report.verified, "load": report.load,

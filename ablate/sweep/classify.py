@@ -33,8 +33,9 @@ A result dir without MANIFEST.json (a partial copy) makes a cell that is not run
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,12 @@ TARGETS = frozenset({"never_ran", "lost", "interrupted", "oom", "crashed", "serv
 # Decided from an absence (no claim, end, result or fresh heartbeat): facts only on a settled view.
 FROM_ABSENCE = frozenset({"never_ran", "lost", "interrupted", "sync_failed"})
 SIGNALLED = {129: "HUP", 130: "INT", 143: "TERM"}
+CHECKS = ("loaded", "structure", "hash", "size")  # verify's ways a file passed, strongest first
+# A verified cell's reason, by the weakest check of its checkpoint files (verify's `checks`).
+VERIFIED_BY = {"loaded": "every checkpoint file loaded",
+               "structure": "checkpoint files loaded or checked by structure (parsed, never run)",
+               "hash": "a checkpoint file checked by size and sha256 only, not loaded",
+               "size": "a checkpoint file checked by size only"}
 TAIL_SHOWN = 3  # tail lines per failed cell in text output (JSON carries the probe's tail)
 
 
@@ -71,6 +78,7 @@ class CellState:
     # A state decided from something NOT being there, on a view that may be stale (a host not read
     # through itself, within the FS's lag): why it is not yet a fact. Nothing acts on such a cell.
     unconfirmed: str | None = None
+    verified_by: str | None = None  # verified: the weakest check of its checkpoint files (loaded, ...)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state, "host": self.host, "queue": self.queue,
@@ -81,6 +89,8 @@ class CellState:
             out["pending"] = self.pending
         if self.unconfirmed:
             out["unconfirmed"] = self.unconfirmed
+        if self.verified_by:
+            out["verified_by"] = self.verified_by
         return out
 
     def line(self) -> str:
@@ -96,11 +106,12 @@ class Verification:
     verified: Mapping[str, str | None]
     corrupt: Mapping[str, tuple[str, str | None]]  # name -> (error, manifest sha256)
     source: str = "local"
+    by: Mapping[str, str] = field(default_factory=dict)  # name -> its checkpoint's weakest check
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any] | None) -> Verification | None:
         """From `gate/reconcile.json` (its `cells` are the verified ones; `corrupt` added by this
-        module's reconcile, absent in older records)."""
+        module's reconcile, absent in older records, and so is a cell's `verified_by`)."""
         if not rec:
             return None
         raw_cells, raw_bad = rec.get("cells"), rec.get("corrupt")
@@ -109,7 +120,9 @@ class Verification:
         verified = {n: (c or {}).get("manifest_sha256") for n, c in cells.items() if isinstance(c, dict)}
         corrupt = {n: (str(b.get("error") or "failed verification"), b.get("manifest_sha256"))
                    for n, b in bad.items() if isinstance(b, dict)}
-        return cls(verified, corrupt, str(rec.get("source") or "local"))
+        by = {n: c["verified_by"] for n, c in cells.items()
+              if isinstance(c, dict) and isinstance(c.get("verified_by"), str)}
+        return cls(verified, corrupt, str(rec.get("source") or "local"), by)
 
 
 @dataclass
@@ -136,6 +149,18 @@ class Classification:
 
     def not_verified(self) -> list[CellState]:
         return [c for c in self.cells.values() if c.state != "verified"]
+
+
+def check_counts(hows: Iterable[str]) -> dict[str, int]:
+    """{check: n}, strongest first (only the checks that occur; a word not in CHECKS last): its
+    last key is the weakest."""
+    rank = {h: i for i, h in enumerate(CHECKS)}
+    return dict(sorted(Counter(hows).items(), key=lambda kv: rank.get(kv[0], len(CHECKS))))
+
+
+def counts_text(counts: Mapping[str, int], noun: str = "files") -> str:
+    """`loaded 12 files, structure 8, hash 1` (the noun once, after the first count)."""
+    return ", ".join(f"{h} {n}" + (f" {noun}" if i == 0 else "") for i, (h, n) in enumerate(counts.items()))
 
 
 def state_counts(cells: Any) -> dict[str, int]:
@@ -367,7 +392,11 @@ def _durable(name: str, cell: Cell, m: Result, local_sha: str | None,
             return CellState(name, "corrupt", f"{where} fails verification: {bad[0]}", host, queue,
                              aside=True)
         if name in verification.verified and verification.verified[name] == m.sha256:
-            return CellState(name, "verified", "loaded by the last reconcile", host, queue)
+            by = verification.by.get(name)
+            if by is None:  # a record of before issue 32: reconcile loaded what it verified
+                return CellState(name, "verified", "loaded by the last reconcile", host, queue)
+            return CellState(name, "verified", f"verified by the last reconcile: {VERIFIED_BY.get(by, by)}",
+                             host, queue, verified_by=by)
     how = "`ablate pull && ablate reconcile`" if verification is None or verification.source != "fs" \
         else "`ablate reconcile --fs`"
     return CellState(name, "synced", f"durable copy on the shared FS, not verified since it was made: {how}",
