@@ -105,16 +105,19 @@ def test_each_file_says_how_it_was_checked_and_the_weakest_is_recorded(proj: Loc
     assert {n: c["verified_by"] for n, c in rec["cells"].items()} == dict.fromkeys("abc", "hash")
 
 
-def test_verify_in_ablate_yaml_reaches_the_verification(proj: LocalProject) -> None:
-    """`artifacts.verify` goes to verify as {entry: check}; a format nobody reads passes by hash
-    under `verify: hash` as it does by default, and the result says so."""
+def test_a_project_with_verify_reconciles_locally_and_through_the_fs_probe(proj: LocalProject) -> None:
+    """`artifacts.verify` rides in the verify probe's argument (a JSON document to the host that
+    reads the FS) as {entry: check}; a format nobody reads passes by hash, as the config says."""
     proj.write_config(artifacts={"checkpoint": ["model.safetensors", "w/*.h5"], "verify": {"w/*.h5": "hash"}})
-    publish(proj, results(proj))
-    for n in "abc":
-        add_checkpoint_file(results(proj) / n, "w/weights.h5", OPAQUE)
-    report = reconcile(load_project(proj.root))
-    assert report.complete and report.checked["a"]["w/weights.h5"] == "hash"
-    assert report.checked["a"]["model.safetensors"] == "loaded"
+    for parent in (results(proj), proj.shared / "final_ckpts"):
+        publish(proj, parent)
+        for n in "abc":
+            add_checkpoint_file(parent / n, "w/weights.h5", OPAQUE)
+    project = load_project(proj.root)
+    for fs in (False, True):
+        report = reconcile(project, fs=fs)
+        assert report.complete and report.checked["a"]["w/weights.h5"] == "hash"
+        assert report.checkpoint_checks["hash"] == 3
 
 
 def test_missing_zero_byte_truncated_and_bad_metrics(proj: LocalProject) -> None:
