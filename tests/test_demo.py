@@ -17,7 +17,7 @@ def test_demo_catches_the_broken_cell_then_verifies_everything(tmp_path: Path, c
     code, out, err = cli(None, "demo", "--dir", str(tmp_path / "d"), "--cells", "9")
     assert code == 0, out + err
     lines = out.strip().splitlines()
-    assert lines[-1].startswith("9/9 cells verified by load"), lines[-3:]
+    assert lines[-1].startswith("9/9 cells verified (checkpoint files: loaded 9)"), lines[-3:]
     # the failure was met the way a user meets it: reconcile listed it, the gate refused, with why
     assert "refused (exit 1)" in out and "recon_lr_fast" in out
     # the durable copy of the fixed cell was made from the fixed config
@@ -55,4 +55,4 @@ def test_installed_package_runs_the_demo_from_another_directory(tmp_path: Path) 
                            "--cells", "6"], capture_output=True, text=True, cwd=elsewhere, env=env,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1].startswith("6/6 cells verified by load")
+    assert proc.stdout.strip().splitlines()[-1].startswith("6/6 cells verified (checkpoint files: loaded 6)")

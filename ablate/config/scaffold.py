@@ -65,11 +65,12 @@ workdir: {workdir}   # CHANGE-ME: the repo on the {where}; cwd of the train comm
 train: >-
   python train.py --config {{cfg}} training.epochs={{epochs}}
   training.checkpoint_dir={{ckpt_dir}} wandb.group={{task}}_{{cat}} wandb.name={{name}}
-artifacts:                      # must exist in {{ckpt_dir}} after training, and load
+artifacts:                      # must exist in {{ckpt_dir}} after training, and verify
   checkpoint: best.pth          # or a directory, a glob, or a list: see the README ("Checkpoints")
   # pick: newest                # a glob's newest match only (Lightning's "epoch=*.ckpt")
   metrics: metrics.json         # optional: must parse as JSON
   metrics_keys: [val_loss]      # and hold these keys
+  # verify: hash                # checked without loading: a format ablate cannot read (README)
 tasks:                          # default epochs and relative cost per epoch (for balancing)
   reconstruction: {{epochs: 20, cost_per_epoch: 1.0}}
   detection: {{epochs: 50, cost_per_epoch: 2.5}}

@@ -145,7 +145,9 @@ def run_demo(directory: Path | None, n_cells: int = 12, echo: Callable[[str], No
         step(f"release {h} --yes")
         show(gate.release(project, h, yes=True, confirm=lambda _q: True).lines())
     echo(f"\ndemo finished in {time.monotonic() - t0:.1f}s; project kept at {root}")
-    echo(f"{report.verified}/{report.roster} cells verified by load; the release gate is open for all hosts")
+    how = ", ".join(f"{k} {n}" for k, n in report.checkpoint_checks.items()) or "none"
+    echo(f"{report.verified}/{report.roster} cells verified (checkpoint files: {how}); "
+         "the release gate is open for all hosts")
     return 0
 
 
