@@ -51,13 +51,13 @@ def test_truncated_checkpoint_is_corrupt_by_manifest_size(tmp_path: Path) -> Non
     assert "MANIFEST.json says" in problems[0]["error"] and "truncated" in problems[0]["error"]
 
 
-def test_truncated_torch_file_fails_to_load_even_when_the_manifest_agrees(tmp_path: Path) -> None:
+def test_truncated_torch_file_is_corrupt_even_when_the_manifest_agrees(tmp_path: Path) -> None:
     d = make_result(tmp_path, "a.yaml", "recon", 3, checkpoint="best.pth")
     truncate(d / "best.pth")
-    rewrite_manifest(d)  # hash checks pass now: only loading tells
+    rewrite_manifest(d)  # hash checks pass now: only its structure tells
     problems = verify.verify_cell_dir(str(d), art("best.pth"))
     assert kinds(problems) == [("best.pth", "corrupt")]
-    assert problems[0]["error"].startswith("load failed: ")
+    assert problems[0]["error"].startswith("zip central directory unreadable (truncated or damaged)")
     assert verify.verify_cell_dir(str(d), art("best.pth"), load=False) == []
 
 
@@ -103,8 +103,8 @@ def test_garbage_pth_is_corrupt_with_the_load_error(tmp_path: Path) -> None:
     (d / "best.pth").write_bytes(b"this is not a checkpoint\n" * 40)
     rewrite_manifest(d)
     problems = verify.verify_cell_dir(str(d), art("best.pth"))
-    assert kinds(problems) == [("best.pth", "corrupt")]
-    assert problems[0]["error"].startswith("load failed: ")
+    assert problems == [{"file": "best.pth", "kind": "corrupt",
+                         "error": "not a torch checkpoint: neither a zip archive nor a pickle"}]
 
 
 class Arbitrary:
@@ -112,16 +112,21 @@ class Arbitrary:
         self.payload = "would run code on unpickling"
 
 
-def test_torch_file_pickling_arbitrary_objects_is_refused_by_weights_only(tmp_path: Path) -> None:
+def test_torch_file_pickling_arbitrary_objects_is_checked_by_structure_and_refused_under_load(
+        tmp_path: Path) -> None:
+    """Absent `verify`, a pickle weights_only refuses is checked by structure (never run); under
+    `verify: load` it is corrupt, and the reason names the global and the way out."""
     import torch
 
     d = make_result(tmp_path, "a.yaml", "recon", 3, checkpoint="best.pth")
     torch.save({"w": torch.ones(2), "obj": Arbitrary()}, d / "best.pth")
     rewrite_manifest(d)
-    problems = verify.verify_cell_dir(str(d), art("best.pth"))
+    assert verify.check_cell_dir(str(d), art("best.pth"))[1]["best.pth"] == "structure"
+    problems = verify.verify_cell_dir(str(d), {**art("best.pth"), "verify": {"best.pth": "load"}})
     assert kinds(problems) == [("best.pth", "corrupt")]
-    assert "weights_only" in problems[0]["error"] and "Arbitrary" in problems[0]["error"]
-    assert "\x1b" not in problems[0]["error"] and "\n" not in problems[0]["error"]
+    error = problems[0]["error"]
+    assert "weights_only" in error and "test_verify.Arbitrary" in error and "`verify: structure`" in error
+    assert "\x1b" not in error and "\n" not in error
 
 
 def test_numpy_object_array_is_refused_without_pickle(tmp_path: Path) -> None:

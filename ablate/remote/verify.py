@@ -12,12 +12,13 @@ failure is its problem:
   present -> non-empty (checkpoint, metrics, manifest; a log may be empty if its manifest says so,
   and so may a file found in a checkpoint directory)
   -> size and sha256 equal to MANIFEST.json (a truncated file is corrupt even if it loads)
-  -> loads: torch `weights_only=True` (.pt .pth .ckpt, and .bin when it is a torch file),
-     safetensors, numpy `allow_pickle=False` (.npy .npz), JSON (.json; metrics must be an object
-     holding the configured keys). Other checkpoint types are checked by size and hash only.
-     A safetensors file whose sha256 was just checked is opened (its whole header parsed and
-     checked: dtypes, shapes, byte ranges covering the file exactly) without reading each tensor
-     again; unhashed, every tensor is read.
+  -> a checkpoint file's structure, in the same read as its sha256, and its load
+     (`ablate.remote.filecheck`: torch archives' CRCs, pickles read to STOP by stubs, storages;
+     then torch `weights_only=True` where its globals allow, safetensors, numpy
+     `allow_pickle=False`), as `artifacts.verify` says per entry; metrics parse as a JSON object
+     holding the configured keys. Other checkpoint types are checked by size and hash only.
+  -> across files: every shard an index names, and the directories frameworks write
+     (`ablate.remote.ckptdirs`: DeepSpeed, DCP, HF Trainer, accelerate, PEFT).
 
 A problem is `{"file", "kind", "error"}` with kind one of missing | zero_byte | corrupt | no_loader.
 """
@@ -26,37 +27,25 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
-import importlib
 import json
 import os
 import posixpath
-import re
 import sys
-import zipfile
 from collections.abc import Callable
 from typing import Any
 
 from ablate.remote import artifacts as arts
+from ablate.remote import ckptdirs, filecheck, loaders
 from ablate.remote.artifacts import sha256_file
 from ablate.remote.layout import MANIFEST
 
-TORCH_EXT = (".pt", ".pth", ".ckpt", ".bin")
-NUMPY_EXT = (".npy", ".npz")
 # Below this many dirs, the thread pool costs more than it saves.
 PARALLEL_MIN = 4
 MAX_WORKERS = 8  # each worker may hold one large tensor in memory at a time
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_INSTALL = {
-    "torch": "torch not installed: pip install 'ablate[torch]'",
-    "safetensors": "safetensors not installed: pip install safetensors",
-    "numpy": "numpy not installed: pip install numpy",
-}
 
 Problem = dict[str, str]
-
-
-class _NoLoader(Exception):
-    """The library needed to load a file is not installed."""
+NoLoader = loaders.NoLoader
+load_file = loaders.load_file
 
 
 def _problem(file: str, kind: str, error: str) -> Problem:
@@ -65,128 +54,6 @@ def _problem(file: str, kind: str, error: str) -> Problem:
 
 def _failed(file: str, kind: str, error: str) -> tuple[Problem, str]:
     return _problem(file, kind, error), ""
-
-
-def _short(exc: BaseException) -> str:
-    """One line from a library's (often multi-paragraph, ANSI-coloured) exception."""
-    text = _ANSI.sub("", str(exc))
-    # torch's weights_only refusal buries the reason after two paragraphs of advice.
-    m = re.search(r"WeightsUnpickler error: ([^\n]*?\.)(?: |$)", text)
-    if m:
-        return f"refused by weights_only=True (not plain tensors): {m.group(1)}"
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    msg = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-    return msg if len(msg) <= 240 else msg[:237] + "..."
-
-
-def _import(module: str) -> Any:
-    try:
-        # import_module is a dict lookup once imported (__import__ with a fromlist searched the
-        # path for a submodule "_" on every call: a third of the time of a small cell).
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise _NoLoader(_INSTALL.get(module.split(".")[0], f"{module} not installed")) from e
-
-
-def _is_torch_file(path: str) -> bool:
-    """A torch zip archive, or a legacy torch pickle (protocol 2 then torch's magic number)."""
-    if zipfile.is_zipfile(path):
-        return True
-    with open(path, "rb") as f:
-        return f.read(3) == b"\x80\x02\x8a"
-
-
-def _load_torch(path: str) -> None:
-    torch = _import("torch")
-    # mmap keeps a large zip checkpoint out of RAM; the legacy format cannot be mmapped.
-    torch.load(path, weights_only=True, map_location="cpu", mmap=zipfile.is_zipfile(path))
-
-
-def _load_safetensors(path: str, hashed: bool = False) -> None:
-    safe_open = _import("safetensors").safe_open
-    if hashed:
-        # Opening parses and checks the whole header: each tensor's dtype, shape and byte range,
-        # the ranges covering the file exactly. Its bytes were just read and matched the manifest's
-        # sha256, so reading every tensor again finds nothing more and halves the throughput.
-        with safe_open(path, framework="numpy") as f:
-            f.keys()
-        return
-
-    def read_all(framework: str) -> None:
-        with safe_open(path, framework=framework) as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
-                f.get_tensor(key)  # one tensor in memory at a time
-
-    try:
-        _import("numpy")
-        read_all("numpy")  # light: no torch start-up per worker
-    except Exception as np_error:
-        # numpy has no bfloat16 (and some other dtypes): torch decides before we call it corrupt.
-        try:
-            _import("torch")
-        except _NoLoader:
-            raise np_error from None
-        read_all("pt")
-
-
-def _load_numpy(path: str) -> None:
-    np = _import("numpy")
-    with open(path, "rb") as fh:
-        loaded = np.load(fh, allow_pickle=False)
-        if path.endswith(".npz"):
-            for key in loaded.files:
-                loaded[key]  # reading each member checks its data and CRC
-            loaded.close()
-
-
-def _load_json(path: str, keys: list[str] | None) -> str | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-        return f"not valid JSON: {_short(e)}"
-    if keys is None:
-        return None
-    if not isinstance(data, dict):
-        return f"metrics must be a JSON object, got {type(data).__name__}"
-    absent = [k for k in keys if k not in data]
-    if absent:
-        return f"metrics lack key(s) {', '.join(absent)} (have: {', '.join(sorted(data)) or 'none'})"
-    return None
-
-
-def _has_loader(path: str, role: str) -> bool:
-    """Whether load_file reads this file with a library (else size and hash are all it gets)."""
-    lower = path.lower()
-    if role == "metrics" or lower.endswith((".json", ".safetensors", *NUMPY_EXT)):
-        return True
-    return lower.endswith(TORCH_EXT) and (not lower.endswith(".bin") or _is_torch_file(path))
-
-
-def load_file(path: str, role: str, metrics_keys: list[str] | None = None,
-              hashed: bool = False) -> str | None:
-    """Load one artifact by its type. Returns an error string, or None when it loads.
-
-    hashed: its sha256 was just checked against MANIFEST.json (a safetensors file is then checked
-    by its header alone). Raises _NoLoader when the library for its type is missing.
-    """
-    lower = path.lower()
-    try:
-        if role == "metrics" or lower.endswith(".json"):
-            return _load_json(path, list(metrics_keys or []) if role == "metrics" else None)
-        if lower.endswith(".safetensors"):
-            _load_safetensors(path, hashed)
-        elif lower.endswith(NUMPY_EXT):
-            _load_numpy(path)
-        elif lower.endswith(TORCH_EXT):
-            if lower.endswith(".bin") and not _is_torch_file(path):
-                return None  # a raw .bin of another format: size and hash are all we can check
-            _load_torch(path)
-    except _NoLoader:
-        raise
-    except Exception as e:  # any failure to load is the finding, whatever the library raises
-        return f"load failed: {_short(e)}"
-    return None
 
 
 def _read_manifest(path: str) -> tuple[dict[str, Any] | None, str | None, Problem | None]:
@@ -205,7 +72,8 @@ def _read_manifest(path: str) -> tuple[dict[str, Any] | None, str | None, Proble
     try:
         data = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
-        return None, digest, _problem(MANIFEST, "corrupt", f"MANIFEST.json is not valid JSON: {_short(e)}")
+        return None, digest, _problem(MANIFEST, "corrupt",
+                                      f"MANIFEST.json is not valid JSON: {loaders.short(e)}")
     if not isinstance(data, dict) or not isinstance(data.get("artifacts"), dict):
         return None, digest, _problem(MANIFEST, "corrupt", "MANIFEST.json has no artifacts object")
     return data, digest, None
@@ -266,8 +134,11 @@ def check_cell_dir(path: str, artifacts: dict[str, Any], *, load: bool = True,
                    ) -> tuple[list[Problem], dict[str, str]]:
     """(every problem of one result dir, how each file that passed was checked).
 
-    How: "loaded" (read by its library), "hash" (size and sha256 against MANIFEST.json only) or
-    "size" (size only: check_hash=False and not loaded).
+    How: "loaded" (read by its library, after its structure where it has one), "structure" (its
+    structure checked without running anything from it: ablate.remote.filecheck), "hash" (size and
+    sha256 against MANIFEST.json only) or "size" (size only: check_hash=False and nothing more).
+    artifacts["verify"] ({checkpoint entry: "load" | "structure" | "hash"}) says how each entry's
+    files are checked; absent, the strongest that applies.
     """
     path = os.fspath(path)
     name = os.path.basename(os.path.normpath(path))
@@ -310,7 +181,19 @@ def _checkpoint_coverage(path: str, artifacts: dict[str, Any],
                 out.append(_problem(f, "corrupt", error))
             out += [_problem(s, "missing", f"index {f} names shard {s}, which is not in the result")
                     for s in shards if s not in have]
-    return out
+    return out + ckptdirs.coverage(path, ckpt)
+
+
+def verify_mode(artifacts: dict[str, Any], file: str) -> str | None:
+    """How ablate.yaml says a checkpoint file is checked (`artifacts.verify`: {entry: load |
+    structure | hash}, the first entry covering the file), or None: the strongest that applies."""
+    modes = artifacts.get("verify")
+    if not isinstance(modes, dict):
+        return None
+    for entry, how in modes.items():
+        if isinstance(entry, str) and how in filecheck.MODES and arts.covers(entry.rstrip("/"), file):
+            return str(how)
+    return None
 
 
 def _check_file(path: str, role: str, file: str, entry: Any, have_manifest: bool,
@@ -346,25 +229,25 @@ def _check_file(path: str, role: str, file: str, entry: Any, have_manifest: bool
         if want_size != size:
             return _failed(file, "corrupt", f"size {size} bytes, MANIFEST.json says {want_size} "
                                              "(truncated or changed)")
-        if check_hash:
-            try:
-                digest = sha256_file(full)
-            except OSError as e:
-                return _failed(file, "corrupt", f"cannot read: {e}")
-            if digest != entry.get("sha256"):
-                return _failed(file, "corrupt", "sha256 differs from MANIFEST.json (changed or damaged)")
-    how = "hash" if have_manifest and check_hash else "size"
-    if load and role != "log":
-        try:
-            error = load_file(full, role, list(artifacts.get("metrics_keys") or []),
-                              hashed=have_manifest and check_hash)
-        except _NoLoader as e:
-            return _failed(file, "no_loader", str(e))
-        if error:
-            return _failed(file, "corrupt", error)
-        if _has_loader(full, role):
-            how = "loaded"
-    return None, how
+    sha = entry.get("sha256") if have_manifest and check_hash and isinstance(entry, dict) else None
+    if have_manifest and check_hash and not isinstance(sha, str):
+        return _failed(file, "corrupt", "sha256 differs from MANIFEST.json (changed or damaged)")
+    try:
+        if role == "checkpoint":
+            # The hash and the structure in one read of the file (ablate.remote.filecheck).
+            out = filecheck.check(full, mode=verify_mode(artifacts, file), sha256=sha, load=load,
+                                  hashed=sha is not None)
+            return (_problem(file, out.kind, out.error), "") if out.kind else (None, out.how)
+        if sha is not None and sha256_file(full) != sha:
+            return _failed(file, "corrupt", "sha256 differs from MANIFEST.json (changed or damaged)")
+        if load and role == "metrics":
+            error = load_file(full, role, list(artifacts.get("metrics_keys") or []))
+            return _failed(file, "corrupt", error) if error else (None, "loaded")
+    except NoLoader as e:
+        return _failed(file, "no_loader", str(e))
+    except OSError as e:
+        return _failed(file, "corrupt", f"cannot read: {e}")
+    return None, "hash" if sha is not None else "size"
 
 
 def _stat_files(path: str, files: list[str]) -> dict[str, list[int]]:
