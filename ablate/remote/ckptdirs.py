@@ -93,38 +93,45 @@ def _deepspeed_tag(path: str, d: str, names: set[str]) -> list[Problem]:
     if not states:
         return [_problem(_join(d, "mp_rank_00_model_states.pt"), "missing",
                          f"DeepSpeed tag {d or '.'} has ZeRO optimizer states but no {MODEL_STATES}")]
-    ranks: dict[str, set[int]] = defaultdict(set)  # mp rank -> dp ranks present
-    prefix = {}
+    ranks: dict[str, set[int]] = defaultdict(set)  # mp rank -> the dp ranks present
+    prefix = ""  # bf16_ and the like
     for n in names:
         m = ZERO.fullmatch(n)
         if m:
             ranks[m.group(2)].add(int(m.group(1)))
-            prefix[m.group(2)] = n[:n.index("zero_pp_rank_")]
-    if not ranks:
-        return []
-    world = _dp_world_size(os.path.join(path, _join(d, states[0])))
+            prefix = n[:n.index("zero_pp_rank_")]
+    world, zero = _model_states_info(os.path.join(path, _join(d, states[0])))
+    if zero:  # every model-parallel rank has its optimizer shards
+        for s in states:
+            ranks.setdefault(s[len("mp_rank_"):-len("_model_states.pt")], set())
     out = []
     for mp, have in sorted(ranks.items()):
-        want = range(world if world else max(have) + 1)
-        for r in want:
+        for r in range(world if world else max(have, default=0) + 1):
             if r not in have:
-                name = _join(d, f"{prefix[mp]}zero_pp_rank_{r}_mp_rank_{mp}_optim_states.pt")
+                name = _join(d, f"{prefix}zero_pp_rank_{r}_mp_rank_{mp}_optim_states.pt")
                 out.append(_problem(name, "missing", f"DeepSpeed ZeRO shard of rank {r} is not in the "
                                                      f"result (dp_world_size {world or '?'})"))
     return out
 
 
-def _dp_world_size(model_states: str) -> int | None:
-    """The `dp_world_size` DeepSpeed's model states record, read by stubs (None if unreadable)."""
+def _model_states_info(model_states: str) -> tuple[int | None, bool]:
+    """(the `dp_world_size` DeepSpeed's model states record, whether its ds_config uses ZeRO), read by
+    stubs; (None, False) when unreadable (the file's own check says why)."""
     try:
         with zipfile.ZipFile(model_states) as z:
             pkl = [n for n in z.namelist() if torchzip.is_pickle_record(n)]
             data = z.read(pkl[0]) if len(pkl) == 1 else b""
     except (OSError, zipfile.BadZipFile, ValueError, EOFError):
-        return None  # the file's own check says why
+        return None, False
     root = pickles.scan(data).root
-    world = root.get("dp_world_size") if isinstance(root, dict) else None
-    return world if isinstance(world, int) and 0 < world < 1 << 20 else None
+    if not isinstance(root, dict):
+        return None, False
+    world = root.get("dp_world_size")
+    config = root.get("ds_config")
+    zero = config.get("zero_optimization") if isinstance(config, dict) else None
+    stage = zero.get("stage") if isinstance(zero, dict) else None
+    return (world if isinstance(world, int) and 0 < world < 1 << 20 else None,
+            isinstance(stage, int) and stage > 0)
 
 
 def _dcp(path: str, d: str, names: set[str]) -> list[Problem]:

@@ -102,7 +102,8 @@ def check(path: str, *, mode: str | None, sha256: str | None, load: bool,
     if error:
         return _fail(error)
     if kind in ("torch-zip", "torch-legacy") and scan is not None and mode != "structure":
-        if loaders.weights_only_allows(scan.globals):
+        refused = loaders.weights_only_refuses(scan.globals)
+        if not refused:
             try:
                 loaders.load_torch(path, numpy_globals=bool(scan.globals & loaders.NUMPY_GLOBALS))
             except loaders.NoLoader:
@@ -111,8 +112,7 @@ def check(path: str, *, mode: str | None, sha256: str | None, load: bool,
                 return _fail(f"load failed: {loaders.short(e)}")
             return Outcome(None, "", "loaded")
         if mode == "load":
-            outside = [f"{m}.{n}" for m, n in sorted(scan.globals - loaders.NUMPY_GLOBALS)]
-            return _fail(f"load: torch.load(weights_only=True) refuses its globals ({_few(outside)}) "
+            return _fail(f"load: torch.load(weights_only=True) refuses its globals ({_few(refused)}) "
                          "and nothing may run code from a checkpoint: use `verify: structure` for "
                          "this entry")
         return Outcome(None, "", "structure")

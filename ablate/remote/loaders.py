@@ -63,16 +63,17 @@ def import_lib(module: str) -> Any:
         raise NoLoader(_INSTALL.get(module.split(".")[0], f"{module} not installed")) from e
 
 
-def weights_only_allows(names: Iterable[tuple[str, str]]) -> bool:
-    """Whether torch.load(weights_only=True) takes a pickle naming these globals (with the numpy
-    ones transformers allows). Imports torch only when every module could be allowed."""
-    rest = {(m, n) for m, n in names if (m, n) not in NUMPY_GLOBALS}
-    if any(m.split(".")[0] not in _MAYBE_ALLOWED for m, _ in rest):
-        return False
+def weights_only_refuses(names: Iterable[tuple[str, str]]) -> list[str]:
+    """The globals torch.load(weights_only=True) refuses among these (the numpy ones transformers
+    allows are allowed); [] when it takes them all. Imports torch only when no module rules it out."""
+    rest = sorted({(m, n) for m, n in names if (m, n) not in NUMPY_GLOBALS})
+    foreign = [f"{m}.{n}" for m, n in rest if m.split(".")[0] not in _MAYBE_ALLOWED]
+    if foreign:
+        return foreign
     import_lib("torch")
     wou = import_lib("torch._weights_only_unpickler")
     allowed = set(wou._get_allowed_globals()) | set(wou._get_user_allowed_globals())
-    return all(f"{m}.{n}" in allowed for m, n in rest)
+    return [f"{m}.{n}" for m, n in rest if f"{m}.{n}" not in allowed]
 
 
 def _numpy_safe_globals() -> list[Any]:

@@ -143,7 +143,8 @@ def deepspeed(out: Path) -> None:
         tag.mkdir(parents=True)
         w = torch.randn(4, 8)
         torch.save({"module": {"weight": w, "bias": torch.zeros(4)}, "dp_world_size": 1,
-                    "mp_world_size": 1, "global_steps": 1}, tag / "mp_rank_00_model_states.pt")
+                    "mp_world_size": 1, "global_steps": 1,
+                    "ds_config": {"zero_optimization": {"stage": 1}}}, tag / "mp_rank_00_model_states.pt")
         torch.save({"optimizer_state_dict": {"exp_avg": torch.zeros(36)}, "ds_version": "layout"},
                    tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
         (d / "latest").write_text("global_step1")
