@@ -8,6 +8,10 @@ Two throw-away local projects (profile `local`: the shared FS is a directory on 
          --large-format torch); with --shards K, each large cell's checkpoint is K shards of
          --large-mb each plus their `model.safetensors.index.json`, as Hugging Face's sharded
          `save_pretrained` writes them (`artifacts.checkpoint: "model*.safetensors*"`)
+  one    with --torch-file-mb MB: one cell whose checkpoint is one torch.save file of MB MB (four
+         float32 tensors), verified twice in the same run: `artifacts.verify: structure` (every zip
+         record's CRC32 in the sha256's read, data.pkl read to STOP by stubs, every storage against
+         its record: no torch) and the default (the same, then torch.load(weights_only=True, mmap=True))
 Each result dir is what run_one publishes: the checkpoint, metrics.json, `<name>.log` and a
 MANIFEST.json recording size and sha256 of each; the roster is one queue file of those cells.
 
@@ -22,7 +26,7 @@ median is kept.
 
     python3 scripts/bench_reconcile.py [--small 1000] [--large 20] [--large-mb 200]
                                        [--large-format safetensors|torch] [--shards K]
-                                       [--reps 3] [--no-write]
+                                       [--torch-file-mb 2000] [--reps 3] [--no-write]
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class Dataset:
     files: list[Path]
     cells: int
     mb: float  # the size of all its files
+    verify: str | None = None  # artifacts.verify for every checkpoint entry (None: the default)
 
 
 def sha(path: Path) -> str:
@@ -154,11 +159,23 @@ def cat(files: list[Path]) -> None:
     subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)
 
 
+def set_verify(ds: Dataset) -> None:
+    """ablate.yaml's artifacts.verify as the dataset says (between measurements, not in them)."""
+    path = ds.proj / "ablate.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    cfg["artifacts"].pop("verify", None)
+    if ds.verify:
+        cfg["artifacts"]["verify"] = ds.verify
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
 def run_reconcile(ds: Dataset) -> None:
     report = reconcile(load_project(ds.proj), fs=True)
     if not report.complete or report.verified != ds.cells:
         raise SystemExit(f"bench_reconcile: {ds.label}: {report.verified}/{ds.cells} verified: "
                          f"{report.corrupt[:2]} {report.missing[:2]}")
+    if ds.label.startswith("one") and set(report.checkpoint_checks) != {ds.verify or "loaded"}:
+        raise SystemExit(f"bench_reconcile: {ds.label}: checked {report.checkpoint_checks}")
 
 
 def timed(fn: Callable[[], None]) -> float:
@@ -171,6 +188,7 @@ def measure(ds: Dataset, reps: int) -> dict[str, float]:
     """median seconds of cat / reconcile, cold and warm; and of sha256 alone (warm, one process)."""
     keys = ("cat cold", "reconcile cold", "cat warm", "reconcile warm", "sha256 warm")
     got: dict[str, list[float]] = {k: [] for k in keys}
+    set_verify(ds)
     for r in range(reps):
         for what, fn in (("cat", lambda: cat(ds.files)), ("reconcile", lambda: run_reconcile(ds))):
             evict(ds.files)
@@ -208,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--large-format", choices=("safetensors", "torch"), default="safetensors")
     ap.add_argument("--shards", type=int, default=1,
                     help="shards per large checkpoint, each --large-mb (default 1: one file)")
+    ap.add_argument("--torch-file-mb", type=float, default=0,
+                    help="also one cell of one torch file this large, by structure and by default (MB)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions; the median is kept (default 3)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md alone")
     args = ap.parse_args(argv)
@@ -226,11 +246,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}: wrote {n} cells, {ds.mb:,.0f} MB in {took:.1f}s", file=sys.stderr)
             rows.append((ds, measure(ds, reps)))
             ds.label = f"{label} ({fmt}{f', {k} x {mb:g} MB shards + index' if k > 1 else ''})"
+        if args.torch_file_mb > 0:
+            one = make_dataset(Path(tmp), "one", 1, args.torch_file_mb, "torch")
+            print(f"one: wrote 1 cell, {one.mb:,.0f} MB", file=sys.stderr)
+            run_reconcile(one)  # torch imported once, as by one `ablate reconcile`: not measured
+            for how, label in (("structure", "verify: structure"),
+                               (None, "default: structure, then torch.load mmap")):
+                ds = Dataset(f"one torch file ({label})", one.proj, one.files, 1, one.mb, how)
+                rows.append((ds, measure(ds, reps)))
         lines = table(rows)
     print(f"{os.cpu_count()} CPU(s); median of {reps}")
     print("\n".join(lines))
     notes = []
     for ds, t in rows:
+        if ds.label.startswith("one"):
+            cold = t["cat cold"] / t["reconcile cold"]
+            notes.append(f"{ds.label}, cold: reconcile at {cold:.0%} of the cat rate "
+                         f"(target >= 50%: {'met' if cold >= 0.5 else 'MISSED'})")
         if ds.label.startswith("large"):
             cold = t["cat cold"] / t["reconcile cold"]
             warm = t["cat warm"] / t["reconcile warm"]
@@ -247,18 +279,32 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         cmd = (f"python3 scripts/bench_reconcile.py --small {args.small} --large {args.large} "
                f"--large-mb {args.large_mb:g} --large-format {args.large_format}"
-               + (f" --shards {args.shards}" if args.shards > 1 else "") + f" --reps {reps}")
+               + (f" --shards {args.shards}" if args.shards > 1 else "")
+               + (f" --torch-file-mb {args.torch_file_mb:g}" if args.torch_file_mb > 0 else "")
+               + f" --reps {reps}")
         kind = "sharded" if args.shards > 1 else args.large_format
         what = (f"{args.shards} x {args.large_mb:g} MB safetensors shards per cell" if args.shards > 1
                 else args.large_format)
+        heading = f"## Reconcile throughput (`ablate reconcile --fs`, large checkpoints: {what})"
+        about = ("`reconcile(project, fs=True)` (size, sha256 and a load of every artifact by "
+                 "`ablate.remote.verify`, in its thread pool; every cell verified)")
+        if args.torch_file_mb > 0 and args.large <= 0 and args.small <= 0:
+            kind = "torch_structure"
+            cmd = (f"python3 scripts/bench_reconcile.py --small 0 --large 0 --torch-file-mb "
+                   f"{args.torch_file_mb:g} --reps {reps}")
+            heading = (f"## Reconcile throughput, structural verification of one "
+                       f"{args.torch_file_mb:g} MB torch file")
+            about = ("`reconcile(project, fs=True)` of one cell whose checkpoint is one torch.save file, "
+                     "first with `artifacts.verify: structure` (the sha256 and every zip record's CRC32 "
+                     "in one read, on two threads; data.pkl read to STOP by stubs; every storage against "
+                     "its record; torch never imported), then by default (the same, then "
+                     "torch.load(weights_only=True, mmap=True); torch imported once before measuring)")
         path = write_section(f"bench_reconcile_{kind}", [
-            f"## Reconcile throughput (`ablate reconcile --fs`, large checkpoints: {what})", "",
+            heading, "",
             measured_line(cmd), "",
             "Real checkpoints written by the real libraries into result dirs as run_one publishes them "
             "(checkpoint, metrics.json, log, MANIFEST.json with size + sha256), on this machine's disk. "
-            "`reconcile(project, fs=True)` (size, sha256 and a load of every artifact by "
-            "`ablate.remote.verify`, "
-            "in its thread pool; every cell verified) against `cat` of the same files to /dev/null. "
+            f"{about} against `cat` of the same files to /dev/null. "
             "Cold: each file evicted with posix_fadvise(DONTNEED) first (the page cache cannot be "
             f"dropped here); warm: read once first. cat and reconcile alternate; median of {reps}.", "",
             *lines, "", *(f"- {n}" for n in notes), ""])

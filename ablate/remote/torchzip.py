@@ -31,7 +31,7 @@ from ablate.remote import pickles
 LOCAL = struct.Struct("<4sHHHHHIIIHH")  # a zip local file header, 30 bytes
 LOCAL_SIG = b"PK\x03\x04"
 CHUNK = 1 << 20
-BUFFERS = 4  # chunks in flight between the reading (sha256) thread and the CRC thread
+BUFFERS = 8  # chunks in flight between the reading thread and the sha256 and CRC threads
 THREADED = 8 << 20  # below this size one thread does both
 PREFETCH = 32 << 20  # bytes asked of the disk ahead of the read (posix_fadvise WILLNEED)
 
@@ -195,42 +195,51 @@ class ZipPass:
 
 
 def read_once(path: str, hash_it: bool, zpass: ZipPass | None) -> str | None:
-    """Read the file once: its sha256 (hash_it) and every chunk fed to zpass. The sha256 or None."""
+    """Read the file once: its sha256 (hash_it) and every chunk fed to zpass. The sha256 or None.
+
+    A large file is read by this thread while one helper thread hashes and another runs the CRCs
+    over the same buffers (hashlib and zlib release the GIL): the wall time is the slower of the
+    three, not their sum."""
     h = hashlib.sha256() if hash_it else None
     advise = getattr(os, "posix_fadvise", None)
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
         size = os.fstat(fd).st_size
-        helper = (concurrent.futures.ThreadPoolExecutor(max_workers=1)
-                  if h is not None and zpass is not None and size >= THREADED else None)
-        bufs = [memoryview(bytearray(CHUNK)) for _ in range(BUFFERS if helper else 1)]
-        pending: list[concurrent.futures.Future[None] | None] = [None] * len(bufs)
+        consumers: list[Callable[[int, memoryview], None]] = []
+        if h is not None:
+            consumers.append(lambda _pos, view: h.update(view))
+        if zpass is not None:
+            consumers.append(zpass.feed)
+        threaded = size >= THREADED and consumers
+        helpers = [concurrent.futures.ThreadPoolExecutor(max_workers=1) for _ in consumers] \
+            if threaded else []
+        bufs = [memoryview(bytearray(CHUNK)) for _ in range(BUFFERS if threaded else 1)]
+        pending: list[list[concurrent.futures.Future[None]]] = [[] for _ in bufs]
         pos, ahead, k = 0, 0, 0
         try:
             while True:
                 if advise is not None and pos + CHUNK > ahead and size > CHUNK:
                     advise(fd, ahead, PREFETCH, os.POSIX_FADV_WILLNEED)
                     ahead += PREFETCH
-                if pending[k] is not None:
-                    pending[k].result()  # type: ignore[union-attr]  # the CRC is done with this buffer
+                for fut in pending[k]:
+                    fut.result()  # every consumer is done with this buffer
                 n = f.readinto(bufs[k])
                 if not n:
                     break
                 view = bufs[k][:n]
-                if h is not None:
-                    h.update(view)
-                if helper is not None:
-                    pending[k] = helper.submit(zpass.feed, pos, view)  # type: ignore[union-attr]
-                elif zpass is not None:
-                    zpass.feed(pos, view)
+                if helpers:
+                    pending[k] = [ex.submit(c, pos, view) for ex, c in zip(helpers, consumers, strict=True)]
+                else:
+                    for c in consumers:
+                        c(pos, view)
                 pos += n
                 k = (k + 1) % len(bufs)
-            for fut in pending:
-                if fut is not None:
+            for futs in pending:
+                for fut in futs:
                     fut.result()
         finally:
-            if helper is not None:
-                helper.shutdown(wait=True)
+            for ex in helpers:
+                ex.shutdown(wait=True)
     return h.hexdigest() if h is not None else None
 
 
