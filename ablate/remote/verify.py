@@ -1,4 +1,4 @@
-"""Verify result directories by loading every artifact (rule 7). Stdlib-only at import.
+"""Verify result directories without running their code (rule 7). Stdlib-only at import.
 
 This module is shipped to instances (beside `ablate/remote/probe.py`), so it imports nothing outside the
 standard library at module level; torch, safetensors and numpy are imported only when a file that
