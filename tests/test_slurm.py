@@ -387,6 +387,46 @@ def test_the_time_limit_cuts_the_cell_resumable_and_the_job_requeues_itself(
 
 
 
+def test_an_array_tasks_time_limit_requeues_that_task_alone(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """Three queues as one array: the task whose own job id is the array's id (a bare id names every
+    task) has its time limit cut to a minute. At Slurm's USR2 its queue cuts its cell and requeues
+    itself by `A_i`: it alone restarts and resumes its cell; the other tasks keep Restarts=0."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=3, queues=3, epochs=3, step_time=0.5,
+               slurm={"array": True, "grace": 30})
+    for c in sw.cells:  # each cell held after its first epoch: every task mid-cell, however loaded
+        (sw.work / "faults").mkdir(exist_ok=True)
+        (sw.work / "faults" / f"{c}.hang").write_text("1\n")
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+
+    def running() -> bool:
+        jobs = sw.jobs()
+        return (len(jobs) == 3 and all(j["state"] == "RUNNING" for j in jobs)
+                and all(any(e["ev"] == "epoch" for e in sw.trace(c)) for c in sw.cells))
+
+    wait_for(running, timeout=120, interval=0.5)
+    tasks = {j["id"]: slurm_cluster.job(j["id"]) for j in sw.jobs()}
+    assert all(re.fullmatch(r"\d+_\d+", t) for t in tasks), tasks
+    [first] = [t for t, d in tasks.items() if d["JobId"] == d["ArrayJobId"]]
+    slurm_cluster.run("scontrol", "update", f"JobId={first}", "TimeLimit=1")
+    wait_for(lambda: slurm_cluster.job(first)["Restarts"] == "1", timeout=150, interval=1)
+    for t in tasks:
+        if t != first:
+            assert slurm_cluster.job(t)["Restarts"] == "0", (t, slurm_cluster.job(t))
+    stops = [e for e in sw.events() if e["ev"] == "queue_stop"]
+    assert len(stops) == 1 and stops[0]["reason"] == "time_limit" and stops[0]["requeue"] == 1, stops
+    for c in sw.cells:
+        (sw.work / "faults" / f"{c}.hang").unlink()
+    sw.wait_done()
+    sw.assert_all_verified_once()
+    cut = stops[0]["cell"]
+    assert [e["resume"] for e in sw.trace(cut) if e["ev"] == "start"] == [0, 1], sw.trace(cut)
+    for c in sw.cells:
+        if c != cut:
+            assert [e["resume"] for e in sw.trace(c) if e["ev"] == "start"] == [0], (c, sw.trace(c))
+
+
 def _peak(events: list[dict[str, Any]]) -> int:
     """The most queues running at once, by their queue_start and queue_end events."""
     marks = sorted((e["t"], 1 if e["ev"] == "queue_start" else -1)

@@ -345,7 +345,7 @@ on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctr
 slurm_left() {  # REPLY = the seconds this job has left by squeue (%L); 1 when unknown
   local t
   REPLY=
-  t=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null) || return 1
+  t=$(squeue -h -j "$SLURM_SELF" -o %L 2>/dev/null) || return 1
   [[ $t =~ ^(([0-9]+)-)?(([0-9]+):)?([0-9]+):([0-9]+)$ ]] || return 1
   REPLY=$(( ((10#${BASH_REMATCH[2]:-0} * 24 + 10#${BASH_REMATCH[4]:-0}) * 60 + 10#${BASH_REMATCH[5]}) * 60 \
             + 10#${BASH_REMATCH[6]} ))
@@ -365,7 +365,7 @@ on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or t
     why=preempted requeue=0
   fi
   ev queue_stop ", \"idx\": $CUR_IDX, \"cell\": $cell, \"reason\": \"$why\", \"requeue\": $requeue"
-  say "${why/_/ } ${ATTEMPT:+(job $SLURM_JOB_ID)}: stopped${CUR_CELL:+ (cut $CUR_CELL, resumable)}"
+  say "${why/_/ } ${ATTEMPT:+(job $SLURM_SELF)}: stopped${CUR_CELL:+ (cut $CUR_CELL, resumable)}"
   if [[ $why == preempted ]]; then
     # A preempted job that ends by itself within GraceTime is COMPLETED, not requeued (Slurm
     # 22.05, PreemptMode=REQUEUE): wait, idle, until Slurm ends it at the end of the grace time,
@@ -377,8 +377,8 @@ on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or t
   if [[ $requeue == 1 && -n $ATTEMPT ]]; then
     # The same job again, later: its queue goes on from its launch line (published cells are
     # skipped, its claimed ones re-entered). Slurm ends this attempt now.
-    say "asking Slurm to requeue job $SLURM_JOB_ID"
-    scontrol requeue "$SLURM_JOB_ID" 2>&1 || ev requeue_failed ", \"job\": \"$SLURM_JOB_ID\""
+    say "asking Slurm to requeue job $SLURM_SELF"
+    scontrol requeue "$SLURM_SELF" 2>&1 || ev requeue_failed ", \"job\": \"$SLURM_SELF\""
   fi
   exit 0
 }
@@ -481,9 +481,16 @@ own() {
 # current attempt may publish (run_one checks the owner's attempt before its rename): a stale
 # attempt still running on a node cut off from the controller cannot publish over it.
 ATTEMPT=
+# This job as every Slurm verb it runs on itself must name it: in an array `A_i`, since a bare A is
+# the array's id, which names every task (the first task's own SLURM_JOB_ID is that id).
+SLURM_SELF=
 if [[ ${SLURM_JOB_ID-} =~ ^[0-9_]+$ ]]; then
   ATTEMPT=$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}
   [[ $ATTEMPT =~ ^[0-9_]+\.[0-9]+$ ]] || ATTEMPT=$SLURM_JOB_ID.0
+  SLURM_SELF=$SLURM_JOB_ID
+  if [[ ${SLURM_ARRAY_JOB_ID-} =~ ^[0-9]+$ && ${SLURM_ARRAY_TASK_ID-} =~ ^[0-9]+$ ]]; then
+    SLURM_SELF=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
+  fi
 fi
 export ABLATE_ATTEMPT=$ATTEMPT
 write_tail() {  # write_tail NAME: tails/NAME.log = the last 100 lines of the cell's log (tmp + mv)
