@@ -522,6 +522,33 @@ def test_doctor_checks_the_request_and_a_compute_nodes_view_in_a_probe_job(
     assert not sw.jobs()
 
 
+def test_any_sbatch_value_and_a_partition_list_reach_slurm_as_given(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """`extra` values with shell syntax and `partition` as a list: doctor's `sbatch --test-only`
+    and the queue's job take them as given (one argument each, quoted on every hop), and nothing in
+    them runs."""
+    marker = slurm_cluster.shared_dir / f"pwned-{uuid.uuid4().hex[:6]}"
+    comment = f"my run; $(touch {marker}) `touch {marker}` '{marker}' \"x|y&z\""
+    extra = [f"--comment={comment}", "--nodelist=sn[1-3]"]
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=1, queues=1, epochs=2, step_time=0.2,
+               slurm={"partition": ["urgent", "main"], "extra": extra})
+    (sw.work / "faults").mkdir(exist_ok=True)
+    (sw.work / "faults" / "c0.hang").write_text("1\n")  # the job stays while we look at it
+    sw.ok("deploy")
+    checks = {c["check"]: c for c in sw.ok("doctor")["hosts"]["cluster"]["checks"]}
+    assert checks["request"]["ok"] and checks["job"]["ok"], checks
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    wait_for(lambda: [j["state"] for j in sw.jobs()] == ["RUNNING"], timeout=60, interval=0.5)
+    got = slurm_cluster.run("squeue", "-h", "-j", sw.jobs()[0]["id"], "-o", "%P|%k").stdout.strip()
+    partition, _, seen = got.partition("|")
+    assert seen == comment and partition in ("urgent", "main"), got
+    (sw.work / "faults" / "c0.hang").unlink()
+    sw.wait_done()
+    sw.assert_all_verified_once()
+    assert not marker.exists()
+
+
 def test_without_requeue_a_dead_nodes_cells_are_remediated_as_new_jobs(
         slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
     """`requeue: false`: Slurm ends the job of a node that died instead of restarting it. The queue

@@ -5,12 +5,13 @@
     ckpt_root: /scratch/ablate-ckpt    # where a running cell writes; shared scratch survives a requeue
     slurm:
       login: hpc-login                 # the login node's ssh alias; absent: this machine has sbatch
-      partition: gpu
+      partition: gpu                   # or a list: [gpu, gpu-long] (the first that can start it)
       account: mylab
       qos: normal
       time: "1-00:00:00"               # each job's time limit (--time)
       gpus: 1                          # per queue: --gres=gpu:1 (Slurm sets CUDA_VISIBLE_DEVICES)
-      extra: [--constraint=a100]       # further sbatch options, one word each
+      extra: ["--constraint=a100|h100"]  # further sbatch options, one --opt=value each (any value:
+                                       # it reaches sbatch as one argument, quoted)
       requeue: true                    # --requeue (Slurm restarts the job after a node failure or
                                        # preemption; run_queue re-enters it); false: --no-requeue
       grace: 120                       # seconds before the time limit the queue is told (USR2)
@@ -48,7 +49,12 @@ _WAITS = "makes sbatch wait for the whole job"
 _ELSEWHERE = "puts the job on a cluster ablate's squeue and scancel do not look at"
 BREAKING = {"--wait": _WAITS, "-W": _WAITS, "--test-only": "makes sbatch submit nothing",
             "--clusters": _ELSEWHERE, "-M": _ELSEWHERE}
-_WORD = re.compile(r"^--?[A-Za-z][A-Za-z0-9._/:=,@%+-]*$")
+# An option word: `--name`, `--name=VALUE` (any value: it goes to sbatch as one argument, quoted
+# for every shell on the way), or a short `-x` with its value glued (`-C a100` as two list items is
+# refused: say `--constraint=a100`). No control character anywhere (a newline would end a line of
+# the job's script header on some sites' filters; nothing real needs one).
+_WORD = re.compile(r"^(?:--[A-Za-z][A-Za-z0-9-]*(?:=.*)?|-[A-Za-z].*)$", re.S)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ALIAS = re.compile(r"^([A-Za-z0-9_.-]+@)?[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
@@ -113,8 +119,8 @@ def parse_slurm(r: Reader, transport: str) -> SlurmSettings | None:
     login = s.text("login")
     if login is not None and (not _ALIAS.match(login) or login.startswith("-")):
         raise s.err("login", f"{login!r} must be an ssh alias (or user@host) of the login node")
-    names = {}
-    for key in ("partition", "account", "qos"):
+    names = {"partition": _partitions(s)}
+    for key in ("account", "qos"):
         v = s.text(key)
         if v is not None and not _NAME.match(v):
             raise s.err(key, f"{v!r} must be a plain Slurm name (letters, digits, . _ -)")
@@ -141,6 +147,9 @@ def parse_slurm(r: Reader, transport: str) -> SlurmSettings | None:
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
         raise s.err("extra", f"must be a list of sbatch options like [--constraint=a100], got {extra!r}")
     for x in extra:
+        if _CONTROL.search(x):
+            raise s.err("extra", f"{x!r} holds a control character (a newline?); give the option on "
+                                 "one line")
         if not _WORD.match(x):
             raise s.err("extra", f"{x!r} is not one sbatch option word (like --constraint=a100; "
                                  "give an option and its value as --opt=value)")
@@ -174,6 +183,21 @@ def parse_slurm(r: Reader, transport: str) -> SlurmSettings | None:
                          qos=names["qos"], time=limit, gpus=gpus, extra=tuple(extra),
                          requeue=_flag(s, "requeue"), grace=grace, resubmit=_flag(s, "resubmit"),
                          array=array, throttle=throttle)
+
+
+def _partitions(s: Reader) -> str | None:
+    """`partition`: one name, a list of names or Slurm's comma list (the job starts in the first
+    that can run it), as sbatch takes it: `gpu,gpu-long`."""
+    raw = s.data.get("partition")
+    if raw is None:
+        return None
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not items or not all(isinstance(p, str) for p in items):
+        raise s.err("partition", f"must be a partition name or a list of them, got {raw!r}")
+    for p in items:
+        if not _NAME.match(p.strip()):
+            raise s.err("partition", f"{p!r} must be a plain Slurm name (letters, digits, . _ -)")
+    return ",".join(p.strip() for p in items)
 
 
 def _value(s: Reader, key: str, default: object) -> object:
