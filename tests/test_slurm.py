@@ -549,6 +549,29 @@ def test_any_sbatch_value_and_a_partition_list_reach_slurm_as_given(
     assert not marker.exists()
 
 
+def test_a_job_pending_for_a_reason_that_never_clears_is_flagged_with_its_fix(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """A held job (sbatch --hold, then held by the administrator) keeps its cells queued forever:
+    status says so in Slurm's words and what to do; released, it runs and nothing is flagged."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=1, queues=1, epochs=1, step_time=0.0,
+               slurm={"extra": ["--hold"]})
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    [job] = sw.jobs()
+    [row] = sw.ok("status")["queues"]
+    assert row["job"]["reason"] == "JobHeldUser", row
+    assert row["job"]["stuck"] == ("will not start by itself (JobHeldUser): the job is held (sbatch "
+                                   f"--hold or scontrol hold): `scontrol release {job['id']}`"), row
+    slurm_cluster.run("scontrol", "hold", job["id"])  # as root: the administrator's hold
+    [row] = sw.ok("status")["queues"]
+    assert row["job"]["reason"] == "JobHeldAdmin" and "an administrator holds the job" in row["job"]["stuck"]
+    code, out, _ = cli(sw.proj, "status")
+    assert code == 0 and "will not start by itself (JobHeldAdmin): an administrator holds" in out, out
+    slurm_cluster.run("scontrol", "release", job["id"])
+    sw.wait_done()
+    sw.assert_all_verified_once()
+
+
 def test_without_requeue_a_dead_nodes_cells_are_remediated_as_new_jobs(
         slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
     """`requeue: false`: Slurm ends the job of a node that died instead of restarting it. The queue

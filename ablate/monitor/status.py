@@ -14,6 +14,7 @@ from typing import Any
 from ablate.config.project import Project
 from ablate.monitor.calibration import Calibration, calibration
 from ablate.monitor.hostinfo import HostLive, asked_of, attach_live, gather, live_lines
+from ablate.monitor.pending import stuck
 from ablate.plan.cost import CostModel, eta_line, learn, queue_eta
 from ablate.remote.layout import session_name
 from ablate.sweep.alarms import HostAlarm, host_alarms
@@ -110,6 +111,7 @@ class StatusReport:
             )
         out += [f"  services of {r.queue}: {services_text(r.services)}" for r in self.rows if r.services]
         out += [f"  job of {r.queue}: {job_text(r.job)}" for r in self.rows if r.job]
+        out += [f"  {r.queue} {r.job['stuck']}" for r in self.rows if r.job and r.job.get("stuck")]
         out += [f"  last job of {r.queue} (sacct): {job_text(r.last_job)}" for r in self.rows if r.last_job]
         out += [f"  {r.queue} by priority: {priority_text(r.priorities, r.cells)}" for r in self.rows
                 if r.priorities]
@@ -207,7 +209,10 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
         h = project.hosts.get(row.host or "")
         if h is not None and h.transport == "slurm":
             session = session_name(project.sweep, h.name, row.queue)
-            row.job = state.jobs(h.name).get(session)
+            job = state.jobs(h.name).get(session)
+            fix = job and stuck(job.get("state"), job.get("reason"), job=job.get("id", "?"),
+                                queue=row.queue, host=h.name)
+            row.job = {**job, "stuck": fix} if job and fix else job
             row.last_job = None if row.job else state.ended_jobs(h.name).get(session)
     report = StatusReport(
         sweep=project.sweep, roster=len(roster), synced=len(roster & set(snap.results)),
