@@ -195,6 +195,9 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], list[str]]] = [
     ("ssh host without workdir", {"hosts": {"h1": {"transport": "ssh"}}}, ["workdir", "is required", "h1"]),
     ("ssh host relative workdir", {"workdir": "code/proj", "hosts": {"h1": {"transport": "ssh"}}},
      ["workdir", "absolute"]),
+    ("stop_grace a word", {"stop_grace": "long"}, ["ablate.yaml: stop_grace", "a duration like 30m"]),
+    ("stop_grace zero", {"stop_grace": 0}, ["stop_grace", "positive number of seconds"]),
+    ("stop_grace a bool", {"stop_grace": True}, ["stop_grace", "a duration"]),
 ]
 
 
@@ -264,6 +267,21 @@ def test_good_config_loads(local_project: LocalProject) -> None:
     assert p.heartbeat_secs == 5 and p.train == TRAIN
     assert p.cells[0].epochs == 7 and p.cells[0].task == "det"
     assert p.artifacts.checkpoint == ("model.safetensors",) and p.artifacts.pick == "all"
+
+
+@pytest.mark.parametrize(("value", "seconds"), [(None, 120.0), ("10m", 600.0), (45, 45.0), ("90s", 90.0)])
+def test_stop_grace_is_a_duration_and_reaches_the_run_spec(local_project: LocalProject, value: object,
+                                                           seconds: float) -> None:
+    from ablate.run.placement import render_spec
+
+    local_project.write_config(**({} if value is None else {"stop_grace": value}))
+    project = load_project(local_project.root)
+    assert project.monitor.stop_grace == seconds
+    spec = render_spec(project, project.hosts["h1"], "/x/run_one.sh").decode()
+    # the default is run_queue's own: a project without the key keeps its spec byte for byte
+    assert ("ABLATE_STOP_GRACE=" in spec) == (value is not None)
+    if value is not None:
+        assert f"ABLATE_STOP_GRACE={int(seconds)}\n" in spec
 
 
 def test_checkpoint_may_be_a_glob_a_directory_or_a_list(local_project: LocalProject) -> None:

@@ -332,7 +332,13 @@ def test_a_node_that_dies_mid_cell_is_requeued_by_slurm_and_its_cell_resumed(
 
 def test_stop_then_launch_again_resumes_the_cut_cell(slurm_cluster: SlurmBed, tmp_path: Path,
                                                      cli: Cli) -> None:
+    """scancel's TERM reaches the trainer and the queue's shell at once; the shell outlives the
+    trainer (the job ends with it) through Slurm's window, so a trainer that takes 12 s to save
+    (more than the 10 s ablate once gave) saves, and is told why."""
     sw = Sweep(slurm_cluster, tmp_path, cli, cells=2, queues=1, epochs=6, step_time=0.5)
+    (sw.work / "faults").mkdir(exist_ok=True)
+    for c in sw.cells:
+        (sw.work / "faults" / f"{c}.save_on_term").write_text("12\n")
     sw.ok("plan")
     sw.ok("launch", "--all")
     cell, _ = _mid_cell(sw, min_epoch=1)
@@ -341,6 +347,10 @@ def test_stop_then_launch_again_resumes_the_cut_cell(slurm_cluster: SlurmBed, tm
     assert stopped["was_live"] is True, stopped
     assert not sw.jobs(), sw.jobs()  # scancel'd, and gone from squeue before stop returned
     assert cell not in sw.published()
+    [saved] = [e for e in sw.trace(cell) if e["ev"] == "saved"]
+    assert saved["told"]["reason"] == "slurm_signal" and saved["told"]["kill_after"] >= 12, saved
+    for c in sw.cells:
+        (sw.work / "faults" / f"{c}.save_on_term").unlink()
     again = sw.ok("launch", queue, "--host", "cluster")
     assert again["status"] == "launched", again
     sw.wait_done()
@@ -376,12 +386,20 @@ def test_the_time_limit_cuts_the_cell_resumable_and_the_job_requeues_itself(
     attempt goes on from there, until the queue is done."""
     sw = Sweep(slurm_cluster, tmp_path, cli, cells=3, queues=1, epochs=10, step_time=3.0,
                slurm={"time": "1:00", "grace": 50})
+    (sw.work / "faults").mkdir(exist_ok=True)
+    for c in sw.cells:  # each cut trainer takes 12 s to save: more than the 10 s ablate once gave
+        (sw.work / "faults" / f"{c}.save_on_term").write_text("12\n")
     sw.ok("plan")
     sw.ok("launch", "--all")
-    sw.wait_done(timeout=420)
+    sw.wait_done(timeout=480)
     sw.assert_all_verified_once()
     stops = [e for e in sw.events() if e["ev"] == "queue_stop" and e.get("reason") == "time_limit"]
     assert stops and all(e["requeue"] == 1 for e in stops), stops
+    for e in stops:  # told why before its TERM, given until 10 s before the limit, and it saved
+        if e["cell"] is not None:
+            saved = [t for t in sw.trace(e["cell"]) if t["ev"] == "saved"]
+            assert saved and all(t["told"]["reason"] == "time_limit" and t["told"]["kill_after"] >= 12
+                                 for t in saved), sw.trace(e["cell"])
     attempts = {e["attempt"] for e in sw.events() if e["ev"] == "queue_start"}
     assert len(attempts) == len(stops) + 1, (attempts, stops)
 

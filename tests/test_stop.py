@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import ablate.run.stop as stop_mod
 from ablate.config.project import load_project
 from ablate.run.launch import launch, launch_all
 from ablate.run.stop import stop
@@ -61,10 +62,10 @@ def test_stop_kills_the_whole_group_including_the_trainers_children(
     lp = local_project
     n = 800000 + os.getpid() % 100000  # marks this test's children in /proc
     # The trainer starts a helper that ignores TERM (only KILL ends it) and a plain one.
-    lp.write_config(train=f"sh -c 'trap \"\" TERM; exec sleep {n}' & sleep {n + 1} & {TRAIN}")
+    lp.write_config(train=f"sh -c 'trap \"\" TERM; exec sleep {n}' & sleep {n + 1} & {TRAIN}",
+                    stop_grace=1)  # the KILL one second after the TERM
     lp.queue("q1", [lp.cfg("cfgs/a/cut.yaml", step_time=0.2) + " recon 200",
                     lp.cfg("cfgs/a/after.yaml") + " recon 1"])
-    monkeypatch.setattr(stop_mod, "STOP_GRACE", 1.0)
     project = load_project(lp.root)
     launch(project, "q1", "h1")
     trainer = f"--out {lp.root}/.ablate/local/h1/ckpt/cut "
@@ -75,8 +76,10 @@ def test_stop_kills_the_whole_group_including_the_trainers_children(
     ours = procs(f"sleep {n}") | procs(f"sleep {n + 1}") | procs(trainer) | procs(str(lp.root))
     assert {os.getpgid(pid) for pid in ours} == {hb["pgid"]}  # wrappers, trainer, helpers: one group
 
+    t0 = time.monotonic()
     res = stop(project, "q1", "h1")
     assert res.was_live and res.pgid == hb["pgid"] and res.signal == "KILL"  # TERM was not enough
+    assert time.monotonic() - t0 < 8  # stop_grace, not the 10 s it once was
     assert not procs(f"sleep {n}") and not procs(f"sleep {n + 1}") and not procs(str(lp.root))
     with pytest.raises(ProcessLookupError):
         os.killpg(hb["pgid"], 0)
@@ -87,6 +90,51 @@ def test_stop_kills_the_whole_group_including_the_trainers_children(
     assert not any(e["ev"] == "end" and e.get("rc") == 0 for e in evs)
     assert evs[-1]["ev"] == "stopped" and evs[-1]["signal"] == "KILL"
     assert heartbeat(lp)["state"] == "stopped"
+
+
+# A trainer that saves on TERM: it records what ABLATE_STOP_FILE says, takes SAVE seconds to save,
+# records that it saved and exits 0 (as some frameworks do after a graceful stop).
+SAVER = r"""
+import json, os, signal, sys, time
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+def on_term(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # saving: a second TERM changes nothing
+    with open(os.environ["ABLATE_STOP_FILE"]) as f:
+        told = json.load(f)
+    with open(os.path.join(out, "told.json"), "w") as f:
+        json.dump(told, f)
+    time.sleep(float(sys.argv[2]))
+    open(os.path.join(out, "saved"), "w").close()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(out, "started"), "w").close()
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_stop_gives_the_cell_stop_grace_to_save_and_says_why(local_project: LocalProject,
+                                                              tmp_path: Path) -> None:
+    """`stop_grace: 30`: the trainer, told why in ABLATE_STOP_FILE before its TERM, saves for 2 s
+    and exits 0 by itself (no KILL); the cut cell is still not a result."""
+    lp = local_project
+    saver = tmp_path / "saver.py"
+    saver.write_text(SAVER)
+    lp.write_config(train=f"{sys.executable} {saver} {{ckpt_dir}} 2 {{cfg}}", stop_grace=30)
+    lp.queue("q1", [lp.cfg("cfgs/a/cut.yaml") + " recon 1"])
+    project = load_project(lp.root)
+    launch(project, "q1", "h1")
+    ckpt = lp.root / ".ablate" / "local" / "h1" / "ckpt" / "cut"
+    wait_for(lambda: (ckpt / "started").exists() and heartbeat(lp).get("state") == "running", timeout=30)
+    res = stop(project, "q1", "h1")
+    assert res.was_live and res.signal == "TERM"  # it ended within its grace: no KILL
+    assert (ckpt / "saved").exists()
+    told = json.loads((ckpt / "told.json").read_text())
+    assert told["reason"] == "stop" and told["kill_after"] == 30, told
+    assert not manifest(lp, "cut").exists()
+    evs = events(lp, "h1", "q1")
+    assert not any(e["ev"] == "end" and e.get("rc") == 0 for e in evs)
 
 
 def test_stop_after_current_lets_the_cell_finish_and_starts_nothing_more(

@@ -55,7 +55,13 @@ STARTED=$T
 printf '# ablate %s host=%s queue=%s cell=%s resume=%s gpu=%s\n# ablate cmd: %s\n' \
   "$STARTED" "$ABLATE_HOST" "$QUEUE" "$NAME" "$RESUME" "${GPU:-none}" "$cmd" >>"$LOG" \
   || { echo "run_one: cannot write $LOG" >&2; exit 125; }
+# A stop's TERM reaches the whole group, the trainer too: this shell and the one below wait for the
+# trainer to save and exit (run_queue and `ablate stop` KILL it after the grace), then say it was
+# cut. A trapped signal is the default again in the trainer.
+CUT=
+trap 'CUT=1' TERM
 (
+  trap ':' TERM
   cd -- "$ABLATE_WORKDIR" || exit 125
   set +u  # activation scripts (conda) reference unset variables
   if [[ -n ${ABLATE_ENV-} ]]; then
@@ -67,6 +73,10 @@ rc=$?
 now
 ENDED=$T
 printf '# ablate end %s rc=%s\n' "$ENDED" "$rc" >>"$LOG"
+if [[ -n $CUT ]]; then  # stopped mid-run: never a result, whatever the trainer returned
+  printf '# ablate: the cell was stopped (TERM); %s\n' "$(cat -- "${ABLATE_STOP_FILE:-/nonexistent}" 2>/dev/null)" >>"$LOG"
+  exit 143
+fi
 (( rc == 0 )) || exit "$rc"
 
 # ---- sync: copy, check size + sha256 of each copy against its source, then publish by rename.

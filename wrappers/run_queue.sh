@@ -106,6 +106,12 @@ read -ra SVC_NAMES <<<"${ABLATE_SERVICES-}"
 ABLATE_PORTS=
 declare -A SVC_PID=() SVC_STATE=() SVC_PORT=() SVC_GPU=() SVC_STARTS=() SVC_RC=()
 SVC_DIR=$ABLATE_CKPT_ROOT/.ablate-services
+# Why the running cell is being stopped, for the trainer to read on its TERM (README, "Stopping a
+# cell"): one JSON line {"reason", "t", "kill_after"} written before the TERM whenever this queue or
+# `ablate stop` sends it; removed before each cell starts.
+export ABLATE_STOP_FILE=$ABLATE_CKPT_ROOT/.ablate-stop/$ABLATE_HOST.$QUEUE
+STOP_GRACE=${ABLATE_STOP_GRACE:-120}
+[[ $STOP_GRACE =~ ^[0-9]+$ ]] || STOP_GRACE=120
 SVC_WHY=
 svc_layout() {  # this queue's ports (base + K) and each service's GPUs, from ABLATE_SVC_SLOTS
   local entry rest k=0 i=0 name base
@@ -330,8 +336,23 @@ halt() {  # halt [signalled]: the queue stops: its ticker and services, then the
 }
 
 CHILD=
-on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctrl-C
+STOP_MARGIN=10  # seconds of Slurm's window kept for this shell's own ending (events, heartbeat)
+slurm_window() {  # REPLY = the seconds Slurm gives the job's processes after its first signal
+  REPLY=30
+  decide window && [[ $DECISION =~ ^[0-9]{1,7}$ ]] && REPLY=$DECISION
+  (( REPLY > STOP_MARGIN + 1 )) && REPLY=$(( REPLY - STOP_MARGIN )) || REPLY=1
+}
+on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctrl-C, Slurm's TERM
   trap '' HUP INT TERM
+  if [[ -n $ATTEMPT && -n $CHILD ]]; then
+    # Slurm's TERM (scancel, a preemption without a user signal) reached every process of the job;
+    # the job ends when this shell does, so it waits for the cell through the site's window
+    # (GraceTime + KillWait), then kills what is left. The cut cell keeps its claim.
+    slurm_window
+    kill_cell slurm_signal "$REPLY" signalled
+    halt signalled
+    exit "$1"
+  fi
   # The running cell stops with the queue. Under tmux this shell leads its own process group;
   # started any other way, only our own child is signalled, never a group we do not own.
   if [[ $PGID == "$$" ]]; then
@@ -339,6 +360,10 @@ on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctr
   elif [[ -n $CHILD ]]; then
     kill -TERM "$CHILD" 2>/dev/null
   fi
+  # It saves while this shell lives: the pane's end would HUP it (tmux). `ablate stop` said why in
+  # ABLATE_STOP_FILE and KILLs the group after stop_grace; this shell waits no longer either.
+  local waited=0
+  while [[ -n $CHILD ]] && pid_alive "$CHILD" && (( waited++ < STOP_GRACE * 5 )); do sleep 0.2; done
   halt signalled
   exit "$1"
 }
@@ -354,16 +379,24 @@ on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or t
   trap '' USR2 HUP INT TERM
   local cell=null why=time_limit requeue=${ABLATE_SLURM_RESUBMIT:-0}
   [[ -n $CUR_STARTED && -n $CUR_CELL ]] && cell="\"$CUR_CELL\""
-  # The cell is cut with TERM (the trainer saves what it resumes from) and keeps its claim: the
-  # next attempt of this queue re-enters it with {resume}=1.
-  [[ -n $CHILD ]] && kill_cell
-  halt signalled
   # The signal comes at most 60 s before `grace`: with more time left than that, the site's
   # preemption sent it (PreemptParameters=send_user_signal), and Slurm's preemption decides what
   # becomes of the job (requeue or cancel): one owner of retries, so we ask for nothing.
-  if [[ -n $ATTEMPT ]] && slurm_left && (( REPLY > ${ABLATE_SLURM_GRACE:-120} + 90 )); then
-    why=preempted requeue=0
+  local left=${ABLATE_SLURM_GRACE:-120}
+  if [[ -n $ATTEMPT ]] && slurm_left; then
+    left=$REPLY
+    (( REPLY > ${ABLATE_SLURM_GRACE:-120} + 90 )) && why=preempted requeue=0
   fi
+  # The cell is cut with TERM (the trainer saves what it resumes from) and keeps its claim: the
+  # next attempt of this queue re-enters it with {resume}=1. It has until a margin before Slurm's
+  # own end of the job (the time left, or the preemption's grace) to save and exit.
+  if [[ $why == preempted ]]; then
+    slurm_window
+  else
+    REPLY=$(( left > STOP_MARGIN + 1 ? left - STOP_MARGIN : 1 ))
+  fi
+  [[ -n $CHILD ]] && kill_cell "$why" "$REPLY"
+  halt signalled
   ev queue_stop ", \"idx\": $CUR_IDX, \"cell\": $cell, \"reason\": \"$why\", \"requeue\": $requeue"
   say "${why/_/ } ${ATTEMPT:+(job $SLURM_SELF)}: stopped${CUR_CELL:+ (cut $CUR_CELL, resumable)}"
   if [[ $why == preempted ]]; then
@@ -509,6 +542,7 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
   now
   t0=$T
   CUR_IDX=$idx CUR_CELL=$name CUR_STARTED=$t0 FROM_Q=$from CUR_LOG=$ABLATE_CKPT_ROOT/$name.log
+  rm -f -- "$ABLATE_STOP_FILE"  # a reason left for an earlier cell is not this one's
   STATE=running
   transition
   ev start ", \"idx\": $idx, \"cell\": \"$name\", \"resume\": $resume$extra"
@@ -534,7 +568,7 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
         SVC_STATE[$down]=down
         ev service_down ", \"service\": \"$down\", \"rc\": ${SVC_RC[$down]}, \"idx\": $idx, \"cell\": \"$name\""
         say "service $down exited (rc ${SVC_RC[$down]}) while $name trained; stopping the cell"
-        kill_cell
+        kill_cell service_down
         break
       fi
       sleep 1 &
@@ -555,16 +589,27 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
   CUR_STARTED=
   transition
 }
-kill_cell() {  # the running cell's processes (run_one, the trainer): TERM, 10 s, then KILL
-  local waited=0 p
-  if [[ $PGID == "$$" ]]; then  # our own group: everyone in it but this shell (services have theirs)
+stop_note() {  # stop_note REASON SECONDS: why the cell is stopped and when it is killed, for it
+  now
+  mkdir -p "${ABLATE_STOP_FILE%/*}" 2>/dev/null
+  printf '{"reason": "%s", "t": %s, "kill_after": %s}\n' "$1" "$T" "$2" >"$ABLATE_STOP_FILE.tmp" 2>/dev/null \
+    && mv -f "$ABLATE_STOP_FILE.tmp" "$ABLATE_STOP_FILE" 2>/dev/null
+}
+kill_cell() {  # kill_cell REASON [SECONDS [signalled]]: the running cell's processes (run_one, the
+  # trainer): the reason written, TERM (unless `signalled`: Slurm sent it to them already), up to
+  # SECONDS (default stop_grace) to save and exit, then KILL
+  local waited=0 p wait=${2:-$STOP_GRACE}
+  stop_note "$1" "$wait"
+  if [[ ${3-} == signalled ]]; then
+    :
+  elif [[ $PGID == "$$" ]]; then  # our own group: everyone in it but this shell (services have theirs)
     trap '' TERM
     kill -TERM -- "-$PGID" 2>/dev/null
     trap 'on_signal 143' TERM
   else
     kill -TERM "$CHILD" 2>/dev/null
   fi
-  while pid_alive "$CHILD" && (( waited++ < 50 )); do sleep 0.2; done
+  while pid_alive "$CHILD" && (( waited++ < wait * 5 )); do sleep 0.2; done
   if [[ $PGID == "$$" ]]; then
     for p in $(pgrep -g "$PGID" 2>/dev/null); do
       [[ $p == "$$" || $p == "$BASHPID" || $p == "${DECIDER_PID-}" ]] || kill -KILL "$p" 2>/dev/null

@@ -310,7 +310,7 @@ def _local_path(p: str, base: Path) -> str:
 TOP_KEYS = {
     "profile", "sweep", "workdir", "train", "artifacts", "tasks", "cells", "budget", "resources",
     "candidates", "ssh_config", "hosts", "heartbeat_secs", "costs", "monitor", "report", "steal",
-    "services", "calibrate",
+    "services", "calibrate", "stop_grace",
 }
 HOST_KEYS = {"profile", "ssh", "speed", "gpus", "slots", "instance_id", "transport", "queues"}
 

@@ -51,6 +51,9 @@ class Monitor:
     idle_after: float  # seconds a host may sit with all its queues drained before the alarm
     epoch_re: str  # log progress patterns (see DEFAULT_*_RE for the groups)
     metric_re: str
+    # seconds a cell that is stopped (`ablate stop`, a dead service) has from its TERM to save and
+    # exit before its KILL: top-level `stop_grace` (Slurm's own signals bring the site's window)
+    stop_grace: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,9 @@ def parse_monitor(r: Reader) -> Monitor:
         else DEFAULT_EPOCH_RE
     metric = _regex(p.data["metric"], f"{where}.progress.metric", 2) if p.has("metric") \
         else DEFAULT_METRIC_RE
-    return Monitor(hung, idle, epoch, metric)
+    grace = parse_duration(r.data["stop_grace"], f"{r.file}: stop_grace") if r.has("stop_grace") \
+        else DEFAULT_MONITOR.stop_grace
+    return Monitor(hung, idle, epoch, metric, grace)
 
 
 def parse_report(r: Reader, metrics_keys: tuple[str, ...]) -> ReportSettings:

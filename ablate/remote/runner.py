@@ -334,7 +334,7 @@ def deal_speeds(root: str, keys: Sequence[tuple[str, str]], est: Estimates) -> l
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="runner")
-    ap.add_argument("verb", choices=("line", "lines", "reentries", "deal", "drained", "calibrate"))
+    ap.add_argument("verb", choices=("line", "lines", "reentries", "deal", "drained", "calibrate", "window"))
     ap.add_argument("root")
     ap.add_argument("host")
     ap.add_argument("queue")
@@ -406,6 +406,10 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
         return 0
     if a.verb == "calibrate":
         return calibration(a, slot, hb_secs, out)
+    if a.verb == "window":  # Slurm's window from its first signal to its KILL (run_queue's on_signal)
+        from ablate.remote import slurmwin
+
+        return slurmwin.verb(out)
     runners = scan_runners(a.root, a.host, a.queue, hb_secs)
     deferred = [int(x) for x in a.deferred.split() if x.isdigit()]
     estimates = _read(os.path.join(a.root, "estimates.tsv"), "")  # one read for the deal and the steal

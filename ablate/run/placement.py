@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import posixpath
 import re
 import shlex
@@ -23,6 +24,7 @@ from typing import Any
 
 from ablate import resources as packaged
 from ablate.config.project import Host, Project
+from ablate.config.settings import DEFAULT_MONITOR
 from ablate.remote.layout import SweepLayout
 from ablate.transport import SharedFS
 from ablate.transport.base import CreateImmutable, Read
@@ -57,7 +59,7 @@ def packaged_learn() -> bytes:
 
 # ablate/remote/ modules in the runner zipapp, stdlib only
 RUNNER_MODULES = ("artifacts.py", "calibrate.py", "grammar.py", "layout.py", "learn.py", "publish.py",
-                  "rules.py", "runner.py", "serve.py", "walk.py")
+                  "rules.py", "runner.py", "serve.py", "slurmwin.py", "walk.py")
 # run_one's publish where it runs as a Python start of its own: without the decisions' modules
 _RUNNER_MAIN = b"""import sys
 
@@ -117,6 +119,9 @@ def render_spec(project: Project, host: Host, run_one_path: str, runner_path: st
         "ABLATE_CALIBRATE_KEEP": "1" if project.calibrate.keep else "0",
         **service_spec(project, host),
         **slurm_spec(host),
+        # run_queue's default is the same: a spec without stop_grace stays byte for byte what it was
+        **({"ABLATE_STOP_GRACE": str(max(1, math.ceil(project.monitor.stop_grace)))}
+           if project.monitor.stop_grace != DEFAULT_MONITOR.stop_grace else {}),
     }
     head = f"# ablate run spec: sweep {project.sweep}, host {host.name}. Content-addressed; never edited.\n"
     return (head + "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())).encode()

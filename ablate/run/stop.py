@@ -6,6 +6,8 @@ line). The cut cell keeps its claim and is classified `interrupted`, never count
 from __future__ import annotations
 
 import json
+import math
+import posixpath
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +19,7 @@ from ablate.sweep.lock import controller_lock, whoami
 from ablate.sweep.snapshot import Heartbeat
 from ablate.transport import HostTransport, host_transport, shared_fs
 
-STOP_GRACE = 10.0  # seconds between TERM and KILL of a stopped queue's process group
+KILL_WAIT = 5.0  # seconds a KILLed group may take to be gone
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,19 @@ class StopResult:
             return [f"stopped {self.queue} on {self.host}: {self.via} {self.session} cancelled (scancel)"]
         return [f"stopped {self.queue} on {self.host}: {group}, tmux {self.session} killed"]
 
+
+
+# DIR FILE JSON PGID: the reason written (tmp + rename), then the group's TERM, in one command.
+_NOTE_THEN_TERM = ('mkdir -p -- "$1" 2>/dev/null; printf "%s\\n" "$3" >"$2.tmp" 2>/dev/null '
+                   '&& mv -f -- "$2.tmp" "$2" 2>/dev/null; exec kill -TERM -- "-$4"')
+
+
+def stop_note(h: Host, queue: str, reason: str, grace: float) -> tuple[str, str, str, str]:
+    """The command (and its arguments but the group) that writes run_queue's ABLATE_STOP_FILE for
+    the running cell, then sends the group its TERM."""
+    folder = posixpath.join(h.ckpt_root, ".ablate-stop")
+    record = json.dumps({"reason": reason, "t": round(time.time(), 6), "kill_after": math.ceil(grace)})
+    return _NOTE_THEN_TERM, folder, posixpath.join(folder, f"{h.name}.{queue}"), record
 
 
 def _via(h: Host) -> str:
@@ -130,10 +145,17 @@ def _stop(project: Project, queue: str, host: str) -> StopResult:
     signal: str | None = None
     if pgid is not None:
         # Never `pkill -f`: the pattern could match this very SSH session. The group is exact.
-        for sig, grace in (("TERM", STOP_GRACE), ("KILL", 5.0)):
-            ht.run(["kill", f"-{sig}", "--", f"-{pgid}"])
+        # The running cell is told why before its TERM (ABLATE_STOP_FILE, run_queue's path), and
+        # has stop_grace to save and exit before the KILL.
+        grace = project.monitor.stop_grace
+        note = stop_note(h, queue, "stop", grace) if hb is not None and hb.state == "running" else None
+        for sig, wait in (("TERM", grace), ("KILL", KILL_WAIT)):
+            if sig == "TERM" and note is not None:
+                ht.run(["sh", "-c", note[0], "sh", *note[1:], str(pgid)])
+            else:
+                ht.run(["kill", f"-{sig}", "--", f"-{pgid}"])
             signal = sig
-            deadline = time.monotonic() + grace
+            deadline = time.monotonic() + wait
             while _group_alive(ht, pgid) and time.monotonic() < deadline:
                 time.sleep(0.05)
             if not _group_alive(ht, pgid):

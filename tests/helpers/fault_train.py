@@ -17,7 +17,10 @@ shared workdir, so the test can add and remove them while the sweep runs):
                       killer leaves it;
   faults/<name>.hang  after epoch N (the file's content, default 1): sleep with the log silent
                       for as long as the marker exists (a stuck dataloader; the test also uses it
-                      to hold a cell mid-way, deterministically, on a loaded machine).
+                      to hold a cell mid-way, deterministically, on a loaded machine);
+  faults/<name>.save_on_term  on SIGTERM: trace `{"ev": "term"}`, take S seconds (the file's
+                      content) to "save" a large checkpoint, trace `{"ev": "saved", "told":
+                      <ABLATE_STOP_FILE's record or null>}`, exit 143. Without it TERM kills at once.
 Config keys: lr, hidden, seed, step_time (seconds of sleep per epoch).
 """
 
@@ -57,6 +60,19 @@ def _hangs(name: str, epoch: int) -> bool:
     return after is not None and epoch >= int(after or 1)
 
 
+def _save_on_term(out: str, seconds: float) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # saving: a second TERM changes nothing
+    _trace(out, ev="term")
+    time.sleep(seconds)
+    try:  # why it was stopped (a TERM from Slurm itself may come a moment before the record)
+        with open(os.environ.get("ABLATE_STOP_FILE", ""), encoding="utf-8") as f:
+            told = json.load(f)
+    except (OSError, ValueError):
+        told = None
+    _trace(out, ev="saved", told=told)
+    sys.exit(143)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True)
@@ -84,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         w, start = state["w"], int(state["epoch"][0])
         print(f"resumed from epoch {start}", flush=True)
     _trace(args.out, ev="start", resume=args.resume, start_epoch=start)
+    save = _fault(args.name, "save_on_term")
+    if save is not None:
+        signal.signal(signal.SIGTERM, lambda *_: _save_on_term(args.out, float(save or 10)))
     for epoch in range(start, args.epochs):
         grad = 2 * x_tr.T @ (x_tr @ w - y_tr) / len(y_tr)
         w = (w - lr * grad).astype(np.float32)

@@ -1,0 +1,75 @@
+"""How long Slurm lets a job's processes run after it first signals them. Stdlib only.
+
+Asked by run_queue (runner verb `window`) when Slurm signals its job, so that the trainer gets the
+site's whole window to save before anything is killed, and the queue's shell (the batch step: its
+end kills what is left) outlives the trainer:
+
+- `scancel` and a time limit: TERM, then KILL after `KillWait` (`scontrol show config`);
+- a preemption: the job's end moves `GraceTime` ahead (the partition's, `scontrol show partition`,
+  and the QOS's, `sacctmgr show qos`, where accounting answers), then TERM, `KillWait`, KILL.
+
+The window is the larger of both: a shorter real one ends in Slurm's KILL, as it would anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Callable, Sequence
+
+KILL_WAIT = 30  # Slurm's default KillWait, when the config cannot be read
+_KILL_WAIT = re.compile(r"^KillWait\s*=\s*(\d+)", re.M)
+_GRACE = re.compile(r"\bGraceTime=(\d+)")
+_HMS = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
+
+Run = Callable[[Sequence[str]], str | None]
+
+
+def kill_wait(config: str | None) -> int:
+    """`KillWait = 30 sec` of `scontrol show config`; the default when absent."""
+    m = _KILL_WAIT.search(config or "")
+    return int(m.group(1)) if m else KILL_WAIT
+
+
+def partition_grace(text: str | None) -> int:
+    """`GraceTime=N` of `scontrol -o show partition P` (seconds); 0 when absent."""
+    m = _GRACE.search(text or "")
+    return int(m.group(1)) if m else 0
+
+
+def qos_grace(text: str | None) -> int:
+    """`sacctmgr -n -P show qos Q format=GraceTime`: `00:05:00` (or `1-00:00:00`); 0 when absent."""
+    m = _HMS.match((text or "").strip().splitlines()[0].strip() if (text or "").strip() else "")
+    if not m:
+        return 0
+    d, h, mi, s = (int(g) if g else 0 for g in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + s
+
+
+def _run(argv: Sequence[str]) -> str | None:
+    try:
+        r = subprocess.run(list(argv), capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def window(env: dict[str, str] | None = None, run: Run = _run) -> int:
+    """Seconds from Slurm's first signal to its KILL, at most: the largest GraceTime that applies
+    (partition, QOS) plus KillWait."""
+    env = dict(os.environ) if env is None else env
+    grace = 0
+    partition = env.get("SLURM_JOB_PARTITION", "").split(",")[0]
+    if re.fullmatch(r"[A-Za-z0-9._-]+", partition):
+        grace = partition_grace(run(["scontrol", "-o", "show", "partition", partition]))
+    qos = env.get("SLURM_JOB_QOS", "")
+    if re.fullmatch(r"[A-Za-z0-9._-]+", qos):
+        grace = max(grace, qos_grace(run(["sacctmgr", "-n", "-P", "show", "qos", qos, "format=GraceTime"])))
+    return grace + kill_wait(run(["scontrol", "show", "config"]))
+
+
+def verb(out: Callable[[str], None]) -> int:
+    """The runner's `window`: prints the seconds."""
+    out(str(window()))
+    return 0
