@@ -349,6 +349,9 @@ on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctr
     # the job ends when this shell does, so it waits for the cell through the site's window
     # (GraceTime + KillWait), then kills what is left. The cut cell keeps its claim.
     slurm_window
+    local cell=null
+    [[ -n $CUR_STARTED && -n $CUR_CELL ]] && cell="\"$CUR_CELL\""
+    ev queue_stop ", \"idx\": ${CUR_IDX:-null}, \"cell\": $cell, \"reason\": \"slurm_signal\", \"kill_after\": $REPLY"
     kill_cell slurm_signal "$REPLY" signalled
     halt signalled
     exit "$1"
@@ -395,9 +398,10 @@ on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or t
   else
     REPLY=$(( left > STOP_MARGIN + 1 ? left - STOP_MARGIN : 1 ))
   fi
-  [[ -n $CHILD ]] && kill_cell "$why" "$REPLY"
+  local wait=$REPLY
+  [[ -n $CHILD ]] && kill_cell "$why" "$wait"
   halt signalled
-  ev queue_stop ", \"idx\": $CUR_IDX, \"cell\": $cell, \"reason\": \"$why\", \"requeue\": $requeue"
+  ev queue_stop ", \"idx\": $CUR_IDX, \"cell\": $cell, \"reason\": \"$why\", \"requeue\": $requeue, \"kill_after\": $wait"
   say "${why/_/ } ${ATTEMPT:+(job $SLURM_SELF)}: stopped${CUR_CELL:+ (cut $CUR_CELL, resumable)}"
   if [[ $why == preempted ]]; then
     # A preempted job that ends by itself within GraceTime is COMPLETED, not requeued (Slurm
