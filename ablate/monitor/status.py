@@ -77,7 +77,7 @@ class StatusReport:
     views: dict[str, dict[str, Any]] = field(default_factory=dict)
     lag: dict[str, Any] = field(default_factory=dict)  # the FS's visibility lag the rules allow for
     calibrate: Calibration | None = None  # `calibrate:`: what each queue measured, and its cost
-    # the last reconcile's verified cells by the weakest check of their checkpoint files (issue 32)
+    # the last reconcile's verified cells by the weakest check of their checkpoint files
     verified_by: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -273,7 +273,7 @@ def _last_verified(rec: Mapping[str, Any] | None, roster: set[str]) -> int | Non
 
 
 def _verified_by(rec: Mapping[str, Any] | None, roster: set[str]) -> dict[str, int]:
-    """{check: cells} of the record's roster cells; {} for a record of before issue 32."""
+    """{check: cells} of the record's roster cells; {} for an older record (no `verified_by`)."""
     cells = (rec or {}).get("cells")
     if not isinstance(cells, dict):
         return {}

@@ -393,7 +393,7 @@ def _durable(name: str, cell: Cell, m: Result, local_sha: str | None,
                              aside=True)
         if name in verification.verified and verification.verified[name] == m.sha256:
             by = verification.by.get(name)
-            if by is None:  # a record of before issue 32: reconcile loaded what it verified
+            if by is None:  # an older record (no `verified_by`): reconcile loaded what it verified
                 return CellState(name, "verified", "loaded by the last reconcile", host, queue)
             return CellState(name, "verified", f"verified by the last reconcile: {VERIFIED_BY.get(by, by)}",
                              host, queue, verified_by=by)
