@@ -371,8 +371,8 @@ def test_the_readme_example_profile_and_host_load(cli: Cli, sp: SlurmProject) ->
     assert project.profile.source.endswith("profiles/slurm.yaml") and host.slots == (0, 1, 2, 3)
     assert host.profile.slurm is not None
     assert host.profile.slurm.sbatch_options() == [
-        "--partition=gpu", "--account=mylab", "--qos=normal", "--time=1-00:00:00", "--gres=gpu:1",
-        "--requeue", "--signal=B:USR2@120", "--constraint=a100", "--cpus-per-task=8", "--mem=64G"]
+        "--partition=gpu,gpu-long", "--account=mylab", "--qos=normal", "--time=1-00:00:00", "--gres=gpu:1",
+        "--requeue", "--signal=B:USR2@120", "--constraint=a100|h100", "--cpus-per-task=8", "--mem=64G"]
 
 
 def test_a_slurm_project_without_workdir_names_the_compute_nodes(cli: Cli, sp: SlurmProject) -> None:

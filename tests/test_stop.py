@@ -6,20 +6,25 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from ablate.config.project import load_project
 from ablate.run.launch import launch, launch_all
 from ablate.run.stop import stop
+from ablate.transport import close_all
 from tests.helpers.cli import Cli
 from tests.helpers.project import TRAIN, LocalProject, events, live
+from tests.helpers.testbed_projects import ssh_project
 from tests.helpers.tmux import require_tmux
 from tests.helpers.wait import wait_for
+from tests.testbed import Testbed
 
 
 @pytest.fixture(autouse=True)
@@ -196,3 +201,39 @@ def test_stop_after_current_says_which_cell_and_launch_all_clears_it(local_proje
     ledger = [json.loads(x) for x in (lp.shared / "queues/q1.ledger").read_text().splitlines()]
     assert [e.get("cleared_stop") for e in ledger] == [None, True]
     wait_for(lambda: manifest(lp, "next").exists(), timeout=60)
+
+
+def test_stop_over_ssh_signals_the_group_and_kills_it_after_stop_grace(testbed: Testbed,
+                                                                       tmp_path: Path) -> None:
+    """Over SSH (the host agent runs commands with dash, whose kill takes no `--`): the TERM and the
+    group check reach the host, a TERM-ignoring trainer is KILLed stop_grace later, the reason is
+    in ABLATE_STOP_FILE, and the heartbeat says stopped when stop returns."""
+    sweep = f"st{os.getpid()}"
+    deaf = "sh -c 'trap \"\" TERM; while :; do sleep 0.1; done'"  # ignores TERM: only KILL ends it
+    proj = ssh_project(testbed, tmp_path, sweep, train=f"{deaf} && true {{cfg}} {{epochs}} {{ckpt_dir}}")
+    (testbed.shared_dir / "work" / sweep).mkdir(parents=True, exist_ok=True)
+    config = yaml.safe_load((proj / "ablate.yaml").read_text())
+    (proj / "ablate.yaml").write_text(yaml.safe_dump({**config, "stop_grace": 2}, sort_keys=False))
+    (proj / "cfgs").mkdir()
+    (proj / "cfgs" / "long.yaml").write_text("seed: 1\n")
+    (proj / "queues").mkdir()
+    (proj / "queues" / "q1.txt").write_text("cfgs/long.yaml recon\n")
+    root = testbed.shared_dir / "ablate" / sweep
+    host = testbed.hosts[1]
+    hb_path = root / "heartbeats" / f"{host}.q1"
+    try:
+        project = load_project(proj)
+        launch(project, "q1", host)
+        wait_for(lambda: hb_path.exists() and json.loads(hb_path.read_text())["state"] == "running",
+                 timeout=30)
+        t0 = time.monotonic()
+        res = stop(project, "q1", host)
+        took = time.monotonic() - t0
+        assert res.was_live and res.signal == "KILL", res  # TERM was not enough: KILL, stop_grace later
+        assert 2 <= took < 20, took
+        assert json.loads(hb_path.read_text())["state"] == "stopped"
+        told = testbed.local_dir(host) / "ckpt" / ".ablate-stop" / f"{host}.q1"
+        assert json.loads(told.read_text())["reason"] == "stop"
+    finally:
+        close_all()
+        shutil.rmtree(testbed.shared_dir / "work" / sweep, ignore_errors=True)

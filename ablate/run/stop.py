@@ -57,7 +57,7 @@ class StopResult:
 
 # DIR FILE JSON PGID: the reason written (tmp + rename), then the group's TERM, in one command.
 _NOTE_THEN_TERM = ('mkdir -p -- "$1" 2>/dev/null; printf "%s\\n" "$3" >"$2.tmp" 2>/dev/null '
-                   '&& mv -f -- "$2.tmp" "$2" 2>/dev/null; exec kill -TERM -- "-$4"')
+                   '&& mv -f -- "$2.tmp" "$2" 2>/dev/null; kill -TERM -"$4"')
 
 
 def stop_note(h: Host, queue: str, reason: str, grace: float) -> tuple[str, str, str, str]:
@@ -72,8 +72,18 @@ def _via(h: Host) -> str:
     return "Slurm job" if h.transport == "slurm" else "tmux"
 
 
+# `kill -SIG -PGID` in a shell: the one form every shell's builtin kill and procps' kill take (dash,
+# which the host agent runs commands with, refuses `--`; procps' kill without it takes -PGID for a
+# signal number). PGID is a number the caller checked.
+_KILL_GROUP = 'kill -"$1" -"$2"'
+
+
+def _signal_group(ht: HostTransport, sig: str, pgid: int) -> int:
+    return ht.run(["sh", "-c", _KILL_GROUP, "sh", sig, str(pgid)]).rc
+
+
 def _group_alive(ht: HostTransport, pgid: int) -> bool:
-    return ht.run(["kill", "-0", "--", f"-{pgid}"]).rc == 0
+    return _signal_group(ht, "0", pgid) == 0
 
 
 def _recorded_group(ht: HostTransport, hb: Heartbeat) -> int | None:
@@ -153,7 +163,7 @@ def _stop(project: Project, queue: str, host: str) -> StopResult:
             if sig == "TERM" and note is not None:
                 ht.run(["sh", "-c", note[0], "sh", *note[1:], str(pgid)])
             else:
-                ht.run(["kill", f"-{sig}", "--", f"-{pgid}"])
+                _signal_group(ht, sig, pgid)
             signal = sig
             deadline = time.monotonic() + wait
             while _group_alive(ht, pgid) and time.monotonic() < deadline:
@@ -163,7 +173,7 @@ def _stop(project: Project, queue: str, host: str) -> StopResult:
     # run_queue stops its services itself (TERM, grace, KILL); one it could not finish is killed here.
     for g in services:
         if _group_alive(ht, g):
-            ht.run(["kill", "-KILL", "--", f"-{g}"])
+            _signal_group(ht, "KILL", g)
     ht.tmux_kill(session)
     # run_queue, the events file's writer, is gone now: this line cannot interleave with it.
     fs.append_line(layout.events_file(host, queue), json.dumps(
