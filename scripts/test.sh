@@ -25,4 +25,5 @@ python3 -m pip install -q torch==2.13.0 -e '.[test]'
 python3 -m ruff check ablate tests scripts
 python3 -m mypy ablate
 shellcheck -x -S warning wrappers/*.sh
-python3 -m pytest -q "$@"
+# Two workers: the test beds (each a group, tests/conftest.py) mostly wait, so they run side by side.
+python3 -m pytest -q -n 2 --dist loadgroup "$@"

@@ -19,6 +19,22 @@ from tests.helpers.runners import Runners
 from tests.helpers.testbed_projects import LIVE_BEDS, session_bed
 from tests.testbed import Testbed
 
+# The session test beds, by the fixture a test asks for: under pytest-xdist (`scripts/test.sh` runs
+# `-n 2 --dist loadgroup`) each group runs in one worker, so a bed is built once, and the groups
+# that mostly wait (the Slurm cluster, the slow network FS, the SSH beds) run side by side. The
+# module overrides of `testbed` (tests/helpers/testbed_projects.py: sshfs_testbed) ask for both
+# SSH beds, hence one group for the two.
+BED_GROUPS = (("slurm_cluster", "slurm"), ("testbed_slowfs", "slowfs"), ("testbed_sshfs", "ssh"),
+              ("testbed", "ssh"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        group = next((g for fixture, g in BED_GROUPS if fixture in names), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
 
 @pytest.fixture(autouse=True)
 def _isolate(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:

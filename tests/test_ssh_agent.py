@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -315,14 +317,15 @@ def test_a_python_entry_past_its_timeout_is_ended_with_its_process_group(agent: 
 
 
 @pytest.fixture
-def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """A control directory of its own: no master of another test is reused."""
-    ctl = tmp_path / "ctl"
-    ctl.mkdir(mode=0o700)
+def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A control directory of its own: no master of another test is reused. Short, under /tmp: a
+    socket's path must fit in 108 bytes, and pytest-xdist's tmp_path is longer than that allows."""
+    ctl = Path(tempfile.mkdtemp(prefix="actl-", dir="/tmp"))
     monkeypatch.setenv("ABLATE_SSH_CONTROL_DIR", str(ctl))
     monkeypatch.delenv("ABLATE_SSH_AGENT", raising=False)
     monkeypatch.delenv("ABLATE_SSH_PERSIST", raising=False)
-    return ctl
+    yield ctl
+    shutil.rmtree(ctl, ignore_errors=True)
 
 
 def _on(tb: Testbed, host: str, command: str) -> str:

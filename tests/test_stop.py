@@ -206,11 +206,12 @@ def test_stop_after_current_says_which_cell_and_launch_all_clears_it(local_proje
 def test_stop_over_ssh_signals_the_group_and_kills_it_after_stop_grace(testbed: Testbed,
                                                                        tmp_path: Path) -> None:
     """Over SSH (the host agent runs commands with dash, whose kill takes no `--`): the TERM and the
-    group check reach the host, a TERM-ignoring trainer is KILLed stop_grace later, the reason is
-    in ABLATE_STOP_FILE, and the heartbeat says stopped when stop returns."""
+    group check reach the host, a TERM-ignoring trainer is KILLed stop_grace later (its queue with
+    it: the `stopped` event says so), and the reason is in ABLATE_STOP_FILE."""
     sweep = f"st{os.getpid()}"
-    deaf = "sh -c 'trap \"\" TERM; while :; do sleep 0.1; done'"  # ignores TERM: only KILL ends it
-    proj = ssh_project(testbed, tmp_path, sweep, train=f"{deaf} && true {{cfg}} {{epochs}} {{ckpt_dir}}")
+    # ignores TERM (only KILL ends it), and says so once it does
+    deaf = "sh -c 'trap \"\" TERM; touch {ckpt_dir}.deaf; while :; do sleep 0.1; done'"
+    proj = ssh_project(testbed, tmp_path, sweep, train=f"{deaf} && true {{cfg}} {{epochs}}")
     (testbed.shared_dir / "work" / sweep).mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load((proj / "ablate.yaml").read_text())
     (proj / "ablate.yaml").write_text(yaml.safe_dump({**config, "stop_grace": 2}, sort_keys=False))
@@ -220,18 +221,17 @@ def test_stop_over_ssh_signals_the_group_and_kills_it_after_stop_grace(testbed: 
     (proj / "queues" / "q1.txt").write_text("cfgs/long.yaml recon\n")
     root = testbed.shared_dir / "ablate" / sweep
     host = testbed.hosts[1]
-    hb_path = root / "heartbeats" / f"{host}.q1"
     try:
         project = load_project(proj)
         launch(project, "q1", host)
-        wait_for(lambda: hb_path.exists() and json.loads(hb_path.read_text())["state"] == "running",
-                 timeout=30)
+        wait_for(lambda: (testbed.local_dir(host) / "ckpt" / "long.deaf").exists(), timeout=30)
         t0 = time.monotonic()
         res = stop(project, "q1", host)
         took = time.monotonic() - t0
         assert res.was_live and res.signal == "KILL", res  # TERM was not enough: KILL, stop_grace later
         assert 2 <= took < 20, took
-        assert json.loads(hb_path.read_text())["state"] == "stopped"
+        last = (root / "events" / f"{host}.q1.jsonl").read_text().splitlines()[-1]
+        assert json.loads(last)["ev"] == "stopped" and json.loads(last)["signal"] == "KILL"
         told = testbed.local_dir(host) / "ckpt" / ".ablate-stop" / f"{host}.q1"
         assert json.loads(told.read_text())["reason"] == "stop"
     finally:

@@ -60,8 +60,9 @@ printf '# ablate %s host=%s queue=%s cell=%s resume=%s gpu=%s\n# ablate cmd: %s\
 # cut. A trapped signal is the default again in the trainer.
 CUT=
 trap 'CUT=1' TERM
+[[ -n $CUT ]] && exit 143  # stopped before the trainer started: it never starts
 (
-  trap ':' TERM
+  trap 'exit 143' TERM  # before the trainer: it never starts; while it runs: once it has ended
   cd -- "$ABLATE_WORKDIR" || exit 125
   set +u  # activation scripts (conda) reference unset variables
   if [[ -n ${ABLATE_ENV-} ]]; then
