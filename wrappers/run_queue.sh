@@ -472,7 +472,11 @@ safe_cell() {  # safe_cell NAME CFG TASK EPOCHS CAT: a decision's cell is what i
 # On a network FS a client's cache may still show a name the server no longer has (a claim that
 # remediate released) for the FS's lag: `mkdir` then fails with EEXIST and a stat finds it. Opening
 # a file inside asks the server, so a claim's proof is its readable owner.
-CLAIM_WAIT=${ABLATE_CLAIM_WAIT:-60}  # seconds a name with no owner is retried (the FS's lag, max)
+# Seconds a name with no owner is retried: above the longest cache a default mount keeps (NFS's
+# acdirmax, sshfs or FUSE set to 60 s), with margin, as doctor's cap. At 60 s, a claim remediate had
+# released could still look present when the wait ended; the takeover then wrote into a directory
+# the server no longer had, and the cell was skipped.
+CLAIM_WAIT=${ABLATE_CLAIM_WAIT:-150}
 claim() {  # claim NAME IDX: 0 when this call created claims/NAME and owns it
   local waited=0
   until mkdir "$CLAIMS/$1" 2>/dev/null; do
