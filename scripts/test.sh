@@ -25,5 +25,7 @@ python3 -m pip install -q torch==2.13.0 -e '.[test]'
 python3 -m ruff check ablate tests scripts
 python3 -m mypy ablate
 shellcheck -x -S warning wrappers/*.sh
-# Two workers: the test beds (each a group, tests/conftest.py) mostly wait, so they run side by side.
-python3 -m pytest -q -n 2 --dist loadgroup "$@"
+# One test at a time. `-n 2 --dist loadgroup` runs the test beds (each a group, tests/conftest.py)
+# side by side in about half the time, but test_ssh_agent.py's timing tests are not reliable yet
+# under that load (README, Development).
+python3 -m pytest -q "$@"
