@@ -36,6 +36,7 @@ import re
 from dataclasses import dataclass
 
 from ablate.config.reader import Reader
+from ablate.remote.slurmwin import time_seconds
 
 SLURM_KEYS = {"login", "partition", "account", "qos", "time", "gpus", "extra", "requeue", "grace", "resubmit",
               "array", "throttle"}
@@ -57,8 +58,6 @@ _WORD = re.compile(r"^(?:--[A-Za-z][A-Za-z0-9-]*(?:=.*)?|-[A-Za-z].*)$", re.S)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ALIAS = re.compile(r"^([A-Za-z0-9_.-]+@)?[A-Za-z0-9][A-Za-z0-9_.-]*$")
-# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-_TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
 
 
 @dataclass(frozen=True)
@@ -91,21 +90,6 @@ class SlurmSettings:
         # B: the batch shell (run_queue) gets it, not only job steps; never USR1 (NCCL's).
         out.append(f"--signal=B:USR2@{self.grace}")
         return [*out, *self.extra]
-
-
-def time_seconds(text: str) -> int:
-    """Seconds of a Slurm time limit (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`)."""
-    m = _TIME.match(text)
-    if not m:
-        raise ValueError(text)
-    d, dh, dm, ds, a, b, c = (int(g) if g else 0 for g in m.groups())
-    if m.group(1) is not None:
-        return ((d * 24 + dh) * 60 + dm) * 60 + ds
-    if m.group(7) is not None:  # H:M:S
-        return (a * 60 + b) * 60 + c
-    if m.group(6) is not None:  # M:S
-        return a * 60 + b
-    return a * 60  # M
 
 
 def parse_slurm(r: Reader, transport: str) -> SlurmSettings | None:

@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 KILL_WAIT = 30  # Slurm's default KillWait, when the config cannot be read
 _KILL_WAIT = re.compile(r"^KillWait\s*=\s*(\d+)", re.M)
 _GRACE = re.compile(r"\bGraceTime=(\d+)")
-_HMS = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
+# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+_TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
 
 Run = Callable[[Sequence[str]], str | None]
 
@@ -38,13 +39,28 @@ def partition_grace(text: str | None) -> int:
     return int(m.group(1)) if m else 0
 
 
+def time_seconds(text: str) -> int:
+    """Seconds of a Slurm time (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`); ValueError else."""
+    m = _TIME.match(text)
+    if not m:
+        raise ValueError(text)
+    d, dh, dm, ds, a, b, c = (int(g) if g else 0 for g in m.groups())
+    if m.group(1) is not None:
+        return ((d * 24 + dh) * 60 + dm) * 60 + ds
+    if m.group(7) is not None:  # H:M:S
+        return (a * 60 + b) * 60 + c
+    if m.group(6) is not None:  # M:S
+        return a * 60 + b
+    return a * 60  # M
+
+
 def qos_grace(text: str | None) -> int:
     """`sacctmgr -n -P show qos Q format=GraceTime`: `00:05:00` (or `1-00:00:00`); 0 when absent."""
-    m = _HMS.match((text or "").strip().splitlines()[0].strip() if (text or "").strip() else "")
-    if not m:
+    first = (text or "").strip().split("\n", 1)[0].strip()
+    try:
+        return time_seconds(first)
+    except ValueError:
         return 0
-    d, h, mi, s = (int(g) if g else 0 for g in m.groups())
-    return ((d * 24 + h) * 60 + mi) * 60 + s
 
 
 def _run(argv: Sequence[str]) -> str | None:
