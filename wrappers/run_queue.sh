@@ -337,6 +337,13 @@ halt() {  # halt [signalled]: the queue stops: its ticker and services, then the
 
 CHILD=
 STOP_MARGIN=10  # seconds of Slurm's window kept for this shell's own ending (events, heartbeat)
+cut_cell() {  # the running cell as a JSON value (null between cells), for a stop's event
+  if [[ -n $CUR_STARTED && -n $CUR_CELL ]]; then printf '"%s"' "$CUR_CELL"; else printf null; fi
+}
+child_gone() {  # child_gone SECONDS: wait up to SECONDS for the running cell (run_one) to end
+  local n=0
+  while pid_alive "$CHILD" && (( n++ < $1 * 5 )); do sleep 0.2; done
+}
 slurm_window() {  # REPLY = the seconds Slurm gives the job's processes after its first signal
   REPLY=30
   decide window && [[ $DECISION =~ ^[0-9]{1,7}$ ]] && REPLY=$DECISION
@@ -349,9 +356,7 @@ on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctr
     # the job ends when this shell does, so it waits for the cell through the site's window
     # (GraceTime + KillWait), then kills what is left. The cut cell keeps its claim.
     slurm_window
-    local cell=null
-    [[ -n $CUR_STARTED && -n $CUR_CELL ]] && cell="\"$CUR_CELL\""
-    ev queue_stop ", \"idx\": ${CUR_IDX:-null}, \"cell\": $cell, \"reason\": \"slurm_signal\", \"kill_after\": $REPLY"
+    ev queue_stop ", \"idx\": ${CUR_IDX:-null}, \"cell\": $(cut_cell), \"reason\": \"slurm_signal\", \"kill_after\": $REPLY"
     kill_cell slurm_signal "$REPLY" signalled
     halt signalled
     exit "$1"
@@ -365,8 +370,7 @@ on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctr
   fi
   # It saves while this shell lives: the pane's end would HUP it (tmux). `ablate stop` said why in
   # ABLATE_STOP_FILE and KILLs the group after stop_grace; this shell waits no longer either.
-  local waited=0
-  while [[ -n $CHILD ]] && pid_alive "$CHILD" && (( waited++ < STOP_GRACE * 5 )); do sleep 0.2; done
+  [[ -n $CHILD ]] && child_gone "$STOP_GRACE"
   halt signalled
   exit "$1"
 }
@@ -380,8 +384,8 @@ slurm_left() {  # REPLY = the seconds this job has left by squeue (%L); 1 when u
 }
 on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or the job is preempted
   trap '' USR2 HUP INT TERM
-  local cell=null why=time_limit requeue=${ABLATE_SLURM_RESUBMIT:-0}
-  [[ -n $CUR_STARTED && -n $CUR_CELL ]] && cell="\"$CUR_CELL\""
+  local cell why=time_limit requeue=${ABLATE_SLURM_RESUBMIT:-0}
+  cell=$(cut_cell)
   # The signal comes at most 60 s before `grace`: with more time left than that, the site's
   # preemption sent it (PreemptParameters=send_user_signal), and Slurm's preemption decides what
   # becomes of the job (requeue or cancel): one owner of retries, so we ask for nothing.
@@ -606,7 +610,7 @@ stop_note() {  # stop_note REASON SECONDS: why the cell is stopped and when it i
 kill_cell() {  # kill_cell REASON [SECONDS [signalled]]: the running cell's processes (run_one, the
   # trainer): the reason written, TERM (unless `signalled`: Slurm sent it to them already), up to
   # SECONDS (default stop_grace) to save and exit, then KILL
-  local waited=0 p wait=${2:-$STOP_GRACE}
+  local p wait=${2:-$STOP_GRACE}
   stop_note "$1" "$wait"
   if [[ ${3-} == signalled ]]; then
     :
@@ -617,7 +621,7 @@ kill_cell() {  # kill_cell REASON [SECONDS [signalled]]: the running cell's proc
   else
     kill -TERM "$CHILD" 2>/dev/null
   fi
-  while pid_alive "$CHILD" && (( waited++ < wait * 5 )); do sleep 0.2; done
+  child_gone "$wait"
   if [[ $PGID == "$$" ]]; then
     for p in $(pgrep -g "$PGID" 2>/dev/null); do
       [[ $p == "$$" || $p == "$BASHPID" || $p == "${DECIDER_PID-}" ]] || kill -KILL "$p" 2>/dev/null
