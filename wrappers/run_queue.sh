@@ -427,7 +427,16 @@ trap on_time_limit USR2
 trap 'on_signal 129' HUP
 trap 'on_signal 130' INT
 trap 'on_signal 143' TERM
-trap 'ticker_stop; svc_stop_all' EXIT
+on_exit() {  # the job's last act on Slurm: the session adapter's hook (ABLATE_SLURM_ON_EXIT, set in
+  # the job's script by wrappers/slurm_sessions.sh: it submits queues left waiting for a free place
+  # under the cluster's submit limits), bounded, whatever ended this shell
+  ticker_stop
+  svc_stop_all
+  if [[ -n ${ABLATE_SLURM_ON_EXIT-} && -r $ABLATE_SLURM_ON_EXIT ]]; then
+    timeout 120 bash -- "$ABLATE_SLURM_ON_EXIT" </dev/null 2>&1 | sed 's/^/[ablate on exit] /'
+  fi
+}
+trap on_exit EXIT
 
 say() { { printf '[ablate %s/%s] %s\n' "$ABLATE_HOST" "$QUEUE" "$*"; } 2>/dev/null; }
 
