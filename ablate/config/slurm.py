@@ -21,13 +21,18 @@
                                        # (one sbatch; split by the cluster's MaxArraySize)
       throttle: 8                      # with array: at most 8 of its queues run at once (%8),
                                        # the others pending until one finishes
+      max_restarts: 10                 # restarts of one queue's job (requeue, preemption, node
+                                       # failure, its own resubmit at the time limit) after which
+                                       # it ends; its cut cells wait for `ablate remediate`
+      poll: 30                         # `status --watch` asks Slurm at most every 30 s
 
 Options ablate sets itself (`--job-name`, `--output`, `--requeue`, `--signal`, ...), sbatch's
 abbreviations of them (`--part=gpu`) and those that break what ablate relies on (`--wait`,
 `--test-only`, `--clusters`) are refused in `extra`: two owners of one option is how duplicate
 runs happen.
 Without a `slurm:` mapping every key has its default: the cluster's own partition, account, QOS
-and time limit, no `--gres`, `--requeue`, grace 120 s, resubmit, one job per queue (no array).
+and time limit, no `--gres`, `--requeue`, grace 120 s, resubmit, one job per queue (no array), at most
+10 restarts per queue, `--watch` asking Slurm every 30 s.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ from ablate.config.reader import Reader
 from ablate.remote.slurmwin import time_seconds
 
 SLURM_KEYS = {"login", "partition", "account", "qos", "time", "gpus", "extra", "requeue", "grace", "resubmit",
-              "array", "throttle"}
+              "array", "throttle", "max_restarts", "poll"}
+DEFAULT_MAX_RESTARTS = 10  # a day's sweep cut at a 4 h limit needs 6; a runaway stops within a 10th
+DEFAULT_POLL = 30  # seconds between `status --watch`'s questions to Slurm (what admins tolerate)
 # sbatch options ablate owns (the job's identity, output, requeue policy, signal, the script itself).
 OWNED = ("--job-name", "-J", "--output", "-o", "--error", "-e", "--open-mode", "--requeue",
          "--no-requeue", "--signal", "--wrap", "--array", "-a", "--parsable", "--chdir", "-D",
@@ -74,6 +81,8 @@ class SlurmSettings:
     resubmit: bool = True
     array: bool = False
     throttle: int | None = None
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    poll: int = DEFAULT_POLL
 
     @property
     def time_seconds(self) -> int | None:
@@ -163,10 +172,18 @@ def parse_slurm(r: Reader, transport: str) -> SlurmSettings | None:
                                     f"(1 or more), got {throttle!r}")
         if not array:
             raise s.err("throttle", "throttles a job array: add array: true, or remove throttle")
+    max_restarts = _value(s, "max_restarts", DEFAULT_MAX_RESTARTS)
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise s.err("max_restarts", f"must be how many times a queue's job may restart (0 or more), "
+                                    f"got {max_restarts!r}")
+    poll = _value(s, "poll", DEFAULT_POLL)
+    if isinstance(poll, bool) or not isinstance(poll, int) or poll < 10:
+        raise s.err("poll", f"must be the seconds between status --watch's questions to Slurm (10 or "
+                            f"more: every query is an RPC to slurmctld), got {poll!r}")
     return SlurmSettings(login=login, partition=names["partition"], account=names["account"],
                          qos=names["qos"], time=limit, gpus=gpus, extra=tuple(extra),
                          requeue=_flag(s, "requeue"), grace=grace, resubmit=_flag(s, "resubmit"),
-                         array=array, throttle=throttle)
+                         array=array, throttle=throttle, max_restarts=max_restarts, poll=poll)
 
 
 def _partitions(s: Reader) -> str | None:

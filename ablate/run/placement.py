@@ -134,7 +134,7 @@ def slurm_spec(host: Host) -> dict[str, str]:
     if host.transport != "slurm" or slurm is None:
         return {}
     return {"ABLATE_PIN_GPU": "0", "ABLATE_SLURM_RESUBMIT": "1" if slurm.resubmit and slurm.requeue else "0",
-            "ABLATE_SLURM_GRACE": str(slurm.grace)}
+            "ABLATE_SLURM_GRACE": str(slurm.grace), "ABLATE_SLURM_MAX_RESTARTS": str(slurm.max_restarts)}
 
 
 SERVICE_GRACE = 10  # seconds between a service's TERM and its KILL
