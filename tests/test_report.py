@@ -27,6 +27,7 @@ from ablate.report.table import build_tables
 from ablate.report.timeline import build_timeline
 from ablate.results.pull import pull
 from ablate.results.reconcile import reconcile
+from ablate.results.remediate import remediate
 from ablate.run.launch import launch
 from ablate.run.stop import stop
 from ablate.sweep.cells import Cell
@@ -145,7 +146,8 @@ def distinct_colours(img: Any) -> int:
 
 def _sweep(lp: LocalProject) -> None:
     """q1 (h1): three good cells and one that fails; q2 (h2, half speed): a long cell, then two
-    that h1 steals once it drains. q1 is relaunched (the failed cell re-enters and fails again),
+    that h1 steals once it drains. q1 is relaunched (it passes over the failed cell and steals
+    again), `remediate --launch` re-runs the failed cell on h1 (it fails again),
     q2 is stopped (its long cell interrupted), everything is pulled and reconciled, and one more
     queue q3 runs a cell afterwards (synced, not verified)."""
     lp.queue("q1", ["# ablate: host=h1",
@@ -164,8 +166,11 @@ def _sweep(lp: LocalProject) -> None:
     first = drained(lp, "h1", "q1")
     assert any(e["ev"] == "steal" for e in first), ("h1 was expected to steal from q2 while q2 ran its "
                                                     f"long cell; events: {first}")
-    launch(project, "q1", "h1")  # re-enters the failed cell (its claim is h1/q1's)
+    launch(project, "q1", "h1")  # passes over the failed cell (remediate's), steals again
     drained(lp, "h1", "q1", since=len(first))
+    fix = remediate(project, hosts=["h1"], launch=True)  # the failed cell re-run, and failing again
+    assert list(fix.targets) == ["broken"] and len(fix.queues) == 1, fix.to_json()
+    drained(lp, "h1", fix.queues[0].queue)
     stop(project, "q2", "h2")
     assert pull(project).ok
     assert reconcile(project).verified == 5
@@ -213,8 +218,9 @@ def test_report_of_a_real_sweep_in_headless_chromium(
 
     # ---- the scenario, from the events files alone
     expected = _expected_runs(lp)
+    [rerun] = [f"h1.{p.stem.split('.', 1)[1]}" for p in (lp.shared / "events").glob("h1.remediate-*.jsonl")]
     assert expected == sorted([
-        ("baseline", "h1.q1", "ok", ""), ("broken", "h1.q1", "failed", ""), ("broken", "h1.q1", "failed", ""),
+        ("baseline", "h1.q1", "ok", ""), ("broken", "h1.q1", "failed", ""), ("broken", rerun, "failed", ""),
         ("det_a", "h1.q1", "ok", ""), ("det_b", "h1.q1", "ok", "q2"), ("late", "h1.q3", "ok", ""),
         ("lr_small", "h1.q1", "ok", ""), ("slow", "h2.q2", "interrupted", ""), ("wide", "h1.q1", "ok", "q2"),
     ])

@@ -463,3 +463,36 @@ def test_a_served_decision_that_fails_is_answered_with_4_and_the_runner_goes_on(
     assert serve.answer(["deal", str(tmp_path), "h", "q", "-"], rows.append) == 4
     assert "ZeroDivisionError" in capsys.readouterr().err
     assert serve.answer(["line", str(tmp_path), "h", "q", "-"], rows.append) == 0
+
+
+def _ledger(root: Path, q: str, host: str, start: int, age: float) -> None:
+    path = root / "queues" / f"{q}.ledger"
+    path.write_text(json.dumps({"t": 1.0, "host": host, "slot": None, "start_index": start, "lines": 3,
+                                "prefix_sha256": "0" * 64, "op": "launch"}) + "\n")
+    then = time.time() - age
+    os.utime(path, (then, then))
+
+
+def test_a_launched_queue_that_never_started_is_a_silent_victim_a_drained_runner_steals_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue whose job is still pending (a ledger older than a fresh heartbeat, no heartbeat at
+    all) finishes nothing: a drained runner takes its lines from its launch's start index, through
+    the claims. One launched just now, or one with a heartbeat (a live or stopped queue), is left."""
+    sweep_root(tmp_path, {"q1": ["c/mine.yaml recon"], "pend": ["c/p0.yaml recon", "c/p1.yaml recon",
+                                                               "c/p2.yaml recon"],
+                          "fresh": ["c/f0.yaml recon"], "stopped": ["c/s0.yaml recon"]},
+               claimed=("p1",))
+    (tmp_path / "heartbeats").mkdir()
+    (tmp_path / "heartbeats" / "cluster.stopped").write_text(json.dumps(hb(state="stopped", queue="stopped")))
+    _ledger(tmp_path, "pend", "cluster", 1, age=120)
+    _ledger(tmp_path, "fresh", "cluster", 0, age=0)
+    _ledger(tmp_path, "stopped", "cluster", 0, age=120)
+    (tmp_path / "estimates.tsv").write_text("host h1 - 1000\nhost cluster - 1000\n"
+                                            "cell p0 1000\ncell p1 1000\ncell p2 1000\ncell f0 1000\n")
+    monkeypatch.setenv("ABLATE_TASK_EPOCHS", "recon=3 det=2")
+    out: list[str] = []
+    rc = runner.run(["drained", str(tmp_path), "h1", "q1", "-", "--next", "1", "--head", "0"], out.append)
+    # p0 is before its start index, p1 claimed: p2
+    assert rc == 0 and out[-1].startswith("take steal pend cluster 2 p2 "), out
+    got = runner.unstarted(str(tmp_path), "h1", "q1", [], 10)
+    assert [(r.queue, r.host, r.idx, r.silent) for r in got] == [("pend", "cluster", 1, True)]

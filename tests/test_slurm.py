@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +18,8 @@ import pytest
 import yaml
 
 from tests import slurmbed
-from tests.helpers import fault_train
 from tests.helpers.cli import Cli
+from tests.helpers.slurm_sweep import Sweep
 from tests.helpers.wait import wait_for
 from tests.slurmbed import SlurmBed
 
@@ -35,90 +33,6 @@ def _slurm_env(slurm_cluster: SlurmBed, monkeypatch: pytest.MonkeyPatch) -> Iter
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf_path))
     yield
     slurm_cluster.heal()
-
-
-class Sweep:
-    """A user's project whose one host is the cluster (`queues: N`), on the bed's shared dir."""
-
-    def __init__(self, sb: SlurmBed, tmp: Path, cli: Cli, *, cells: int, queues: int, epochs: int,
-                 step_time: float, slurm: dict[str, Any] | None = None, login: Path | None = None) -> None:
-        self.sb, self.cli, self.epochs = sb, cli, epochs
-        self.sweep = f"s{uuid.uuid4().hex[:6]}"
-        shared = sb.shared_dir
-        self.proj = tmp / "proj"
-        (self.proj / "profiles").mkdir(parents=True)
-        self.work = shared / "work" / self.sweep
-        self.work.mkdir(parents=True)
-        shutil.copyfile(fault_train.__file__, self.work / "fault_train.py")
-        self.scratch = shared / "scratch" / self.sweep
-        (self.proj / "profiles" / "cluster.yaml").write_text(yaml.safe_dump({
-            "transport": "slurm", "shared_fs": str(shared / "fs"), "ckpt_root": str(self.scratch),
-            "python": sys.executable, "slurm": {"time": "10:00", "grace": 30,
-                                                **({"login": "slurm-login"} if login else {}),
-                                                **(slurm or {})}}))
-        self.cells = [f"c{i}" for i in range(cells)]
-        for i, c in enumerate(self.cells):
-            body = yaml.safe_dump({"lr": 0.1, "hidden": 4, "seed": i, "step_time": step_time})
-            for base in (self.proj, self.work):
-                (base / "configs" / f"{c}.yaml").parent.mkdir(parents=True, exist_ok=True)
-                (base / "configs" / f"{c}.yaml").write_text(body)
-        (self.proj / "ablate.yaml").write_text(yaml.safe_dump({
-            "profile": "cluster", "sweep": self.sweep, "workdir": str(self.work),
-            "train": f"{sys.executable} fault_train.py --config {{cfg}} --epochs {{epochs}} "
-                     "--out {ckpt_dir} --resume {resume} --name {name}",
-            "artifacts": {"checkpoint": fault_train.CKPT, "metrics": "metrics.json",
-                          "metrics_keys": ["val_loss"]},
-            "tasks": {"t": {"epochs": epochs, "cost_per_epoch": 1.0}},
-            "cells": [{"glob": "configs/*.yaml", "task": "t"}],
-            "heartbeat_secs": 1,
-            **({"ssh_config": str(login)} if login else {}),
-            "hosts": {"cluster": {"queues": queues}}}, sort_keys=False))
-        self.root = shared / "fs" / "ablate" / self.sweep
-
-    def ok(self, *args: str) -> dict[str, Any]:
-        return self.cli.json(self.proj, *args)
-
-    def jobs(self) -> list[dict[str, str]]:
-        return [j for j in self.sb.squeue() if self.sweep in j.get("name", "")]
-
-    def published(self) -> set[str]:
-        return {p.parent.name for p in (self.root / "final_ckpts").glob("*/MANIFEST.json")}
-
-    def wait_done(self, timeout: float = 240.0) -> None:
-        try:
-            wait_for(lambda: self.published() == set(self.cells) and not self.jobs(), timeout=timeout,
-                     interval=0.5)
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{self.explain()}") from None
-
-    def explain(self) -> str:
-        """What the sweep looks like: published cells, jobs, the last events, the jobs' output."""
-        outs = {p.name: p.read_text()[-1500:] for p in (self.root / "slurm").glob("*.out")}
-        return (f"published {sorted(self.published())} of {self.cells}; jobs {self.jobs()}\n"
-                f"events: {json.dumps(self.events()[-25:])}\noutputs: {json.dumps(outs, indent=1)}")
-
-    def trace(self, cell: str) -> list[dict[str, Any]]:
-        path = self.scratch / cell / "trace.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def completed(self, cell: str) -> int:
-        """Runs of the trainer that reached the last epoch, by its own record."""
-        return sum(1 for e in self.trace(cell) if e["ev"] == "epoch" and e["epoch"] == self.epochs)
-
-    def events(self) -> list[dict[str, Any]]:
-        out = []
-        for f in sorted((self.root / "events").glob("*.jsonl")):
-            out += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-        return out
-
-    def assert_all_verified_once(self) -> None:
-        for c in self.cells:
-            assert self.completed(c) == 1, (c, self.trace(c))
-        rec = self.ok("reconcile", "--fs")
-        assert rec["complete"] is True and rec["verified"] == rec["roster"] == len(self.cells), rec
-        assert not list((self.root / "final_ckpts").glob(".staging.*"))
 
 
 def test_a_whole_sweep_runs_as_batch_jobs_and_verifies(slurm_cluster: SlurmBed, tmp_path: Path,
@@ -645,3 +559,121 @@ def test_through_the_login_node_over_ssh(slurm_cluster: SlurmBed, tmp_path: Path
     checks = {c["check"]: c for c in sw.ok("doctor")["hosts"]["cluster"]["checks"]}
     assert all(c["ok"] for c in checks.values()), checks
     assert checks["reachable"]["reason"] == "ssh slurm-login", checks
+
+
+def _queue_order(sw: Sweep) -> list[str]:
+    """The cells of the one planned queue, in its order."""
+    [qf] = sorted((sw.proj / "queues").glob("*.txt"))
+    return [Path(ln.split()[0]).stem for ln in qf.read_text().splitlines() if ln.strip()
+            and not ln.startswith("#")]
+
+
+def _ev(sw: Sweep, kind: str, **match: Any) -> list[dict[str, Any]]:
+    return [e for e in sw.events() if e["ev"] == kind and all(e.get(k) == v for k, v in match.items())]
+
+
+def test_a_restart_re_enters_the_cut_cell_never_the_one_that_failed(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """One queue: its first cell is OOM-killed (exit 137), its second held mid-cell. The job is
+    requeued: the new attempt re-enters the cut cell with {resume}=1 and passes over the failed one,
+    which stays `oom`, for `ablate remediate` alone (rule 8: retries are remediate's)."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=2, queues=1, epochs=3, step_time=0.5)
+    sw.ok("plan")
+    failed, cut = _queue_order(sw)
+    (sw.work / "faults").mkdir(exist_ok=True)
+    (sw.work / "faults" / f"{failed}.oom").write_text("")
+    (sw.work / "faults" / f"{cut}.hang").write_text("1\n")
+    sw.ok("launch", "--all")
+    wait_for(lambda: _ev(sw, "end", cell=failed) and any(e["ev"] == "epoch" for e in sw.trace(cut)),
+             timeout=120, interval=0.5)
+    [job] = sw.jobs()
+    slurm_cluster.run("scontrol", "requeue", job["id"])
+    wait_for(lambda: len(_ev(sw, "start", cell=cut)) == 2, timeout=150, interval=0.5)
+    (sw.work / "faults" / f"{cut}.hang").unlink()
+    wait_for(lambda: sw.published() == {cut} and not sw.jobs(), timeout=150, interval=0.5)
+    assert [e["resume"] for e in _ev(sw, "start", cell=cut)] == [0, 1]
+    assert len(_ev(sw, "start", cell=failed)) == 1, sw.explain()  # never re-entered
+    assert [e["rc"] for e in _ev(sw, "end", cell=failed)] == [137]
+    out = (sw.root / "slurm").glob("*.out")
+    assert any(f"{failed} ended with exit 137 in an earlier run" in p.read_text() for p in out)
+    st = sw.ok("status")
+    assert st["cells"][failed]["state"] == "oom", st["cells"][failed]
+    fix = sw.ok("remediate")
+    assert list(fix["targets"]) == [failed], fix
+
+
+def test_a_cell_cut_twice_at_the_time_limit_with_its_checkpoint_unchanged_is_stopped(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """A cell that never reaches its next save within a job (1 min, grace 50 s): cut at the time
+    limit, resumed, cut again with the same checkpoint. Its second cut ends it (`no_progress`,
+    exit 124): no third attempt runs it, the queue goes on with its next cell, and status says
+    what to do (`too_long`: raise time or make the trainer resume)."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=2, queues=1, epochs=2, step_time=0.5,
+               slurm={"time": "1:00", "grace": 50})
+    sw.ok("plan")
+    stuck, after = _queue_order(sw)
+    (sw.work / "faults").mkdir(exist_ok=True)
+    (sw.work / "faults" / f"{stuck}.stall").write_text("1\n")  # epoch 1 saved, epoch 2 never
+    sw.ok("launch", "--all")
+    wait_for(lambda: sw.published() == {after} and not sw.jobs(), timeout=480, interval=1)
+    [end] = _ev(sw, "end", cell=stuck)
+    assert end["rc"] == 124 and end["reason"] == "no_progress", end
+    cuts = _ev(sw, "queue_stop", reason="time_limit", cell=stuck)
+    assert len(cuts) == 2, sw.explain()
+    starts = [e for e in sw.trace(stuck) if e["ev"] == "start"]
+    assert [(s["resume"], s["start_epoch"]) for s in starts] == [(0, 0), (1, 1)], starts
+    attempts = sorted(e["attempt"] for e in _ev(sw, "queue_start"))
+    assert end["since"] == attempts[0], (end, attempts)
+    cell = sw.ok("status")["cells"][stuck]
+    assert cell["state"] == "too_long" and "raise slurm.time" in cell["reason"], cell
+    fix = sw.ok("remediate")
+    assert fix["targets"][stuck]["state"] == "too_long", fix
+
+
+def test_a_queue_ends_after_max_restarts_and_leaves_its_cut_cell_to_remediate(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """`max_restarts: 1`: the first restart re-enters the cut cell; at the second the queue ends at
+    once (`queue_stop`, reason max_restarts) and its cut cell is `interrupted`, saying why."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=1, queues=1, epochs=3, step_time=0.5,
+               slurm={"max_restarts": 1})
+    [cell] = sw.cells
+    (sw.work / "faults").mkdir(exist_ok=True)
+    (sw.work / "faults" / f"{cell}.stall").write_text("1\n")
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    wait_for(lambda: any(e["ev"] == "epoch" for e in sw.trace(cell)), timeout=120, interval=0.5)
+    [job] = sw.jobs()
+    for n in (1, 2):
+        wait_for(lambda n=n: len(_ev(sw, "start", cell=cell)) == n, timeout=150, interval=0.5)
+        slurm_cluster.run("scontrol", "requeue", job["id"])
+    wait_for(lambda: _ev(sw, "queue_stop", reason="max_restarts") and not sw.jobs(), timeout=150,
+             interval=0.5)
+    [stop] = _ev(sw, "queue_stop", reason="max_restarts")
+    assert stop["restarts"] == 2, stop
+    assert len(_ev(sw, "start", cell=cell)) == 2, sw.explain()  # the third attempt ran nothing
+    got = sw.ok("status")["cells"][cell]
+    assert got["state"] == "interrupted" and "max_restarts" in got["reason"], got
+    fix = sw.ok("remediate")  # an absence (no `end`): a target once the FS's lag has passed
+    assert [*fix["targets"], *fix["unconfirmed"]] == [cell], fix
+
+
+def test_a_drained_queue_takes_the_cells_of_a_queue_whose_job_is_still_pending(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """Two queues whose jobs can only run one at a time (one node, --exclusive): the second job
+    pends. When the first queue drains it steals the pending queue's lines (its ledger older than a
+    fresh heartbeat, no heartbeat); when the pending job starts at last, every line is claimed or
+    published and it runs nothing: each cell trains once."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=4, queues=2, epochs=4, step_time=4.0,
+               slurm={"extra": ["--nodelist=sn1", "--exclusive"]})
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    sw.wait_done(timeout=420)
+    sw.assert_all_verified_once()
+    steals = _ev(sw, "steal")
+    assert len(steals) == 2 and len({e["from_queue"] for e in steals}) == 1, sw.explain()
+    victim = sw.root / "events" / f"cluster.{steals[0]['from_queue']}.jsonl"
+    mine = [json.loads(line) for line in victim.read_text().splitlines() if line.strip()]
+    # it started once the thief's job ended, found its lines taken and ran nothing
+    assert [e["ev"] for e in mine if e["ev"] in ("queue_start", "queue_end")] == ["queue_start", "queue_end"]
+    assert not [e for e in mine if e["ev"] == "start"], mine
+    assert {e["reason"] for e in mine if e["ev"] == "skip"} <= {"claimed", "done"}, mine

@@ -193,3 +193,44 @@ def test_a_served_step_whose_deal_fails_takes_nothing_and_goes_on(
     assert "ZeroDivisionError" in capsys.readouterr().err
     monkeypatch.setattr(runner, "own_rows", lambda *a: 1 / 0)
     assert serve.answer(argv, rows.append, step=lambda a, out: serve.step(base, walks, a, out)) == 4
+
+
+def events(root: Path, *evs: dict[str, object], key: str = "h1.q1") -> None:
+    (root / "events").mkdir(exist_ok=True)
+    with open(root / "events" / f"{key}.jsonl", "a") as f:
+        f.write("".join(json.dumps({"t": 1.0, **e}) + "\n" for e in evs))
+
+
+def test_an_own_cell_is_re_entered_only_when_it_was_cut_never_when_it_ended(tmp_path: Path) -> None:
+    """A restarted queue (a requeued job, a relaunch) re-enters its claimed cell only when its last
+    `start` has no `end` (cut: stopped, signalled, requeued, its node lost); a cell that ended
+    (crashed, OOM, too long) is remediate's: passed over, with no event after its `end`."""
+    root = root_with(tmp_path, {"q1": ["c/cut.yaml recon", "c/crashed.yaml recon", "c/again.yaml recon",
+                                       "c/next.yaml recon"]})
+    for name in ("cut", "crashed", "again"):
+        claim(root, name, "h1", "q1")
+    events(root, {"ev": "start", "idx": 0, "cell": "cut", "resume": 0},
+           {"ev": "queue_stop", "idx": 0, "cell": "cut", "reason": "time_limit"},
+           {"ev": "start", "idx": 1, "cell": "crashed", "resume": 0},
+           {"ev": "end", "idx": 1, "cell": "crashed", "rc": 1, "dur": 2.0},
+           # ended once, then cut on its re-run: the last start has no end
+           {"ev": "start", "idx": 2, "cell": "again", "resume": 0},
+           {"ev": "end", "idx": 2, "cell": "again", "rc": 143, "dur": 2.0},
+           {"ev": "start", "idx": 2, "cell": "again", "resume": 1})
+    w = walk(root, Decisions(root))
+    assert w.step("h1", "-")[-3:] == ["claim cut 0", "run 0 cut c/cut.yaml recon 3 c 0 -", "next 1"]
+    assert w.step("h1", "lost") == ["own cut 0", "run 0 cut c/cut.yaml recon 3 c 1 -", "next 1"]
+    w.idx = 1
+    assert w.step("h1", "won")[-1] == "next 2"
+    script = w.step("h1", "lost")
+    assert script[:2] == [
+        "say line 1: crashed ended with exit 1 in an earlier run of this queue; not run again here: "
+        "`ablate remediate` re-runs it", "next 2"], script
+    assert not any(op.startswith(("ev ", "own ", "run 1")) for op in script), script
+    assert script[-3:] == ["claim again 2", "run 2 again c/again.yaml recon 3 c 0 -", "next 3"]
+    assert w.step("h1", "lost") == ["own again 2", "run 2 again c/again.yaml recon 3 c 1 -", "next 3"]
+    # read on from where it stopped: a later `end` of the re-entered cell is seen
+    events(root, {"ev": "end", "idx": 2, "cell": "again", "rc": 124, "dur": 9.0, "reason": "no_progress"})
+    w.idx = 2
+    w.step("h1", "won")
+    assert w.step("h1", "lost")[0].startswith("say line 2: again ended no_progress (exit 124)")

@@ -382,6 +382,20 @@ slurm_left() {  # REPLY = the seconds this job has left by squeue (%L); 1 when u
   REPLY=$(( ((10#${BASH_REMATCH[2]:-0} * 24 + 10#${BASH_REMATCH[4]:-0}) * 60 + 10#${BASH_REMATCH[5]}) * 60 \
             + 10#${BASH_REMATCH[6]} ))
 }
+no_progress() {  # the cut cell's record (runner `cut`): when its checkpoint is what it was at its
+  # last time-limit cut, by an earlier attempt, it has not moved in a whole job: its `end` says so
+  # (no_progress, exit 124) and no attempt re-enters it; `ablate remediate` says what to do
+  local kind earlier fp t0=$CUR_STARTED us dur
+  decide cut --cell "$CUR_CELL" --attempt "$ATTEMPT" || return 1
+  read -r kind earlier fp <<<"$DECISION"
+  [[ $kind == stuck && $earlier =~ ^[0-9_]+\.[0-9]+$ && $fp =~ ^[0-9a-z]+$ ]] || return 1
+  write_tail "$CUR_CELL"
+  now
+  us=$(( ${T/./} - ${t0/./} ))
+  printf -v dur '%d.%06d' $((us / 1000000)) $((us % 1000000))
+  ev end ", \"idx\": $CUR_IDX, \"cell\": \"$CUR_CELL\", \"rc\": 124, \"dur\": $dur, \"reason\": \"no_progress\", \"since\": \"$earlier\", \"checkpoint\": \"$fp\"${FROM_Q:+, \"from_queue\": \"$FROM_Q\"}"
+  say "$CUR_CELL: its checkpoint is as the time limit of attempt $earlier left it: it needs more than time - grace, or its trainer does not resume; stopped, for \`ablate remediate\`"
+}
 on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or the job is preempted
   trap '' USR2 HUP INT TERM
   local cell why=time_limit requeue=${ABLATE_SLURM_RESUBMIT:-0}
@@ -402,11 +416,17 @@ on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or t
   else
     REPLY=$(( left > STOP_MARGIN + 1 ? left - STOP_MARGIN : 1 ))
   fi
-  local wait=$REPLY
+  local wait=$REPLY cut=resumable
   [[ -n $CHILD ]] && kill_cell "$why" "$wait"
+  # A cell whose checkpoint did not change between two time-limit cuts ends here (runner `cut`).
+  [[ $why == time_limit && $cell != null && -n $ATTEMPT ]] && no_progress && cut=stopped
+  if [[ $requeue == 1 && -n $ATTEMPT ]] && (( RESTARTS >= MAX_RESTARTS )); then
+    requeue=0
+    say "not requeued: this job has restarted $RESTARTS times (slurm.max_restarts $MAX_RESTARTS)"
+  fi
   halt signalled
   ev queue_stop ", \"idx\": $CUR_IDX, \"cell\": $cell, \"reason\": \"$why\", \"requeue\": $requeue, \"kill_after\": $wait"
-  say "${why/_/ } ${ATTEMPT:+(job $SLURM_SELF)}: stopped${CUR_CELL:+ (cut $CUR_CELL, resumable)}"
+  say "${why/_/ } ${ATTEMPT:+(job $SLURM_SELF)}: stopped${CUR_CELL:+ (cut $CUR_CELL, $cut)}"
   if [[ $why == preempted ]]; then
     # A preempted job that ends by itself within GraceTime is COMPLETED, not requeued (Slurm
     # 22.05, PreemptMode=REQUEUE): wait, idle, until Slurm ends it at the end of the grace time,
@@ -547,6 +567,9 @@ if [[ ${SLURM_JOB_ID-} =~ ^[0-9_]+$ ]]; then
   fi
 fi
 export ABLATE_ATTEMPT=$ATTEMPT
+RESTARTS=${ATTEMPT##*.}  # this job's restarts so far (its attempt's count)
+MAX_RESTARTS=${ABLATE_SLURM_MAX_RESTARTS:-10}
+[[ $MAX_RESTARTS =~ ^[0-9]{1,6}$ ]] || MAX_RESTARTS=10
 write_tail() {  # write_tail NAME: tails/NAME.log = the last 100 lines of the cell's log (tmp + mv)
   local log=$ABLATE_CKPT_ROOT/$1.log tmp=$TAILS/.$1.$ABLATE_HOST.$$.tmp
   if [[ -r $log ]]; then
@@ -684,6 +707,12 @@ hb_write
 ev queue_start ", \"start_index\": $START, \"slot\": ${SLOT:-null}, \"pid\": $$, \"pgid\": $PGID, \"run_queue\": \"$RQ_FILE\", \"spec\": \"$SPEC_FILE\"${ATTEMPT:+, \"attempt\": \"$ATTEMPT\", \"node\": \"${HOSTNAME-}\"}"
 ticker_start
 say "started at line $START (spec $SPEC_FILE)"
+if [[ -n $ATTEMPT ]] && (( RESTARTS > MAX_RESTARTS )); then  # Slurm restarted it once too often
+  ev queue_stop ", \"idx\": $START, \"cell\": null, \"reason\": \"max_restarts\", \"restarts\": $RESTARTS"
+  say "not going on: this job has restarted $RESTARTS times, more than slurm.max_restarts ($MAX_RESTARTS); its cut cells wait for \`ablate remediate\`"
+  halt
+  exit 0
+fi
 
 export ABLATE_QUEUE=$QUEUE ABLATE_EVENTS=$EVENTS ABLATE_GPU=$SLOT
 export ABLATE_RUN_QUEUE_VERSION=$RQ_FILE ABLATE_SPEC_VERSION=$SPEC_FILE

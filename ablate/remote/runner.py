@@ -139,6 +139,53 @@ def scan_runners(root: str, host: str, queue: str, hb_secs: int) -> list[Runner]
     return out
 
 
+def unstarted(root: str, host: str, queue: str, running: Sequence[Runner], hb_secs: int) -> list[Runner]:
+    """Launched queues that have not started: a ledger whose last launch is older than a fresh
+    heartbeat's age and no heartbeat at all (a Slurm job still pending; a start that failed). Each
+    is a silent runner at its launch's start index: it finishes nothing, so a drained runner may
+    steal its lines (its claims make each run once: the queue skips them when it starts)."""
+    try:  # the FS's clock: scan_runners wrote this file just before
+        fs_now = _mtime_ms(os.path.join(root, f".clock.{host}.{queue}"))
+    except OSError:
+        return []
+    fresh = max(3 * hb_secs, 30) * 1000
+    seen = {r.queue for r in running}
+    out = []
+    qdir = os.path.join(root, "queues")
+    try:
+        names = sorted(n[:-len(".ledger")] for n in os.listdir(qdir) if n.endswith(".ledger"))
+    except OSError:
+        return []
+    for q in names:
+        if q == queue or q in seen or not grammar.SAFE_NAME.fullmatch(q):
+            continue
+        path = os.path.join(qdir, f"{q}.ledger")
+        try:
+            mt = _mtime_ms(path)
+            launch = None
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    try:
+                        e = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(e, dict) and e.get("op", "launch") == "launch":
+                        launch = e
+        except OSError:
+            continue
+        if launch is None or fs_now - mt < fresh:
+            continue
+        h, slot, start = launch.get("host"), launch.get("slot"), launch.get("start_index")
+        if not (isinstance(h, str) and grammar.SAFE_NAME.fullmatch(h) and isinstance(start, int)
+                and start >= 0):
+            continue
+        s = str(slot) if isinstance(slot, int) and slot >= 0 else ""
+        if os.path.exists(os.path.join(root, "heartbeats", f"{h}.{q}")):
+            continue
+        out.append(Runner(q, h, s, start, "", "", -1, True, -1, ()))
+    return out
+
+
 def runner_of(hb: object, my_queue: str, mt: int, fs_now: int, fresh: int) -> Runner | None:
     """One heartbeat (numbers kept as their text), or None when it is not a running runner."""
     if not isinstance(hb, dict) or hb.get("state") != "running":
@@ -334,7 +381,8 @@ def deal_speeds(root: str, keys: Sequence[tuple[str, str]], est: Estimates) -> l
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="runner")
-    ap.add_argument("verb", choices=("line", "lines", "reentries", "deal", "drained", "calibrate", "window"))
+    ap.add_argument("verb", choices=("line", "lines", "reentries", "deal", "drained", "calibrate", "window",
+                                         "cut"))
     ap.add_argument("root")
     ap.add_argument("host")
     ap.add_argument("queue")
@@ -348,6 +396,8 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--steal", type=int, default=1)
     ap.add_argument("--secs", type=float, default=600.0)
     ap.add_argument("--stop", default="")
+    ap.add_argument("--cell", default="")
+    ap.add_argument("--attempt", default="")
     return ap.parse_args(argv)
 
 
@@ -410,6 +460,10 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
         from ablate.remote import slurmwin
 
         return slurmwin.verb(out)
+    if a.verb == "cut":  # a cell cut at the time limit: did it move since its last cut?
+        from ablate.remote import cuts
+
+        return cuts.verb(a.root, a.cell, a.attempt, out)
     runners = scan_runners(a.root, a.host, a.queue, hb_secs)
     deferred = [int(x) for x in a.deferred.split() if x.isdigit()]
     estimates = _read(os.path.join(a.root, "estimates.tsv"), "")  # one read for the deal and the steal
@@ -426,7 +480,8 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
             head = d.head
     if a.verb == "deal" or not a.steal:
         return 1
-    return steal(a, sweep, runners, slot, set(head), estimates, out)
+    return steal(a, sweep, [*runners, *unstarted(a.root, a.host, a.queue, runners, hb_secs)], slot,
+                 set(head), estimates, out)
 
 
 def _calibrate() -> types.ModuleType:

@@ -104,6 +104,8 @@ class Walk:
         self.steal_skip: set[str] = set()  # QUEUE:IDX of lines lost to another claimer
         self.reentry: list[tuple[str, int, Cell]] | None = None  # read at the first drain
         self.pending: Pending | None = None
+        self.ev_pos = 0  # how far this queue's events file is read (`_ended`)
+        self.ends: dict[str, str] = {}  # cell -> how its last run here ended, when it did
         # the position, as run_queue sends it
         self.idx = 0
         self.deferred: list[int] = []
@@ -125,6 +127,36 @@ class Walk:
                 return f.readline().split()
         except OSError:
             return None
+
+    def _ended(self, name: str, host: str) -> str | None:
+        """How the cell's last run in this queue ended (`exit 1`, `no_progress (exit 124)`), or None
+        when its last `start` has no `end` after it (cut: stopped, signalled, its job requeued, its
+        node or attempt lost) or it never started. This queue's events file, read on from where the
+        last call stopped (one writer: this queue; complete lines only)."""
+        path = os.path.join(self.root, "events", f"{host}.{self.queue}.jsonl")
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.ev_pos)
+                data = f.read()
+        except OSError:
+            data = b""
+        whole = data[:data.rfind(b"\n") + 1]
+        self.ev_pos += len(whole)
+        for raw in whole.splitlines():
+            if b'"cell"' not in raw:
+                continue
+            try:
+                e = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(e, dict) or not isinstance(e.get("cell"), str):
+                continue
+            if e.get("ev") == "start":
+                self.ends.pop(e["cell"], None)
+            elif e.get("ev") == "end":
+                rc, why = e.get("rc"), e.get("reason")
+                self.ends[e["cell"]] = (f"{why} (exit {rc})" if isinstance(why, str) else f"with exit {rc}")
+        return self.ends.get(name)
 
     def _ours(self, name: str, host: str) -> bool:
         owner = self._owner(name)
@@ -189,11 +221,18 @@ class Walk:
         return self._next(host, out)
 
     def _lost(self, p: Pending, host: str, out: list[str]) -> list[str] | None:
-        if p.kind == "own":  # ours from an earlier run (interrupted, or failed): re-entered
+        if p.kind == "own":  # ours from an earlier run: re-entered when it was cut, never when it
+            # ended (failed: remediate's, rule 8)
             if self._ours(p.cell.name, host):
-                return [*out, f"own {p.cell.name} {p.idx}", f"run {p.idx} {p.cell.words} 1 -",
-                        f"next {p.idx + 1}"]
-            out += [_ev("skip", idx=p.idx, cell=p.cell.name, reason="claimed"), f"next {p.idx + 1}"]
+                ended = self._ended(p.cell.name, host)
+                if ended is None:
+                    return [*out, f"own {p.cell.name} {p.idx}", f"run {p.idx} {p.cell.words} 1 -",
+                            f"next {p.idx + 1}"]
+                # its `end` is its outcome (status counts it): no event of ours after it
+                out += [f"say line {p.idx}: {p.cell.name} ended {ended} in an earlier run of this queue; "
+                        "not run again here: `ablate remediate` re-runs it", f"next {p.idx + 1}"]
+            else:
+                out += [_ev("skip", idx=p.idx, cell=p.cell.name, reason="claimed"), f"next {p.idx + 1}"]
             self.idx = p.idx + 1
             return None
         if p.kind == "dealt":  # someone's since the deal (then dropped), or the FS failed (kept)

@@ -58,8 +58,8 @@ def packaged_learn() -> bytes:
 
 
 # ablate/remote/ modules in the runner zipapp, stdlib only
-RUNNER_MODULES = ("artifacts.py", "calibrate.py", "grammar.py", "layout.py", "learn.py", "publish.py",
-                  "rules.py", "runner.py", "serve.py", "slurmwin.py", "walk.py")
+RUNNER_MODULES = ("artifacts.py", "calibrate.py", "cuts.py", "grammar.py", "layout.py", "learn.py",
+                  "publish.py", "rules.py", "runner.py", "serve.py", "slurmwin.py", "walk.py")
 # run_one's publish where it runs as a Python start of its own: without the decisions' modules
 _RUNNER_MAIN = b"""import sys
 

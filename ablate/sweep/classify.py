@@ -15,7 +15,8 @@ States, first match wins:
     verified    the last reconcile verified this very manifest;
     synced      otherwise (present, not yet verified by load).
   no durable copy, the cell claimed (`claims/<name>/owner` = host queue):
-    its last `end` in the owner's events: reason service_down -> service_down (a service beside it
+    its last `end` in the owner's events: reason no_progress -> too_long (two time-limit cuts left
+    its checkpoint as it was); reason service_down -> service_down (a service beside it
     died: not the trainer's failure); rc 0 -> sync_failed (no durable copy); rc 3 with a
     `sync_failed` event -> sync_failed; 129/130/143 -> interrupted (lost when its host is);
     137 or an OOM line in `tails/<name>.log` -> oom; other -> crashed (with the tail);
@@ -48,10 +49,10 @@ from ablate.util.fmt import Log
 from ablate.util.fmt import age as _age
 
 STATES = ("verified", "synced", "queued", "running", "hung", "lost", "interrupted", "oom", "crashed",
-          "service_down", "sync_failed", "corrupt", "stale", "never_ran")
+          "service_down", "sync_failed", "too_long", "corrupt", "stale", "never_ran")
 # What `ablate remediate` re-runs: everything that is not done, doing, or about to be done.
 TARGETS = frozenset({"never_ran", "lost", "interrupted", "oom", "crashed", "service_down", "sync_failed",
-                     "corrupt", "stale"})
+                     "too_long", "corrupt", "stale"})
 # Decided from an absence (no claim, end, result or fresh heartbeat): facts only on a settled view.
 FROM_ABSENCE = frozenset({"never_ran", "lost", "interrupted", "sync_failed"})
 SIGNALLED = {129: "HUP", 130: "INT", 143: "TERM"}
@@ -176,8 +177,8 @@ def count_line(counts: Mapping[str, int]) -> str:
 
 # Text output lists what needs a hand first: a long sweep's queued cells must not hide a crash.
 _URGENCY = {s: i for i, s in enumerate((
-    "hung", "lost", "oom", "crashed", "service_down", "sync_failed", "corrupt", "stale", "interrupted",
-    "never_ran",
+    "hung", "lost", "oom", "crashed", "service_down", "sync_failed", "too_long", "corrupt", "stale",
+    "interrupted", "never_ran",
     "running", "queued", "synced", "verified"))}
 
 
@@ -455,6 +456,9 @@ def _claimed(state: SweepState, name: str, tail: Tail | None, hung_after: float,
     stop = state.stopped_after(start[0], start[1]) if start else None
     if stop is not None and stop.ev == "stopped":
         why = f"cut by `{stop.by or 'ablate stop'}` of {queue} on {host}"
+    elif _restarts_spent(state, f"{host}.{queue}"):
+        why = (f"cut, and its queue {queue} on {host} then ended: its job had restarted more than "
+               "slurm.max_restarts times")
     elif hb is not None and hb.state == "stopped":
         why = f"its queue {queue} on {host} was stopped (signal) during the cell"
     elif start is None:
@@ -463,6 +467,12 @@ def _claimed(state: SweepState, name: str, tail: Tail | None, hung_after: float,
         why = f"its queue {queue} on {host} is gone mid-cell (killed or rebooted) while the host is up"
     return CellState(name, "interrupted", f"{why}; `ablate launch {queue} --host {host}` resumes it there, "
                      "`ablate remediate` re-runs it", host, queue)
+
+
+def _restarts_spent(state: SweepState, key: str) -> bool:
+    """The queue's last `queue_stop` says its job restarted more than slurm.max_restarts times."""
+    stop = next((e for e in reversed(state.snap.events.get(key, ())) if e.ev == "queue_stop"), None)
+    return stop is not None and stop.reason == "max_restarts"
 
 
 def _silence(age: float | None, hb: Heartbeat | None) -> float | None:
@@ -482,6 +492,11 @@ def _ended(state: SweepState, name: str, host: str, queue: str, last_end: tuple[
     tail = tail_info.lines if tail_info is not None else ()
     oom_line = tail_info.oom if tail_info is not None else None
     sync_fail = next((x for _, i, x in reversed(evs) if x.ev == "sync_failed" and i < last_end[1]), None)
+    if e.reason == "no_progress":  # run_queue: two time-limit cuts, the same checkpoint after both
+        return CellState(name, "too_long", "cut at Slurm's time limit twice with its checkpoint "
+                         "unchanged: it needs more than time - grace from where it resumes, or its trainer "
+                         "does not resume; raise slurm.time or make the trainer save and honour {resume}, "
+                         "then `ablate remediate`", host, queue, rc, tail)
     if e.reason == "service_down":  # a service beside it died (or never came up): not the trainer's
         return CellState(name, "service_down", f"its service {e.service or '?'} died while it ran (exit "
                          f"{rc}); `ablate remediate` re-runs it", host, queue, rc, tail)

@@ -18,6 +18,9 @@ shared workdir, so the test can add and remove them while the sweep runs):
   faults/<name>.hang  after epoch N (the file's content, default 1): sleep with the log silent
                       for as long as the marker exists (a stuck dataloader; the test also uses it
                       to hold a cell mid-way, deterministically, on a loaded machine);
+  faults/<name>.stall  before epoch N+1 (the file's content, default 0), also in a resumed run:
+                      sleep, silent, for as long as the marker exists (a run that never reaches its
+                      next save: its checkpoint stays what it was);
   faults/<name>.save_on_term  on SIGTERM: trace `{"ev": "term"}`, take S seconds (the file's
                       content) to "save" a large checkpoint, trace `{"ev": "saved", "told":
                       <ABLATE_STOP_FILE's record or null>}`, exit 143. Without it TERM kills at once.
@@ -58,6 +61,11 @@ def _fault(name: str, kind: str) -> str | None:
 def _hangs(name: str, epoch: int) -> bool:
     after = _fault(name, "hang")
     return after is not None and epoch >= int(after or 1)
+
+
+def _stalls(name: str, done: int) -> bool:
+    after = _fault(name, "stall")
+    return after is not None and done >= int(after or 0)
 
 
 def _save_on_term(out: str, seconds: float) -> None:
@@ -104,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     if save is not None:
         signal.signal(signal.SIGTERM, lambda *_: _save_on_term(args.out, float(save or 10)))
     for epoch in range(start, args.epochs):
+        while _stalls(args.name, epoch):
+            time.sleep(0.1)
         grad = 2 * x_tr.T @ (x_tr @ w - y_tr) / len(y_tr)
         w = (w - lr * grad).astype(np.float32)
         val = float(np.mean((x_va @ w - y_va) ** 2))

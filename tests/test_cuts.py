@@ -1,0 +1,76 @@
+"""A cell cut at Slurm's time limit (`ablate/remote/cuts.py`, the runner's verb `cut`): stopped when
+its checkpoint did not change between two time-limit cuts of different attempts; only the files its
+`artifacts.checkpoint` names count; the record lives in its claim."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ablate.remote import cuts, runner
+
+
+@pytest.fixture
+def cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    scratch = tmp_path / "scratch"
+    (scratch / "c1").mkdir(parents=True)
+    (tmp_path / "root" / "claims" / "c1").mkdir(parents=True)
+    monkeypatch.setenv("ABLATE_CKPT_ROOT", str(scratch))
+    monkeypatch.setenv("ABLATE_CHECKPOINT", "model.safetensors")
+    return scratch / "c1"
+
+
+def cut(tmp_path: Path, attempt: str) -> tuple[int, list[str]]:
+    out: list[str] = []
+    rc = runner.run(["cut", str(tmp_path / "root"), "cluster", "q1", "-", "--cell", "c1",
+                     "--attempt", attempt], out.append)
+    return rc, out
+
+
+def test_a_checkpoint_unchanged_between_two_time_limit_cuts_is_stuck(tmp_path: Path, cell: Path) -> None:
+    (cell / "model.safetensors").write_bytes(b"x" * 10)
+    rc, out = cut(tmp_path, "7.0")
+    assert rc == 0 and out[0].startswith("resumable "), out
+    (cell / "trace.jsonl").write_text("a log that grows without progress\n")  # not the checkpoint
+    rc, out = cut(tmp_path, "7.1")
+    assert rc == 0 and out[0].split()[:2] == ["stuck", "7.0"], out
+    record = (tmp_path / "root" / "claims" / "c1" / cuts.RECORD).read_text().splitlines()
+    assert [r.split()[:2] for r in record] == [["time_limit", "7.0"], ["time_limit", "7.1"]]
+
+
+def test_a_checkpoint_that_moved_is_resumable_and_none_twice_is_stuck(tmp_path: Path, cell: Path) -> None:
+    ckpt = cell / "model.safetensors"
+    ckpt.write_bytes(b"x" * 10)
+    assert cut(tmp_path, "7.0")[1][0].startswith("resumable")
+    ckpt.write_bytes(b"y" * 12)  # the resumed run saved further on
+    assert cut(tmp_path, "7.1")[1][0].startswith("resumable")
+    os.utime(ckpt, ns=(1, 1))  # rewritten (a new mtime) counts as moved too
+    assert cut(tmp_path, "7.2")[1][0].startswith("resumable")
+    ckpt.unlink()  # a trainer that never saves: no checkpoint at both cuts
+    assert cut(tmp_path, "7.3")[1] == [f"resumable {cuts.NONE}"]
+    assert cut(tmp_path, "7.4")[1] == [f"stuck 7.3 {cuts.NONE}"]
+
+
+def test_the_same_attempt_twice_is_not_stuck_and_bad_arguments_are_refused(tmp_path: Path,
+                                                                           cell: Path) -> None:
+    assert cut(tmp_path, "7.0")[1][0].startswith("resumable")
+    assert cut(tmp_path, "7.0")[1][0].startswith("resumable")
+    assert cut(tmp_path, "7.x")[0] == 2
+    out: list[str] = []
+    assert runner.run(["cut", str(tmp_path / "root"), "cluster", "q1", "-", "--cell", "../c1",
+                       "--attempt", "7.1"], out.append) == 2 and not out
+
+
+def test_a_released_claim_takes_its_record_with_it(tmp_path: Path, cell: Path) -> None:
+    assert cut(tmp_path, "7.0")[1][0].startswith("resumable")
+    claim = tmp_path / "root" / "claims" / "c1"
+    claim.rename(tmp_path / "root" / "released")
+    claim.mkdir()  # claimed again after `ablate remediate`
+    assert cut(tmp_path, "9.0")[1][0].startswith("resumable")
+
+
+def test_a_claim_that_cannot_be_written_is_rc_3(tmp_path: Path, cell: Path) -> None:
+    (tmp_path / "root" / "claims" / "c1").rmdir()
+    assert cut(tmp_path, "7.0")[0] == 3
