@@ -240,7 +240,9 @@ def _check_slurm(project: Project, host: Host, plan: _Plan, t: HostTransport) ->
     cold = _cold(t)
     if cold is not None:
         return HostReport(host.name, (cold,))
-    node = [s for s in _sections(project, host, plan) if s[0] in ("env", "nonce", "sha", "gpu", "workdir")]
+    sections = _sections(project, host, plan)
+    node = [s for s in sections if s[0] in ("env", "nonce", "sha", "workdir")]
+    gpu = next(s for s in sections if s[0] == "gpu")  # where the queue's GPUs are: its own probe
 
     def on_node(got: Mapping[str, Section], why: str | None) -> list[tuple[str, bool, str]]:
         n = got.get("nonce")
@@ -252,11 +254,14 @@ def _check_slurm(project: Project, host: Host, plan: _Plan, t: HostTransport) ->
                                    f"the compute node does not see the nonce written through {plan.writer} "
                                    f"under {project.sweep_root(host)}: not the same shared FS"),
                deployed_check(project, host, plan.deployed, plan.fs_error, got.get("sha")),
-               astuple(_gpu(host, plan.ask, got.get("gpu"))),
                ("workdir", bool(wd and wd.rc == 0), f"{project.workdir} on the compute node")]
         return out + ([("script", False, why)] if why else [])
 
-    return HostReport(host.name, tuple(Check(*c) for c in slurm_checks(project, host, t, node, on_node)))
+    def on_gpu(sec: Section | None) -> tuple[str, bool, str]:
+        return astuple(_gpu(host, plan.ask, sec))
+
+    checks = slurm_checks(project, host, t, node, on_node, gpu, on_gpu)
+    return HostReport(host.name, tuple(Check(*c) for c in checks))
 
 
 def _check_host(project: Project, host: Host, plan: _Plan) -> HostReport:
