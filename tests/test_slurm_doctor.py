@@ -24,8 +24,10 @@ import yaml
 
 from ablate.config.project import load_project
 from ablate.config.slurm import SlurmSettings
-from ablate.run.slurmcheck import time_checks
-from ablate.run.slurmprobe import gpu_options, probe_options
+from ablate.run.hostcheck import Section
+from ablate.run.slurmcheck import gpu_verdict, time_checks
+from ablate.run.slurmprobe import ProbeJob, ProbeResult, ckpt_check, gpu_options, probe_options
+from tests import slurmbed
 from tests.helpers.cli import Cli
 from tests.helpers.wait import wait_for
 from tests.slurmbed import SlurmBed
@@ -140,6 +142,64 @@ def test_a_second_node_that_cannot_be_had_leaves_a_plain_warning(
              interval=0.5)
 
 
+class GpuBed(SlurmBed):
+    """The bed with one GPU per node as Slurm counts them (GRES `gpu:1`; nothing here has a real
+    one) and two CPUs, so a job holding a node's GPU leaves room for a probe without."""
+
+    def _write_conf(self) -> None:
+        super()._write_conf()
+        text = self.conf_path.read_text().replace("CPUs=1 RealMemory=1000",
+                                                  "CPUs=2 RealMemory=1000 Gres=gpu:1")
+        self.conf_path.write_text("GresTypes=gpu\nSlurmdParameters=config_overrides\n" + text)
+        # gres/gpu counts device files (Count alone registers 0): /dev/null stands for the GPU.
+        self.conf_path.with_name("gres.conf").write_text("AutoDetect=off\nName=gpu File=/dev/null\n")
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster() -> Iterator[GpuBed]:
+    reason = slurmbed.missing_requirement()
+    if reason:
+        pytest.skip(reason)
+    with GpuBed(3) as bed:
+        yield bed
+
+
+@pytest.fixture
+def gpu_bed(gpu_cluster: GpuBed, monkeypatch: pytest.MonkeyPatch) -> Iterator[GpuBed]:
+    monkeypatch.setenv("SLURM_CONF", str(gpu_cluster.conf_path))
+    yield gpu_cluster
+    gpu_cluster.heal()
+
+
+def test_the_gpus_are_a_probe_of_their_own_and_one_that_cannot_start_is_not_checked(
+        gpu_bed: GpuBed, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gpus: 1`: the node checks run in a probe without GPUs, the GPU check in one with
+    `--gres=gpu:1 --time=2`. Every node's GPU held by another job: the GPU probe pends (Resources)
+    and is cancelled after the wait, the GPU check says "not checked" and doctor passes, the node
+    checks done by the probe that started."""
+    sw = Sweep(gpu_bed, tmp_path, cli, cells=1, queues=1, epochs=1, step_time=0.0, slurm={"gpus": 1})
+    sw.ok("deploy")
+    checks = checks_of(sw.ok("doctor"))
+    assert all(c["ok"] for c in checks.values()), checks
+    assert "--gres=gpu:1" in checks["request"]["reason"] and "--gres" not in checks["job"]["reason"], checks
+    gpu = checks["gpu"]["reason"]
+    assert re.fullmatch(r"no GPU \(nvidia-smi not found\) \(a probe job with --gres=gpu:1 on sn\d\)",
+                        gpu), gpu
+    holders = [gpu_bed.sbatch("sleep 300", "--gres=gpu:1", "--time=10", "-w", n) for n in gpu_bed.nodes]
+    for job in holders:
+        gpu_bed.wait_job(job, "RUNNING")
+    monkeypatch.setenv("ABLATE_SLURM_PROBE_WAIT", "8")
+    checks = checks_of(sw.ok("doctor"))
+    assert all(c["ok"] for c in checks.values()), checks
+    gpu = checks["gpu"]["reason"]
+    assert gpu.startswith("not checked: a probe job with --gres=gpu:1 and --time=2: it did not run within "
+                          "8 s (PENDING Resources); cancelled"), gpu
+    assert "whether its GPUs are visible on a node is not known" in gpu, gpu
+    assert checks["job"]["reason"].split(" ran on ")[1] in gpu_bed.nodes, checks["job"]
+    assert "is one directory on" in checks["ckpt_root"]["reason"], checks["ckpt_root"]
+    assert not doctor_jobs(gpu_bed), gpu_bed.squeue()
+
+
 # --------------------------------------------------------------------------- without Slurm
 
 
@@ -252,3 +312,54 @@ def test_a_queue_needing_more_restarts_than_max_restarts_is_a_problem_with_both_
         "each, more than slurm.max_restarts 1, so it would end unfinished: raise slurm.max_restarts to 2, " \
         "raise slurm.time, or plan more queues (hosts.cluster.queues, then ablate plan)" in why, why
     assert lp.checks(max_restarts=2)["time_limit"][0]
+
+
+def _probe(rc: int, got: dict[str, Section], pending: str | None = None, error: str = "",
+           opts: tuple[str, ...] = ("--time=2", "--gres=gpu:1")) -> ProbeResult:
+    return ProbeResult(ProbeJob("ablate-doctor-x", opts, ()), rc, got, pending, error, 30.0)
+
+
+def test_a_gpu_probe_that_cannot_start_fails_only_for_a_reason_that_never_clears() -> None:
+    def judge(sec: Section | None) -> tuple[str, bool, str]:
+        return ("gpu", sec is not None, "judged")
+
+    busy = gpu_verdict(_probe(124, {}, "PENDING Resources"), judge)
+    assert busy[:2] == ("gpu", True) and busy[2].startswith("not checked: a probe job with --gres=gpu:1 "
+                                                            "and --time=2: it did not run within 30 s"), busy
+    held = gpu_verdict(_probe(124, {}, "PENDING QOSMaxGRESPerJob"), judge)
+    assert not held[1] and "will not start by itself (QOSMaxGRESPerJob): it asks for more GPUs than the " \
+        "QOS allows per job: lower slurm.gpus" in held[2], held
+    refused = gpu_verdict(_probe(1, {}, None, "sbatch: error: Invalid generic resource"), judge)
+    assert not refused[1] and refused[2].endswith("failed: sbatch exited 1: sbatch: error: Invalid generic "
+                                                  "resource"), refused
+    ran = gpu_verdict(_probe(0, {"node": Section(0, "g7"), "gpu": Section(0, "A100, 81920 MiB")}), judge)
+    assert ran == ("gpu", True, "judged (a probe job with --gres=gpu:1 on g7)"), ran
+
+
+def test_ckpt_root_same_node_local_unwritable_or_unknown() -> None:
+    wrote = _probe(0, {"node": Section(0, "n1"), "ckpt": Section(0, "nfs")})
+
+    def read(rc: int, out: str) -> ProbeResult:
+        return _probe(0, {"node": Section(0, "n2"), "ckpt": Section(rc, out)})
+
+    same = ckpt_check("/scratch/c", "abc", wrote, read(0, "nfs\nabc"))
+    assert same == ("ckpt_root", True, "/scratch/c is one directory on n1 and n2: a nonce written there "
+                                       "on n1 was read on n2, so a requeued job resumes its cut cell on any "
+                                       "node"), same
+    for rc, out, what in ((1, "ext2/ext3", "a nonce written to /scratch/c on n1 is missing on n2"),
+                          (0, "ext2/ext3\nxyz", "a nonce written to /scratch/c on n1 is other bytes on n2"),
+                          (2, "-", "/scratch/c does not exist on n2")):
+        _, ok, why = ckpt_check("/scratch/c", "abc", wrote, read(rc, out))
+        assert not ok and why.startswith(f"ckpt_root is node-local: {what}"), why
+        assert "resume after a requeue fails: set ckpt_root in the profile to shared scratch" in why, why
+    unwritable = ckpt_check("/scratch/c", "abc", _probe(0, {"node": Section(0, "n1"),
+                                                            "ckpt": Section(1, "Permission denied")}), None)
+    assert unwritable == ("ckpt_root", False, "could not write under /scratch/c on the compute node n1 "
+                                              "(Permission denied): every running cell writes its "
+                                              "checkpoints there"), unwritable
+    _, ok, why = ckpt_check("/scratch/c", "abc", wrote, _probe(124, {}, "PENDING Priority"))
+    assert ok and why.startswith("warning: whether /scratch/c is the same directory on another node than "
+                                 "n1 is not checked (the probe kept off n1: it did not run within 30 s "
+                                 "(PENDING Priority)"), why
+    assert why.endswith("if ckpt_root is node-local, resume after a requeue to another node will not work "
+                        "(the cut cell's checkpoint stays on the old node): make it shared scratch"), why

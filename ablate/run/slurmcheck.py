@@ -130,13 +130,13 @@ def _probes(project: Project, host: Host, t: HostTransport, name: str,
         out: list[Check] = [("job", False, f"the probe job ({shlex.join(first.job.opts)}) answered "
                                            f"nothing: {first.why_not()}; the compute nodes' view is not "
                                            f"checked{_output_hint(first, outdir)}")]
-        return [*out, _gpu(gpu[0], gpu_check) if gpu else ("gpu", False, "not checked: no probe ran")]
+        return out + [gpu_verdict(r, gpu_check) for r in gpu]
     n_asked = len(node_sections) + (0 if gpu_opts else 1) + 1
     why = None if len(first.got) > n_asked else \
         f"the probe job answered {len(first.got) - 1} of {n_asked} checks"
     out = [("job", True, f"probe job ({shlex.join(first.job.opts)}) ran on {first.node}"),
            *node_checks(first.got, why)]
-    out.append(_gpu(gpu[0], gpu_check) if gpu else gpu_check(first.got.get("gpu")))
+    out.append(gpu_verdict(gpu[0], gpu_check) if gpu else gpu_check(first.got.get("gpu")))
     out.append(_ckpt_root(project, host, t, outdir, name, token, nonce, first))
     return out
 
@@ -147,19 +147,21 @@ def _output_hint(r: ProbeResult, outdir: str) -> str:
     return f" (is {outdir} on a filesystem the compute nodes mount at the same path?)"
 
 
-def _gpu(r: ProbeResult, gpu_check: GpuCheck) -> Check:
+def gpu_verdict(r: ProbeResult, gpu_check: GpuCheck) -> Check:
     """The GPU probe's verdict; one that could not run within the wait says so, and fails only
     when it pends for a reason that never clears by itself."""
     gres = " ".join(o for o in r.job.opts if "gpu" in o)
     if r.node is None:
         code = r.reason.split(",", 1)[0].strip()
-        if r.timed_out and code in STUCK:
-            fix = STUCK[code].format(job=r.job.name, queue="QUEUE", host="HOST")
-            return ("gpu", False, f"the GPU probe ({gres} --time=2) will not start by itself "
+        if not r.timed_out:
+            return ("gpu", False, f"a probe job with {gres} and --time=2 failed: {r.why_not()}")
+        if code in STUCK:
+            fix = STUCK[code].format(job=r.job.name, queue="<queue>", host="<host>")
+            return ("gpu", False, f"a probe job with {gres} and --time=2 will not start by itself "
                                   f"({code}): {fix}")
-        return ("gpu", True, f"not checked: the GPU probe ({gres} --time=2) {r.why_not()}; Slurm "
-                             "accepts the full request (request), whether its GPUs are visible on a "
-                             "node is not checked")
+        return ("gpu", True, f"not checked: a probe job with {gres} and --time=2: {r.why_not()}; "
+                             "Slurm accepts the full request (request), but whether its GPUs are "
+                             "visible on a node is not known")
     check, ok, reason = gpu_check(r.got.get("gpu"))
     return (check, ok, f"{reason} (a probe job with {gres} on {r.node})")
 
