@@ -150,7 +150,7 @@ def _output_hint(r: ProbeResult, outdir: str) -> str:
 def gpu_verdict(r: ProbeResult, gpu_check: GpuCheck) -> Check:
     """The GPU probe's verdict; one that could not run within the wait says so, and fails only
     when it pends for a reason that never clears by itself."""
-    gres = " ".join(o for o in r.job.opts if "gpu" in o)
+    gres = " ".join(o for o in r.job.opts if o.startswith(("--gres", "--gpus", "-G")))
     if r.node is None:
         code = r.reason.split(",", 1)[0].strip()
         if not r.timed_out:
@@ -253,7 +253,9 @@ def _resubmits(host: Host) -> bool:
 
 def _longest_cell(host: Host, cell: str | None, secs: float, limit: int) -> Check:
     window, what = _window(host, limit)
-    if cell is None or secs <= window:
+    if cell is None:
+        return ("longest_cell", True, f"no planned cell on {host.name} yet")
+    if secs <= window:
         return ("longest_cell", True, f"the longest planned cell, {cell}, needs about {duration(secs)}, "
                                       f"within {what}")
     over = f"{cell} needs about {duration(secs)}, more than {what}"
@@ -276,9 +278,10 @@ def _time_limit(host: Host, queue: str, longest: float, limit: int) -> Check:
         return ("time_limit", True, f"{slurm.time} per job; the longest planned queue needs about "
                                     f"{duration(longest)}")
     if not _resubmits(host):
-        return ("time_limit", False, f"{queue} needs about {duration(longest)}, over the {slurm.time} "
-                                     "limit, and resubmit is off: raise slurm.time, plan more queues, "
-                                     "or set slurm.resubmit and slurm.requeue true")
+        return ("time_limit", False, f"{queue} needs about {duration(longest)}, over {what}, and "
+                                     "resubmit is off: its job ends with the queue unfinished: raise "
+                                     "slurm.time, plan more queues, or set slurm.resubmit and "
+                                     "slurm.requeue true")
     restarts = math.ceil(longest / window) - 1
     if restarts > slurm.max_restarts:
         return ("time_limit", False, f"{queue} needs about {duration(longest)}: {restarts} restarts of "

@@ -50,7 +50,7 @@ _SIZE = ("--mem", "--mem-per-cpu", "--cpus-per-task", "--ntasks", "--ntasks-per-
 _GPU_COUNT = ("--gpus", "--gpus-per-node", "--gpus-per-task", "--gpus-per-socket")
 _GPU_EACH = ("--cpus-per-gpu", "--mem-per-gpu", "--ntasks-per-gpu", "--gpu-bind", "--gpu-freq")
 _KEPT = ("--nodelist", "--exclude", "--constraint", "--reservation", "--comment", "--nice",
-         "--mem-bind", "--gpu-bind")  # exact names that a shorter dropped name is a prefix of
+         "--mem-bind")  # whole names: never taken for an abbreviation of a dropped one
 _SHORT_SIZE = ("-c", "-n", "-N", "-H", "-L", "-S", "-B")
 _SHORT_GPU = ("-G",)
 
@@ -91,7 +91,7 @@ def probe_options(slurm: SlurmSettings, exclude: str | None = None) -> list[str]
         if _kind(word) != "where":
             continue
         opt = word.split("=", 1)[0]
-        if exclude and opt.startswith("--") and len(opt) > 3 and "--exclude".startswith(opt):
+        if exclude and opt.startswith("--exclud") and "--exclude".startswith(opt):
             excluded.append(word.split("=", 1)[1] if "=" in word else "")
         elif exclude and word.startswith("-x"):
             excluded.append(word[2:])
