@@ -29,9 +29,9 @@ from ablate.run.slurmcheck import gpu_verdict, time_checks
 from ablate.run.slurmprobe import ProbeJob, ProbeResult, ckpt_check, gpu_options, probe_options
 from tests import slurmbed
 from tests.helpers.cli import Cli
+from tests.helpers.slurm_sweep import Sweep
 from tests.helpers.wait import wait_for
 from tests.slurmbed import SlurmBed
-from tests.test_slurm import Sweep
 
 # --------------------------------------------------------------------------- the real Slurm bed
 
