@@ -126,9 +126,10 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
 
 
 def two_slow_queues(lp: Proj) -> None:
-    """q1 on h1 and q2 on h2, each a long cell first (so the queue stays live), then a quick one."""
+    """q1 on h1 and q2 on h2, each a long cell first (so the queue stays live: 10 min, resumed across
+    the relaunches, however slow the machine), then a quick one."""
     for q, h in (("q1", "h1"), ("q2", "h2")):
-        lp.queue(q, [f"# ablate: host={h}", lp.cfg(f"cfgs/{q}/{q}long.yaml", step_time=0.2) + " recon 300",
+        lp.queue(q, [f"# ablate: host={h}", lp.cfg(f"cfgs/{q}/{q}long.yaml", step_time=0.2) + " recon 3000",
                      lp.cfg(f"cfgs/{q}/{q}quick.yaml") + " recon 1"])
 
 
