@@ -134,7 +134,12 @@ class StatusReport:
 
 
 def job_text(job: dict[str, str]) -> str:
-    """`41 RUNNING on sn2`, `41 PENDING (BeginTime)`, `41 FAILED on sn2 (exit 1:0)`."""
+    """`41 RUNNING on sn2`, `41 PENDING (BeginTime)`, `41 FAILED on sn2 (exit 1:0)`; a queue not
+    submitted: `WAITING to be submitted: <why>`, `REFUSED by sbatch: <Slurm's words>`."""
+    if job.get("state") == "WAITING":
+        return f"WAITING to be submitted: {job.get('reason') or 'submit limit'}"
+    if job.get("state") == "REFUSED":
+        return f"REFUSED by sbatch: {job.get('reason')} (stop and launch it again once fixed)"
     where = f" on {job['nodes']}" if job.get("nodes") else ""
     why = f" ({job['reason']})" if job.get("reason") and job["reason"] != "None" else ""
     if job.get("exit"):
@@ -282,7 +287,11 @@ def _verified_by(rec: Mapping[str, Any] | None, roster: set[str]) -> dict[str, i
 
 
 def watch(project: Project, interval: float) -> None:
-    """A live table until q or Ctrl-C; the terminal is left clean."""
+    """A live table until q or Ctrl-C; the terminal is left clean. A Slurm host is asked at most
+    every `slurm.poll` seconds (its adapter answers from its last answer in between); the FS and
+    the other hosts every `interval`."""
     from ablate.monitor.watch import run_watch
+    from ablate.transport.slurm import polite_polling
 
-    run_watch(lambda: status(project, live_info=True), interval)
+    with polite_polling():
+        run_watch(lambda: status(project, live_info=True), interval)

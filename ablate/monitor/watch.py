@@ -104,6 +104,12 @@ def render(report: Any, *, age: float = 0.0, error: str | None = None, interval:
             again = f" (started {n}x)" if isinstance(n, int) and n > 1 else ""
             parts.append(f"  service {escape(name)} of {escape(r.queue)}: {_styled(st, look)} "
                          f":{s.get('port', '?')}{gpus}{again}")
+    from ablate.monitor.status import job_text
+
+    for r in report.rows:  # a Slurm queue not in Slurm yet (its submit limit) or refused by sbatch
+        job = getattr(r, "job", None) or {}
+        if job.get("state") in ("WAITING", "REFUSED"):
+            parts.append(f"  job of {escape(r.queue)}: {_styled(escape(job_text(job)), 'stale')}")
     hosts = _hosts_table(report)
     if hosts is not None:
         parts += [Text(""), hosts]

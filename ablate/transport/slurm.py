@@ -21,7 +21,23 @@ unchanged over it:
   among the parts): task i runs queue i; its session is line i of `<array job>.tasks` beside the
   output, written before the submit, and Slurm's output of task i goes to its queue's log (a link);
 - `kill-session` is `scancel` of the session's job (or array task), then waits (at most
-  `KILL_WAIT` s) until squeue no longer lists it, so `stop` appends its event after run_queue has gone.
+  `KILL_WAIT` s) until squeue no longer lists it, so `stop` appends its event after run_queue has gone;
+  a queue left waiting has its waiting entry removed.
+
+Slurm is asked politely (the admins' rule): each verb runs one `squeue`, filtered to this user and
+this sweep's job names (those with a record beside the output: `<session>.jobs`, the ids the
+sweep submitted); `sacct -j` only the last recorded job of a session squeue no longer lists, once
+(a terminal state is kept in `<session>.done`); `sinfo -p` only the sweep's partitions. Under
+`polite_polling()` (`status --watch`) a `list-sessions` answer younger than `slurm.poll` seconds
+is given again from the output dir instead of asking Slurm.
+
+Submit limits: at most the cluster's MaxSubmitJobs (sacctmgr's association and QOS limits where
+Slurm enforces them, else learned from sbatch's refusal) of this sweep's jobs are in Slurm; a
+queue past it is left WAITING (`<out>/waiting/<session>/`: its job script and sbatch options) and
+is submitted by a finishing job's on-exit hook (`ABLATE_SLURM_ON_EXIT`, exported by its script and
+run by run_queue) or by the next `status`/`launch`; `status` shows it (`!job SESSION|-|WAITING||why`,
+REFUSED when sbatch refused it for good) in Slurm's words. Each sbatch has its own time-out; a
+transient error is retried with backoff, and a queue it still fails is left waiting.
 
 squeue forgets finished jobs after MinJobAge: a job not listed is not live, never "done" — the
 events and results on the shared FS say what happened.
@@ -29,8 +45,12 @@ events and results on the shared FS say what happened.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from ablate import resources as packaged
 from ablate.config.slurm import SlurmSettings
@@ -39,13 +59,33 @@ from ablate.transport.base import CommandResult, HostTransport
 from ablate.transport.shellhost import BASH_C, env_command
 
 # The adapter's bash is a file of its own (wrappers/slurm_sessions.sh: shellcheck reads it), shipped
-# in the package and passed to `bash -c`.
+# in the package and placed once beside the jobs' output, content-addressed and read-only
+# (`<out>/.adapter.<sha12>.sh`); each verb runs `BOOT`, which sources it. Passing its text instead
+# would put it into every section of a launch's one command line: 40 queues' worth is past
+# Linux's 128 KiB limit of one argument.
 SESSIONS = packaged.read("ablate.wrappers", "slurm_sessions.sh").decode()
+SESSIONS_SHA = hashlib.sha256(SESSIONS.encode()).hexdigest()[:12]
+BOOT = ('adapter=$1; shift; if [ -r "$adapter" ]; then . "$adapter"; else '
+        'echo "ablate-slurm: the adapter $adapter is not there" >&2; exit 97; fi')
+_PLACE = ('f=$1; [ -r "$f" ] && exit 0; mkdir -p -- "${f%/*}" && cat >"$f.$$" && chmod 444 "$f.$$" && '
+          'mv -f -- "$f.$$" "$f"')
+_PLACED: set[tuple[str, str]] = set()  # (login or "", path) placed or seen by this process
+_PLACED_LOCK = threading.Lock()
 _KILL_WAIT = re.search(r"^kill_wait=([0-9]+)", SESSIONS, re.M)
 assert _KILL_WAIT is not None, "wrappers/slurm_sessions.sh sets kill_wait"
 KILL_WAIT = int(_KILL_WAIT.group(1))  # seconds `kill-session` waits for scancel's job to leave squeue
+_POLITE = threading.Event()  # set: list-sessions may answer from an answer up to slurm.poll s old
 
 
+@contextlib.contextmanager
+def polite_polling() -> Iterator[None]:
+    """Within it (`status --watch`), a Slurm host's sessions are asked of Slurm at most every
+    `slurm.poll` seconds; in between the adapter gives its last answer again."""
+    _POLITE.set()
+    try:
+        yield
+    finally:
+        _POLITE.clear()
 
 class SlurmHost:
     """`HostTransport` of a Slurm host: `inner` runs the commands (this machine or the login
@@ -67,9 +107,40 @@ class SlurmHost:
                stop: Callable[[], bool] | None = None, poll: float = 0.5) -> int | None:
         return self.inner.stream(argv, on_stdout, stop=stop, poll=poll)
 
+    @property
+    def adapter_path(self) -> str:
+        return f"{self.out_dir}/.adapter.{SESSIONS_SHA}.sh"
+
+    def place_adapter(self) -> None:
+        """The adapter at `adapter_path`, once per process: checked (and written) here when this
+        machine runs the commands, else in one command on the login node."""
+        key = (self.settings.login or "", self.adapter_path)
+        with _PLACED_LOCK:
+            if key in _PLACED:
+                return
+            if self.settings.login is None:
+                if not os.path.exists(self.adapter_path):
+                    os.makedirs(self.out_dir, exist_ok=True)
+                    tmp = f"{self.adapter_path}.{os.getpid()}"
+                    with open(tmp, "w") as f:
+                        f.write(SESSIONS)
+                    os.chmod(tmp, 0o444)
+                    os.replace(tmp, self.adapter_path)
+            else:
+                r = self.inner.run(["sh", "-c", _PLACE, "sh", self.adapter_path], stdin=SESSIONS.encode(),
+                                   timeout=60.0)
+                if r.rc != 0:
+                    why = (r.stderr or r.stdout).strip()[-300:]
+                    raise RemoteError(f"{self.name}: could not place the Slurm adapter at "
+                                      f"{self.adapter_path} (rc {r.rc}): {why!r}")
+            _PLACED.add(key)
+
     def tmux_argv(self) -> list[str]:
+        self.place_adapter()
         opts = self.settings.sbatch_options()
-        return [*BASH_C, SESSIONS, "ablate-slurm", self.out_dir, self.prefix, str(len(opts)), *opts]
+        max_age = self.settings.poll if _POLITE.is_set() else 0
+        return [*BASH_C, BOOT, "ablate-slurm", self.adapter_path, self.out_dir, self.prefix, str(max_age),
+                str(len(opts)), *opts]
 
     def array_argv(self, queues: Sequence[tuple[str, str]]) -> list[str] | None:
         """The command submitting `queues` (session name, shell command) as job arrays (one per
