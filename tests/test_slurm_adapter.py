@@ -48,6 +48,9 @@ with open(os.path.join(d, "lock"), "w") as lk:
         got = answers.pop(0) if answers else None
         if not got and st.get("limit") and len(st["jobs"]) >= int(st["limit"]):
             got = {"err": "sbatch: error: AssocMaxSubmitJobLimit"}
+        if got and got.get("submit"):  # submitted, but the answer was lost
+            st["next"] = st.get("next", 100) + 1
+            st["jobs"].append([opt("--job-name"), str(st["next"]), "PENDING", "", "None", "main"])
         if got:
             sys.stderr.write(got["err"] + "\n")
             rc = got.get("rc", 1)
@@ -241,6 +244,15 @@ def test_transient_errors_are_retried_and_a_refusal_is_kept_in_slurms_words(fake
     fake.start("q2", rc=1)  # a waiting queue is live: never a second copy
     fake.verb("kill-session", "-t", f"={PREFIX}q2")
     assert fake.waiting() == []
+    # An answer lost after the job was taken: squeue says so, and it is not submitted twice.
+    (fake.out / f".limits.{PREFIX}").unlink()  # the learned limit forgotten (it expires)
+    st = fake.state()
+    st["sbatch"] = [{"err": "sbatch: error: Socket timed out on send/recv operation", "submit": True}]
+    fake.state(st)
+    fake.calls()
+    assert fake.start("q4").strip() == "102"
+    assert _names(fake.calls()).count("sbatch") == 1
+    assert [j[0] for j in fake.state()["jobs"]].count(PREFIX + "q4") == 1
 
 
 def test_a_launch_of_40_queues_fits_one_command_line(fake: Fake) -> None:
@@ -249,3 +261,19 @@ def test_a_launch_of_40_queues_fits_one_command_line(fake: Fake) -> None:
     line = " ".join(fake.host.tmux_argv())
     assert len(line) < 2000 and fake.host.adapter_path.endswith(".sh"), line
     assert Path(fake.host.adapter_path).stat().st_mode & 0o222 == 0  # placed read-only
+
+
+def test_status_watch_asks_slurm_politely_and_plain_status_does_not_wait(
+        fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`status --watch` runs its dashboard under polite polling: a Slurm host's verbs carry
+    `slurm.poll` as the answer's allowed age; outside it they carry 0 (ask Slurm now)."""
+    from ablate.monitor import status
+
+    def age() -> str:
+        argv = fake.host.tmux_argv()
+        return argv[argv.index(PREFIX) + 1]
+
+    seen: list[str] = []
+    monkeypatch.setattr("ablate.monitor.watch.run_watch", lambda fetch, interval: seen.append(age()))
+    status.watch(None, 2.0)  # type: ignore[arg-type]  # the dashboard is replaced: no project read
+    assert seen == ["30"] and age() == "0"

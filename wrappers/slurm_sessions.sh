@@ -171,8 +171,10 @@ export ABLATE_SLURM_ON_EXIT=$(printf '%q' "$hookf")
 " --job-name="$1" --output="$out/$1.out" --open-mode=append --chdir="$out" "${opts[@]}"
 }
 # Submit entry $2 (job name $1): 0 and $id, else 1 and $kind (limit | transient | refused), $why.
+# A transient error is tried again after 2 and 4 s while the first try began less than
+# sbatch_timeout s ago; a time-out is not (slurmctld does not answer: the queue waits).
 submit() {
-  local name=$1 d=$2 o try rc
+  local name=$1 d=$2 o try rc t0=$SECONDS
   local -a so=()
   while IFS= read -r -d '' o; do so+=("$o"); done <"$d/opts"
   for try in 1 2 3; do
@@ -187,9 +189,11 @@ submit() {
     if [ "$rc" = 124 ] || transient "$why"; then
       kind=transient
       # A timed-out sbatch may have submitted it: never twice.
-      id=$(timeout 20 squeue -h -u "$me" --name="$name" -o %i 2>/dev/null | head -n 1)
+      id=$(timeout 10 squeue -h -u "$me" --name="$name" -o %i 2>/dev/null | head -n 1)
       [ -n "$id" ] && return 0
-      [ "$try" -lt 3 ] && sleep $((try * 2))
+      # Another try only within the submit's budget: a launch's submits share one command's time.
+      [ "$rc" != 124 ] && [ "$try" -lt 3 ] && [ $((SECONDS - t0)) -lt "$sbatch_timeout" ] || return 1
+      sleep $((try * 2))
       continue
     fi
     kind=refused; return 1
