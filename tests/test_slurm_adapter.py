@@ -37,7 +37,10 @@ with open(os.path.join(d, "lock"), "w") as lk:
     def opt(name):
         return next((a.split("=", 1)[1] for a in args if a.startswith(name + "=")), None)
     rc = 0
-    if cmd == "squeue":
+    if cmd == "squeue" and st.get("squeue_err"):
+        sys.stderr.write(st["squeue_err"] + "\n")
+        rc = 1
+    elif cmd == "squeue":
         names = set((opt("--name") or "").split(",")) if opt("--name") else None
         for j in st["jobs"]:
             if names is None or j[0] in names:
@@ -277,3 +280,15 @@ def test_status_watch_asks_slurm_politely_and_plain_status_does_not_wait(
     monkeypatch.setattr("ablate.monitor.watch.run_watch", lambda fetch, interval: seen.append(age()))
     status.watch(None, 2.0)  # type: ignore[arg-type]  # the dashboard is replaced: no project read
     assert seen == ["30"] and age() == "0"
+
+
+def test_a_squeue_that_fails_is_retried_then_reported_in_its_words(fake: Fake) -> None:
+    fake.start("q1")
+    st = fake.state()
+    st["squeue_err"] = ("squeue: error: slurm_load_jobs error: Unable to contact slurm controller "
+                        "(connect failure)")
+    fake.state(st)
+    fake.calls()
+    r = fake.host.run([*fake.host.tmux_argv(), "list-sessions"])
+    assert r.rc != 0 and "Unable to contact slurm controller" in r.stderr, r
+    assert _names(fake.calls()) == ["squeue"] * 3  # a transient error: tried again after 1 and 2 s

@@ -65,8 +65,7 @@ jobs() {
   local list rows
   list=$(sweep_names)
   [ -n "$list" ] || return 0
-  rows=$(call 30 squeue -h -r -u "$me" --name="$list" -o '%j|%i|%T|%N|%r|%P') || {
-    printf '%s\n' "$err" >&2; return 1; }
+  rows=$(loud=1 call 30 squeue -h -r -u "$me" --name="$list" -o '%j|%i|%T|%N|%r|%P') || return
   printf '%s\n' "$rows" | tasks
 }
 count() { [ -z "$1" ] && echo 0 || printf '%s\n' "$1" | grep -c .; }
@@ -77,7 +76,8 @@ transient() {
   esac
   return 1
 }
-# `call SECS CMD...`: its stdout, its stderr in $err; a transient error retried (1 s, 2 s).
+# `call SECS CMD...`: its stdout, its stderr in $err (and on stderr when `loud` is set and it
+# failed: a caller in a subshell does not see $err); a transient error retried (1 s, 2 s).
 call() {
   local secs=$1 try o rc f
   shift
@@ -90,6 +90,7 @@ call() {
   done
   rm -f -- "$f"
   [ -z "$o" ] || printf '%s\n' "$o"
+  [ "$rc" = 0 ] || [ -z "${loud-}" ] || printf '%s: %s\n' "$1" "${err:-exit $rc}" >&2
   return "$rc"
 }
 okname() {
@@ -428,7 +429,7 @@ case $verb in
     done
     [ ${#qs[@]} -gt 0 ] || exit 0
     # An array's task ids are below MaxArraySize, and it has at most max_array_tasks tasks.
-    conf=$(call 30 scontrol show config) || { echo "$err" >&2; exit 1; }
+    conf=$(loud=1 call 30 scontrol show config) || exit 1
     max=$(printf '%s\n' "$conf" | sed -n 's/^MaxArraySize *= *\([0-9]*\).*/\1/p')
     tasks=$(printf '%s\n' "$conf" | sed -n 's/^SchedulerParameters *=.*max_array_tasks=\([0-9]*\).*/\1/p')
     max=${max:-1001}
@@ -521,7 +522,7 @@ echo \"ablate: no queue for array task \${SLURM_ARRAY_TASK_ID:-}\" >&2; exit 2
     ids=$(printf '%s\n' "$rows" | awk -F'|' -v s="$name" '$1 == s { print $2 }')
     [ -z "$ids" ] && exit 0
     # shellcheck disable=SC2086  # the ids, one word each
-    call 30 scancel $ids >/dev/null || { echo "$err" >&2; exit 1; }
+    loud=1 call 30 scancel $ids >/dev/null || exit 1
     rm -f -- "$cache"
     start=$SECONDS pause=0.2
     while rows=$(jobs) && printf '%s\n' "$rows" | cut -d'|' -f1 | grep -qxF -- "$name"; do
