@@ -25,7 +25,14 @@ python3 -m pip install -q torch==2.13.0 -e '.[test]'
 python3 -m ruff check ablate tests scripts
 python3 -m mypy ablate
 shellcheck -x -S warning wrappers/*.sh
-# One test at a time. `-n 2 --dist loadgroup` runs the test beds (each a group, tests/conftest.py)
-# side by side in about half the time, but test_ssh_agent.py's timing tests are not reliable yet
-# under that load (README, Development).
-python3 -m pytest -q "$@"
+# Without arguments: the suite in two pytest-xdist workers, each session test bed (the SSH
+# instances, the slow network FS, the Slurm cluster: tests/conftest.py) one group built once in one
+# worker, so the beds' waits overlap; then the host agent's timing tests (tests/test_ssh_agent.py)
+# alone: they time a silent agent's seconds-long window, which the other worker's load stretches.
+# With arguments: pytest with them, one test at a time (`bash scripts/test.sh tests/test_walk.py`).
+if [ $# -eq 0 ]; then
+  python3 -m pytest -q -n 2 --dist loadgroup --ignore=tests/test_ssh_agent.py
+  python3 -m pytest -q tests/test_ssh_agent.py
+else
+  python3 -m pytest -q "$@"
+fi

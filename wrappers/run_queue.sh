@@ -386,7 +386,8 @@ no_progress() {  # the cut cell's record (runner `cut`): when its checkpoint is 
   # last time-limit cut, by an earlier attempt, it has not moved in a whole job: its `end` says so
   # (no_progress, exit 124) and no attempt re-enters it; `ablate remediate` says what to do
   local kind earlier fp t0=$CUR_STARTED us dur
-  decide cut --cell "$CUR_CELL" --attempt "$ATTEMPT" || return 1
+  decide cut --cell "$CUR_CELL" --attempt "$ATTEMPT" --ckpt-dir "$ABLATE_CKPT_ROOT/$CUR_CELL" \
+    --checkpoint "${ABLATE_CHECKPOINT-}" || return 1
   read -r kind earlier fp <<<"$DECISION"
   [[ $kind == stuck && $earlier =~ ^[0-9_]+\.[0-9]+$ && $fp =~ ^[0-9a-z]+$ ]] || return 1
   write_tail "$CUR_CELL"

@@ -81,13 +81,16 @@ def record(claim_dir: str, attempt: str, fp: str) -> str | None:
     return stuck(before, attempt, fp)
 
 
-def verb(root: str, cell: str, attempt: str, out: Callable[[str], None]) -> int:
-    """`cut --cell NAME --attempt A`: `stuck EARLIER FINGERPRINT` or `resumable FINGERPRINT`;
-    rc 2 for a bad cell or attempt, 3 when the claim cannot be written (run_queue re-enters it)."""
-    if not (SAFE_NAME.fullmatch(cell) and _ATTEMPT.fullmatch(attempt)):
+def verb(root: str, cell: str, attempt: str, ckpt_dir: str, checkpoint: str,
+         out: Callable[[str], None]) -> int:
+    """`cut --cell NAME --attempt A --ckpt-dir DIR --checkpoint "ENTRY ..."` (run_queue passes its
+    spec's ABLATE_CKPT_ROOT/NAME and ABLATE_CHECKPOINT: the runner's process does not inherit the
+    spec): `stuck EARLIER FINGERPRINT` or `resumable FINGERPRINT`; rc 2 for a bad cell, attempt or
+    dir, 3 when the claim cannot be written (run_queue then re-enters the cell as before)."""
+    if not (SAFE_NAME.fullmatch(cell) and _ATTEMPT.fullmatch(attempt) and os.path.isabs(ckpt_dir)
+            and os.path.basename(ckpt_dir.rstrip("/")) == cell):
         return 2
-    ckpt_dir = os.path.join(os.environ.get("ABLATE_CKPT_ROOT", ""), cell)
-    fp = fingerprint(ckpt_dir, os.environ.get("ABLATE_CHECKPOINT", ""))
+    fp = fingerprint(ckpt_dir, checkpoint)
     try:
         earlier = record(os.path.join(root, "claims", cell), attempt, fp)
     except OSError:

@@ -398,6 +398,8 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--stop", default="")
     ap.add_argument("--cell", default="")
     ap.add_argument("--attempt", default="")
+    ap.add_argument("--ckpt-dir", default="")
+    ap.add_argument("--checkpoint", default="")
     return ap.parse_args(argv)
 
 
@@ -463,7 +465,7 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
     if a.verb == "cut":  # a cell cut at the time limit: did it move since its last cut?
         from ablate.remote import cuts
 
-        return cuts.verb(a.root, a.cell, a.attempt, out)
+        return cuts.verb(a.root, a.cell, a.attempt, a.ckpt_dir, a.checkpoint, out)
     runners = scan_runners(a.root, a.host, a.queue, hb_secs)
     deferred = [int(x) for x in a.deferred.split() if x.isdigit()]
     estimates = _read(os.path.join(a.root, "estimates.tsv"), "")  # one read for the deal and the steal
