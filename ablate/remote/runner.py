@@ -36,6 +36,11 @@ output is lines of space-separated words, every word a safe name or a number):
   when it gave up. The spec's ABLATE_CALIBRATE* values, ABLATE_ENV, ABLATE_WORKDIR,
   ABLATE_CKPT_ROOT, ABLATE_PIN_GPU and ABLATE_GPU come in its environment.
 
+- `window`: the seconds Slurm gives a signalled job's processes before its KILL (`slurmwin.py`).
+- `cut --cell NAME --attempt A --ckpt-dir DIR --checkpoint "ENTRY ..."`: a cell cut at the time
+  limit, recorded in its claim: `stuck EARLIER FP` when its checkpoint is as an earlier attempt's
+  time-limit cut left it, else `resumable FP` (`cuts.py`).
+
 RC 0 with the answer; 1 when there is nothing to take; 2 bad arguments; 3 the FS could not be
 read (run_queue waits for it and asks again); 4 the decision failed (a bug: its traceback is on
 stderr, in the queue's pane).
@@ -144,45 +149,29 @@ def unstarted(root: str, host: str, queue: str, running: Sequence[Runner], hb_se
     heartbeat's age and no heartbeat at all (a Slurm job still pending; a start that failed). Each
     is a silent runner at its launch's start index: it finishes nothing, so a drained runner may
     steal its lines (its claims make each run once: the queue skips them when it starts)."""
-    try:  # the FS's clock: scan_runners wrote this file just before
+    try:  # the FS's clock (scan_runners wrote this file just before) and the launched queues
         fs_now = _mtime_ms(os.path.join(root, f".clock.{host}.{queue}"))
+        names = sorted(n[:-7] for n in os.listdir(os.path.join(root, "queues")) if n.endswith(".ledger"))
     except OSError:
         return []
-    fresh = max(3 * hb_secs, 30) * 1000
-    seen = {r.queue for r in running}
+    seen = {queue, *(r.queue for r in running)}
     out = []
-    qdir = os.path.join(root, "queues")
-    try:
-        names = sorted(n[:-len(".ledger")] for n in os.listdir(qdir) if n.endswith(".ledger"))
-    except OSError:
-        return []
-    for q in names:
-        if q == queue or q in seen or not grammar.SAFE_NAME.fullmatch(q):
-            continue
-        path = os.path.join(qdir, f"{q}.ledger")
+    for q in (n for n in names if n not in seen and grammar.SAFE_NAME.fullmatch(n)):
+        path = os.path.join(root, "queues", f"{q}.ledger")
         try:
-            mt = _mtime_ms(path)
-            launch = None
+            if fs_now - _mtime_ms(path) < max(3 * hb_secs, 30) * 1000:
+                continue
             with open(path, encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    try:
-                        e = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(e, dict) and e.get("op", "launch") == "launch":
-                        launch = e
-        except OSError:
+                entries = [json.loads(line) for line in f if line.startswith("{")]
+        except (OSError, ValueError):
             continue
-        if launch is None or fs_now - mt < fresh:
-            continue
+        launch = next((e for e in reversed(entries) if isinstance(e, dict)
+                       and e.get("op", "launch") == "launch"), {})
         h, slot, start = launch.get("host"), launch.get("slot"), launch.get("start_index")
-        if not (isinstance(h, str) and grammar.SAFE_NAME.fullmatch(h) and isinstance(start, int)
-                and start >= 0):
-            continue
-        s = str(slot) if isinstance(slot, int) and slot >= 0 else ""
-        if os.path.exists(os.path.join(root, "heartbeats", f"{h}.{q}")):
-            continue
-        out.append(Runner(q, h, s, start, "", "", -1, True, -1, ()))
+        if (isinstance(h, str) and grammar.SAFE_NAME.fullmatch(h) and isinstance(start, int) and start >= 0
+                and not os.path.exists(os.path.join(root, "heartbeats", f"{h}.{q}"))):
+            out.append(Runner(q, h, str(slot) if isinstance(slot, int) and slot >= 0 else "", start, "", "",
+                              -1, True, -1, ()))
     return out
 
 
