@@ -197,6 +197,7 @@ def test_past_the_submit_limit_queues_wait_and_are_each_taken_once(fake: Fake) -
     assert "export ABLATE_SLURM_ON_EXIT=" in script and script.rstrip().endswith("exec echo hi"), script
     hook = script.split("export ABLATE_SLURM_ON_EXIT=", 1)[1].split("\n", 1)[0]
     assert "submit limit 3" in (entry / "why").read_text()
+    assert Path(hook).is_file()  # there while queues wait: run_queue runs it as a job ends
     out = fake.verb("list-sessions")
     assert f"!job {PREFIX}q4|-|WAITING||submit limit 3" in out, out
     # Two jobs end at once and both hooks run: room for 2 more (limit 3, one job left).
@@ -224,6 +225,8 @@ def test_past_the_submit_limit_queues_wait_and_are_each_taken_once(fake: Fake) -
     fake.state(st)
     out = fake.verb("list-sessions")
     assert fake.waiting() == [] and f"{PREFIX}q5\n!job {PREFIX}q5|" in out, out
+    fake.verb("list-sessions")
+    assert not Path(hook).exists()  # nothing waits: a job's end runs nothing at all
 
 
 def test_transient_errors_are_retried_and_a_refusal_is_kept_in_slurms_words(fake: Fake) -> None:

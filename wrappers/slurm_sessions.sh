@@ -19,7 +19,7 @@
 # of this sweep's jobs are in Slurm; a queue past it is left WAITING, `OUT/waiting/<session>/`
 # holding its exact job script (job.sh) and sbatch options (opts, NUL-separated), and its refusal
 # in Slurm's words (why). Each job's script exports ABLATE_SLURM_ON_EXIT (run_queue runs it as the
-# job ends): this adapter with the verb `submit-waiting`, which takes each waiting queue by renaming
+# job ends, when it is there: only while a queue waits): this adapter with the verb `submit-waiting`, which takes each waiting queue by renaming
 # its directory (exactly one taker), submits it, and puts it back when sbatch refuses. Slurm counts
 # a job until its last process ends, the hook included, so the controller's submits keep one place
 # free for it. list-sessions (status, launch) submits waiting queues too.
@@ -142,16 +142,25 @@ learn() {
 }
 # The submits of the controller leave one place for a finishing job's hook (module doc).
 reserve() { [ -n "$lim" ] && [ "$lim" -ge 2 ] && echo 1 || echo 0; }
-# The on-exit script of this sweep's jobs: this adapter, taking waiting queues (content-addressed:
-# a running job's never changes). Prints its path.
+# The on-exit script of this sweep's jobs (`waiting/.on_exit.<cksum>.sh`, content-addressed: the
+# same path always holds the same text): this adapter, taking waiting queues. It is there only
+# while a queue waits (`arm`, `disarm`): run_queue runs it only when it can read it, so a job's end
+# costs nothing (not even a bash) while nothing waits. Sets $hookf (its path) and $hookbody.
 hook() {
-  local body sum f
-  body="# ablate: as a job ends, submit this sweep's queues left waiting (wrappers/slurm_sessions.sh)
+  hookbody="# ablate: as a job ends, submit this sweep's queues left waiting (wrappers/slurm_sessions.sh)
 exec bash -- $(printf '%q ' "${adapter:-$0}" "$out" "$prefix" 0 0 submit-waiting)"
-  sum=$(printf '%s' "$body" | cksum | cut -d' ' -f1)
-  f=$out/.on_exit.$sum.sh
-  if [ ! -r "$f" ]; then printf '%s\n' "$body" >"$f.$$" && mv -f -- "$f.$$" "$f" || return; fi
-  printf '%s' "$f"
+  hookf=$wd/.on_exit.$(printf '%s' "$hookbody" | cksum | cut -d' ' -f1).sh
+}
+arm() {
+  hook
+  [ -r "$hookf" ] || { printf '%s\n' "$hookbody" >"$hookf.$$" && mv -f -- "$hookf.$$" "$hookf"; }
+}
+# No queue waits: the hooks go; one parked meanwhile arms again (park arms after its rename).
+disarm() {
+  compgen -G "$wd/*/" >/dev/null && return 0
+  rm -f -- "$wd"/.on_exit.*.sh
+  if compgen -G "$wd/*/" >/dev/null; then arm; fi
+  return 0
 }
 # A job's waiting entry, not yet visible (`.new.NAME.PID`): job.sh, opts. Prints its path.
 entry() {
@@ -210,6 +219,7 @@ park() {
   printf '%s\n' "$3" >"$1/why"
   mv -T -- "$1" "$wd/$2" 2>/dev/null || { rm -rf -- "$1"; return 1; }
   rm -f -- "$cache"
+  arm
 }
 # Submit waiting queues, oldest name first, while this sweep has fewer than its limit (minus the
 # reserve when $1 is 1) jobs in Slurm ($live now); wait for a place up to $2 s while it took none.
@@ -217,7 +227,7 @@ park() {
 take_waiting() {
   local res=0 patience=$2 start=$SECONDS pause=2 d name t rows took=
   local -A tried=()
-  compgen -G "$wd/*/" >/dev/null || return 0  # nothing waits: nothing to ask
+  compgen -G "$wd/*/" >/dev/null || { disarm; return 0; }  # nothing waits: nothing to ask
   limit
   [ "$1" = 1 ] && res=$(reserve)
   while :; do
@@ -226,7 +236,7 @@ take_waiting() {
       t=${t%/}; name=${t##*/}
       [ -d "$t" ] && [ -z "${tried[$name]-}" ] && [ ! -e "$t/refused" ] && { d=$t; break; }
     done
-    [ -n "$d" ] || return 0
+    [ -n "$d" ] || { disarm; return 0; }
     if [ -n "$lim" ] && [ "$live" -ge $((lim - res)) ]; then
       # Once it took one, a hook leaves: its own end frees the place the next hook takes.
       [ -z "$took" ] && [ $((SECONDS - start + pause)) -le "$patience" ] && hold_on "$rows" || return 0
@@ -246,7 +256,7 @@ take_waiting() {
     fi
     printf '%s\n' "$why" >"$t/why"
     [ "$kind" = refused ] && : >"$t/refused"
-    mv -T -- "$t" "$d" 2>/dev/null || echo "ablate-slurm: could not put $name back to wait" >&2
+    mv -T -- "$t" "$d" 2>/dev/null && arm || echo "ablate-slurm: could not put $name back to wait" >&2
     case $kind in
       limit) learn "$live" ;;
       transient) printf '%s %s\n' "$(date +%s)" "$why" >"$busy"; return 0 ;;
@@ -285,7 +295,7 @@ recover() {
     [ -d "$t" ] && [ -n "$(find "$t" -maxdepth 0 -mmin +5)" ] || continue
     name=${t##*/.taking.} name=${name%%.*}
     if printf '%s\n' "$1" | cut -d'|' -f1 | grep -qxF -- "$name"; then rm -rf -- "$t"
-    else mv -T -- "$t" "$wd/$name" 2>/dev/null || rm -rf -- "$t"; fi
+    else mv -T -- "$t" "$wd/$name" 2>/dev/null && arm || rm -rf -- "$t"; fi
   done
   find "$wd" -maxdepth 1 \( -name '.new.*' -o -name '.hook.*' \) -mmin +5 -exec rm -rf -- {} + 2>/dev/null
   return 0
@@ -331,8 +341,8 @@ ended() {
   done
 }
 verb=$1; shift
-hookf=''
-case $verb in new-session|new-array) mkdir -p -- "$wd" && hookf=$(hook) || exit ;; esac
+hookf='' hookbody=''
+case $verb in new-session|new-array) mkdir -p -- "$wd" && hook || exit ;; esac
 case $verb in
   list-sessions)  # each live queue's session and `!job SESSION|ID|STATE|NODES|REASON` (a waiting
     # queue: ID -, STATE WAITING or REFUSED, REASON why), then `!done` lines (sacct), then each
@@ -506,7 +516,7 @@ echo \"ablate: no queue for array task \${SLURM_ARRAY_TASK_ID:-}\" >&2; exit 2
     done ;;
   submit-waiting)  # the jobs' on-exit hook: take waiting queues while there is room, waiting for
     # one up to 90 s (this job still counts until it ends)
-    compgen -G "$wd/*/" >/dev/null || exit 0  # nothing waits: Slurm is not asked
+    compgen -G "$wd/*/" >/dev/null || { disarm; exit 0; }  # nothing waits: Slurm is not asked
     rows=$(jobs) || exit
     live=$(count "$rows")
     myjob=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}
@@ -517,7 +527,9 @@ echo \"ablate: no queue for array task \${SLURM_ARRAY_TASK_ID:-}\" >&2; exit 2
     [ "$1" = -t ] && shift
     name=${1#=}
     # A waiting queue: its entry goes (renamed first: no hook submits it meanwhile).
-    if mv -T -- "$wd/$name" "$wd/.gone.$name.$$" 2>/dev/null; then rm -rf -- "$wd/.gone.$name.$$" "$cache"; fi
+    if mv -T -- "$wd/$name" "$wd/.gone.$name.$$" 2>/dev/null; then
+      rm -rf -- "$wd/.gone.$name.$$" "$cache"; disarm
+    fi
     rows=$(jobs) || exit
     ids=$(printf '%s\n' "$rows" | awk -F'|' -v s="$name" '$1 == s { print $2 }')
     [ -z "$ids" ] && exit 0
