@@ -15,9 +15,9 @@ import pytest
 
 from tests import slurmbed
 from tests.helpers.cli import Cli
+from tests.helpers.slurm_sweep import Sweep
 from tests.helpers.wait import wait_for
 from tests.slurmbed import SlurmBed
-from tests.test_slurm import Sweep
 
 LIMIT = 5
 
@@ -115,8 +115,10 @@ def test_a_refusal_leaves_the_queue_waiting_and_status_shows_slurms_words(
     other = [sb.sbatch("true", "--hold") for _ in range(LIMIT - 1)]
     sw = Sweep(sb, tmp_path, cli, cells=2, queues=2, epochs=1, step_time=0.0)
     sw.ok("plan")
-    got = sw.ok("launch", "--all")
-    assert {r["status"] for r in got["launched"]} == {"launched"}, got
+    code, out, err = cli(sw.proj, "launch", "--all", "--json")
+    got = json.loads(out)
+    assert code == 0 and {r["status"] for r in got["launched"]} == {"launched"}, (got, err)
+    assert "waits to be submitted (sbatch: error: " in err and "AssocMaxSubmitJobLimit" in err, err
     rows = {r["queue"]: r for r in sw.ok("status")["queues"]}
     waiting = [r for r in rows.values() if r["job"] and r["job"]["state"] == "WAITING"]
     assert len(waiting) == 1 and "AssocMaxSubmitJobLimit" in waiting[0]["job"]["reason"], rows

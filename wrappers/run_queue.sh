@@ -450,11 +450,13 @@ trap 'on_signal 130' INT
 trap 'on_signal 143' TERM
 on_exit() {  # the job's last act on Slurm: the session adapter's hook (ABLATE_SLURM_ON_EXIT, set in
   # the job's script by wrappers/slurm_sessions.sh: it submits queues left waiting for a free place
-  # under the cluster's submit limits), bounded, whatever ended this shell
+  # under the cluster's submit limits), bounded, whatever ended this shell. The queue has ended:
+  # a TERM now (Slurm ending the job, a requeue) is no stop of it, and records nothing more.
+  trap '' HUP INT TERM USR2
   ticker_stop
   svc_stop_all
   if [[ -n ${ABLATE_SLURM_ON_EXIT-} && -r $ABLATE_SLURM_ON_EXIT ]]; then
-    timeout 120 bash -- "$ABLATE_SLURM_ON_EXIT" </dev/null 2>&1 | sed 's/^/[ablate on exit] /'
+    timeout -k 5 120 bash -- "$ABLATE_SLURM_ON_EXIT" </dev/null 2>&1 | sed 's/^/[ablate on exit] /'
   fi
 }
 trap on_exit EXIT

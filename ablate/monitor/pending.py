@@ -1,4 +1,5 @@
-"""Slurm pending reasons that never clear by themselves, and what to do about each.
+"""Slurm pending reasons that never clear by themselves, and what to do about each; a job as one
+line of text (`job_text`, for status and its --watch view).
 
 A job pending for `Resources`, `Priority`, `BeginTime` or a group limit starts once others end; one
 pending for a reason below waits forever, its cells `queued` while the user pays for nothing and
@@ -43,3 +44,17 @@ def stuck(state: str | None, reason: str | None, *, job: str, queue: str, host: 
         return None
     return (f"will not start by itself ({code}): "
             + fix.format(job=job, queue=queue, host=host))
+
+
+def job_text(job: dict[str, str]) -> str:
+    """`41 RUNNING on sn2`, `41 PENDING (BeginTime)`, `41 FAILED on sn2 (exit 1:0)`; a queue not
+    submitted: `WAITING to be submitted: <why>`, `REFUSED by sbatch: <Slurm's words>`."""
+    if job.get("state") == "WAITING":
+        return f"WAITING to be submitted: {job.get('reason') or 'submit limit'}"
+    if job.get("state") == "REFUSED":
+        return f"REFUSED by sbatch: {job.get('reason')} (stop and launch it again once fixed)"
+    where = f" on {job['nodes']}" if job.get("nodes") else ""
+    why = f" ({job['reason']})" if job.get("reason") and job["reason"] != "None" else ""
+    if job.get("exit"):
+        why = f" (exit {job['exit']})"
+    return f"{job.get('id', '?')} {job.get('state', '?')}{where}{why}"

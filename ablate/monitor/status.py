@@ -14,7 +14,7 @@ from typing import Any
 from ablate.config.project import Project
 from ablate.monitor.calibration import Calibration, calibration
 from ablate.monitor.hostinfo import HostLive, asked_of, attach_live, gather, live_lines
-from ablate.monitor.pending import stuck
+from ablate.monitor.pending import job_text, stuck
 from ablate.plan.cost import CostModel, eta_line, learn, queue_eta
 from ablate.remote.layout import session_name
 from ablate.sweep.alarms import HostAlarm, host_alarms
@@ -131,20 +131,6 @@ class StatusReport:
         out += [f"view of {h}: {v['why']}" for h, v in self.views.items() if v.get("unsettled")]
         return out + state_lines(self.cells, self.idle) + live_lines(self) + warning_lines(self.warnings)
 
-
-
-def job_text(job: dict[str, str]) -> str:
-    """`41 RUNNING on sn2`, `41 PENDING (BeginTime)`, `41 FAILED on sn2 (exit 1:0)`; a queue not
-    submitted: `WAITING to be submitted: <why>`, `REFUSED by sbatch: <Slurm's words>`."""
-    if job.get("state") == "WAITING":
-        return f"WAITING to be submitted: {job.get('reason') or 'submit limit'}"
-    if job.get("state") == "REFUSED":
-        return f"REFUSED by sbatch: {job.get('reason')} (stop and launch it again once fixed)"
-    where = f" on {job['nodes']}" if job.get("nodes") else ""
-    why = f" ({job['reason']})" if job.get("reason") and job["reason"] != "None" else ""
-    if job.get("exit"):
-        why = f" (exit {job['exit']})"
-    return f"{job.get('id', '?')} {job.get('state', '?')}{where}{why}"
 
 
 def priority_text(priorities: dict[str, int], cells: list[str]) -> str:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ablate.monitor.hostinfo import gpu_text, progress_text
+from ablate.monitor.pending import job_text
 from ablate.util.fmt import duration
 from ablate.util.progress import console as make_console
 
@@ -34,8 +35,8 @@ STATE_STYLE = {
     "idle_costing_money": "bold magenta", "unreachable": "bold red", "busy": "green",
     "released": "bold green", "release_approved": "bold cyan",
 }
-ATTENTION = ("hung", "lost", "oom", "crashed", "service_down", "sync_failed", "corrupt", "stale",
-             "interrupted")
+ATTENTION = ("hung", "lost", "oom", "crashed", "service_down", "sync_failed", "too_long", "corrupt",
+             "stale", "interrupted")
 
 
 def row_state(report: Any, row: Any) -> str:
@@ -104,8 +105,6 @@ def render(report: Any, *, age: float = 0.0, error: str | None = None, interval:
             again = f" (started {n}x)" if isinstance(n, int) and n > 1 else ""
             parts.append(f"  service {escape(name)} of {escape(r.queue)}: {_styled(st, look)} "
                          f":{s.get('port', '?')}{gpus}{again}")
-    from ablate.monitor.status import job_text
-
     for r in report.rows:  # a Slurm queue not in Slurm yet (its submit limit) or refused by sbatch
         job = getattr(r, "job", None) or {}
         if job.get("state") in ("WAITING", "REFUSED"):

@@ -429,7 +429,13 @@ def _start_on_host(ctx: LaunchContext, dep: DeployResult, host: str, ready: Mapp
     out: dict[int, Exception | None] = {}
     for i, r in ready.items():
         sec = got.get(f"q{i}")
-        if sec is not None and sec.rc == 0:
+        waits = next((ln.split(": ", 1)[-1] for ln in (sec.out.splitlines() if sec is not None else ())
+                      if ln.startswith(f"waiting {sessions[i]}:")), None)
+        if sec is not None and sec.rc == 0 and waits is not None:  # Slurm's submit limit: it waits
+            out[i] = None  # on the shared FS, submitted as an earlier job ends (status: WAITING)
+            advance(f"{host}: {sessions[i]} waits to be submitted ({waits}); it runs {r.qf.name} from "
+                    f"line {r.start_index} once an earlier job ends")
+        elif sec is not None and sec.rc == 0:
             out[i] = None
             advance(f"{host}: tmux {sessions[i]} runs {r.qf.name} from line {r.start_index} "
                     f"({r.cells} cell(s))")
