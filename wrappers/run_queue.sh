@@ -382,19 +382,23 @@ slurm_left() {  # REPLY = the seconds this job has left by squeue (%L); 1 when u
   REPLY=$(( ((10#${BASH_REMATCH[2]:-0} * 24 + 10#${BASH_REMATCH[4]:-0}) * 60 + 10#${BASH_REMATCH[5]}) * 60 \
             + 10#${BASH_REMATCH[6]} ))
 }
+elapsed() {  # elapsed T0: REPLY = the seconds since T0 (a `now` T), to the microsecond
+  local us
+  now
+  us=$(( ${T/./} - ${1/./} ))
+  printf -v REPLY '%d.%06d' $((us / 1000000)) $((us % 1000000))
+}
 no_progress() {  # the cut cell's record (runner `cut`): when its checkpoint is what it was at its
   # last time-limit cut, by an earlier attempt, it has not moved in a whole job: its `end` says so
   # (no_progress, exit 124) and no attempt re-enters it; `ablate remediate` says what to do
-  local kind earlier fp t0=$CUR_STARTED us dur
+  local kind earlier fp
   decide cut --cell "$CUR_CELL" --attempt "$ATTEMPT" --ckpt-dir "$ABLATE_CKPT_ROOT/$CUR_CELL" \
     --checkpoint "${ABLATE_CHECKPOINT-}" || return 1
   read -r kind earlier fp <<<"$DECISION"
   [[ $kind == stuck && $earlier =~ ^[0-9_]+\.[0-9]+$ && $fp =~ ^[0-9a-z]+$ ]] || return 1
   write_tail "$CUR_CELL"
-  now
-  us=$(( ${T/./} - ${t0/./} ))
-  printf -v dur '%d.%06d' $((us / 1000000)) $((us % 1000000))
-  ev end ", \"idx\": $CUR_IDX, \"cell\": \"$CUR_CELL\", \"rc\": 124, \"dur\": $dur, \"reason\": \"no_progress\", \"since\": \"$earlier\", \"checkpoint\": \"$fp\"${FROM_Q:+, \"from_queue\": \"$FROM_Q\"}"
+  elapsed "$CUR_STARTED"
+  ev end ", \"idx\": $CUR_IDX, \"cell\": \"$CUR_CELL\", \"rc\": 124, \"dur\": $REPLY, \"reason\": \"no_progress\", \"since\": \"$earlier\", \"checkpoint\": \"$fp\"${FROM_Q:+, \"from_queue\": \"$FROM_Q\"}"
   say "$CUR_CELL: its checkpoint is as the time limit of attempt $earlier left it: it needs more than time - grace, or its trainer does not resume; stopped, for \`ablate remediate\`"
 }
 on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or the job is preempted
@@ -584,7 +588,7 @@ write_tail() {  # write_tail NAME: tails/NAME.log = the last 100 lines of the ce
 }
 
 run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the cell is claimed
-  local idx=$1 name=$2 resume=$7 from=${8-} extra='' t0 rc us dur
+  local idx=$1 name=$2 resume=$7 from=${8-} extra='' t0 rc dur
   [[ -n $from ]] && extra=", \"from_queue\": \"$from\""
   now
   t0=$T
@@ -627,9 +631,8 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
   CHILD=
   [[ -n $down ]] && extra+=", \"reason\": \"service_down\", \"service\": \"$down\""
   (( rc == 0 )) || write_tail "$name"  # before `end`: a reader that sees the failure finds the tail
-  now
-  us=$(( ${T/./} - ${t0/./} ))
-  printf -v dur '%d.%06d' $((us / 1000000)) $((us % 1000000))
+  elapsed "$t0"
+  dur=$REPLY
   ev end ", \"idx\": $idx, \"cell\": \"$name\", \"rc\": $rc, \"dur\": $dur$extra"
   say "line $idx${from:+ of $from}: $name exited $rc after ${dur}s"
   svc_stop_all cell

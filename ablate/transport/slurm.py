@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -112,27 +111,18 @@ class SlurmHost:
         return f"{self.out_dir}/.adapter.{SESSIONS_SHA}.sh"
 
     def place_adapter(self) -> None:
-        """The adapter at `adapter_path`, once per process: checked (and written) here when this
-        machine runs the commands, else in one command on the login node."""
+        """The adapter at `adapter_path`, once per process: one command where the Slurm commands
+        run (this machine or the login node) that writes it only when it is not there."""
         key = (self.settings.login or "", self.adapter_path)
         with _PLACED_LOCK:
             if key in _PLACED:
                 return
-            if self.settings.login is None:
-                if not os.path.exists(self.adapter_path):
-                    os.makedirs(self.out_dir, exist_ok=True)
-                    tmp = f"{self.adapter_path}.{os.getpid()}"
-                    with open(tmp, "w") as f:
-                        f.write(SESSIONS)
-                    os.chmod(tmp, 0o444)
-                    os.replace(tmp, self.adapter_path)
-            else:
-                r = self.inner.run(["sh", "-c", _PLACE, "sh", self.adapter_path], stdin=SESSIONS.encode(),
-                                   timeout=60.0)
-                if r.rc != 0:
-                    why = (r.stderr or r.stdout).strip()[-300:]
-                    raise RemoteError(f"{self.name}: could not place the Slurm adapter at "
-                                      f"{self.adapter_path} (rc {r.rc}): {why!r}")
+            r = self.inner.run(["sh", "-c", _PLACE, "sh", self.adapter_path], stdin=SESSIONS.encode(),
+                               timeout=60.0)
+            if r.rc != 0:
+                why = (r.stderr or r.stdout).strip()[-300:]
+                raise RemoteError(f"{self.name}: could not place the Slurm adapter at "
+                                  f"{self.adapter_path} (rc {r.rc}): {why!r}")
             _PLACED.add(key)
 
     def tmux_argv(self) -> list[str]:
