@@ -16,6 +16,7 @@ from tests import slurmbed
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
 from tests.helpers.runners import Runners
+from tests.helpers.s3 import CREDS, S3, moto_s3
 from tests.helpers.testbed_projects import LIVE_BEDS, session_bed
 from tests.testbed import Testbed
 
@@ -49,6 +50,21 @@ def _isolate(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
     monkeypatch.setenv("COLUMNS", "120")
     yield socket
     subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def _moto() -> Iterator[S3]:
+    with moto_s3() as s3:
+        yield s3
+
+
+@pytest.fixture
+def s3(_moto: S3, monkeypatch: pytest.MonkeyPatch) -> S3:
+    """A real S3 endpoint (moto's server, shared by the session) and a fresh bucket prefix's worth of
+    credentials in the environment; each test uses its own prefix (`s3.url(prefix)`)."""
+    for k, v in CREDS.items():
+        monkeypatch.setenv(k, v)
+    return _moto
 
 
 @pytest.fixture

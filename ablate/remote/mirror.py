@@ -1,0 +1,249 @@
+"""A local copy of a sweep kept in an object store: what lets every reader of the sweep root (the
+controller's probe, the runner's walk) read the store's state as files, unchanged.
+
+The store's keys are the sweep root's paths, except a cell's result (S3 has no rename, so nothing
+becomes visible by one):
+
+- `results/<name>/<nonce>/<file>`: a result's files and its MANIFEST.json, uploaded by its
+  publisher under a name of its own (`nonce`, one per publish), never read as a result by itself;
+- `commits/<name>`: `{"nonce", "manifest_sha256", "host", "queue", "attempt", "t"}`, created once
+  (`If-None-Match: *`) after every file and the MANIFEST are uploaded: the result exists for readers
+  from this one write on, and a second publisher of the same cell is refused by it;
+- `aside/<name>.<t>`: a commit remediate set aside (a copy; then `commits/<name>` is deleted).
+
+Here a committed result is `final_ckpts/<name>/` (its MANIFEST.json, and more files when asked),
+an aside one `final_ckpts/.aside.<name>.<t>/`, as on a shared FS. Every other key is copied to the
+same path. A key gone from the store is gone here (a released claim's directory too). Keys named in
+`own` are this host's own files (its events, its heartbeat): written here first, never overwritten
+or removed by a sync.
+
+Time. Files get the store's `LastModified` moved into this machine's clock by the store's offset
+(its `Date` header against this clock at each listing), so that a local clock reading (a touched
+file's mtime, `time.time()`) compares with them as the store's clock would: heartbeats are judged
+by the store's clock, to its 1 s resolution.
+
+One sync at a time per copy (`flock` on `.mirror/lock`); what each file was last synced from
+(etag, size) is kept in `.mirror/state.json`, so that a sync fetches only what changed: an events
+object that grew (it is only ever appended to) by a range read of the new bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+from collections.abc import Collection, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ablate.remote.objstore import Obj, Store
+
+# What each reader needs: the walk (claims, results done, stop files, others' heartbeats and events,
+# the queue files, the estimates, calibration) and every controller command (all of the state).
+WALK = ("claims/", "commits/", "control/", "events/", "heartbeats/", "queues/", "calib/",
+        "estimates.tsv")
+STATE = (*WALK, "aside/", "tails/", "gate/", "released/", "remediation/", "services/", "DEPLOYED.json")
+MANIFEST = "MANIFEST.json"
+_META = ".mirror"
+
+
+class Mirror:
+    """The local copy at `root` of `store`. `offset`: the store's clock minus this one (seconds),
+    as the last sync measured it."""
+
+    def __init__(self, store: Store, root: str, own: Collection[str] = (), workers: int = 16) -> None:
+        self.store, self.root, self.own = store, root, set(own)
+        self.workers = workers
+        self.offset = 0.0
+        self.fetched = 0  # objects read by the last sync
+
+    # ------------------------------------------------------------------ the sync
+
+    def sync(self, prefixes: Iterable[str] = STATE, results: str = "manifest") -> None:
+        """Bring the copy of `prefixes` up to the store's state. `results`: which files of a
+        committed result are here, "manifest" (MANIFEST.json only) or "all"."""
+        meta = os.path.join(self.root, _META)
+        os.makedirs(meta, exist_ok=True)
+        with open(os.path.join(meta, "lock"), "a") as lk:
+            fcntl.flock(lk, fcntl.LOCK_EX)
+            state = self._load()
+            self.fetched = 0
+            listed: dict[str, list[Obj]] = {}
+            for p in prefixes:
+                listed[p] = self._listing(p)
+            for p, objs in listed.items():
+                if p == "commits/":
+                    self._commits(objs, state, results)
+                elif p == "aside/":
+                    self._aside(objs)
+                else:
+                    self._files(p, objs, state)
+            self._save(state)
+
+    def _listing(self, prefix: str) -> list[Obj]:
+        local_before = time.time()
+        objs = self.store.list(prefix)
+        date = self.store.last_date
+        if date is not None:
+            self.offset = date - (local_before + time.time()) / 2
+        if not prefix.endswith("/"):
+            objs = [o for o in objs if o.key == prefix]
+        return objs
+
+    def _local(self, mtime: float) -> float:
+        return mtime - self.offset
+
+    def _files(self, prefix: str, objs: list[Obj], state: dict[str, list[Any]]) -> None:
+        seen = {o.key for o in objs}
+        todo = [o for o in objs if o.key not in self.own and not _hidden(o.key)
+                and state.get(o.key) != [o.etag, o.size]]
+        with ThreadPoolExecutor(max(1, min(self.workers, len(todo)))) as pool:
+            for o, ok in zip(todo, pool.map(lambda o: self._fetch(o, state.get(o.key)), todo), strict=False):
+                if ok:
+                    state[o.key] = [o.etag, o.size]
+        # what the store no longer has is gone here too (a released claim: its directory as well)
+        top = os.path.join(self.root, prefix)
+        if prefix.endswith("/"):
+            for dirpath, _dirnames, filenames in os.walk(top, topdown=False):
+                for fn in filenames:
+                    rel = os.path.relpath(os.path.join(dirpath, fn), self.root)
+                    if fn.startswith(".") or rel in seen or rel in self.own:
+                        continue
+                    _unlink(os.path.join(dirpath, fn))
+                    state.pop(rel, None)
+                if dirpath != top.rstrip("/"):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(dirpath)  # only when empty
+        elif prefix not in seen and prefix not in self.own and state.pop(prefix, None) is not None:
+            _unlink(top)
+
+    def _fetch(self, o: Obj, was: list[Any] | None) -> bool:
+        path = os.path.join(self.root, o.key)
+        data: bytes | None = None
+        if o.key.startswith("events/") and was is not None and 0 < was[1] < o.size:
+            try:  # appended to only: the new bytes, by a range read
+                with open(path, "rb") as f:
+                    old = f.read()
+            except OSError:
+                old = b""
+            if len(old) == was[1]:
+                tail = self.store.get_range(o.key, len(old))
+                if tail is not None:
+                    data = old + tail
+        if data is None:
+            got = self.store.get(o.key)
+            if got is None:
+                return False  # gone since the listing: the next sync removes it
+            data = got.data
+        self.fetched += 1
+        _write(path, data, self._local(o.mtime))
+        return True
+
+    def _commits(self, objs: list[Obj], state: dict[str, list[Any]], results: str) -> None:
+        final = os.path.join(self.root, "final_ckpts")
+        os.makedirs(final, exist_ok=True)
+        names = {o.key[len("commits/"):]: o for o in objs if "/" not in o.key[len("commits/"):]}
+        for name in os.listdir(final):  # a commit gone (set aside): its result is gone
+            if not name.startswith(".") and name not in names:
+                shutil.rmtree(os.path.join(final, name), ignore_errors=True)
+                state.pop(f"commits/{name}", None)
+
+        def one(item: tuple[str, Obj]) -> None:
+            name, o = item
+            here = os.path.join(final, name)
+            if state.get(o.key) == [o.etag, o.size] and (results != "all" or _complete(here)):
+                return
+            got = self.store.get(o.key)
+            rec = _json(got.data) if got is not None else None
+            if got is None or not isinstance(rec, dict) or not isinstance(rec.get("nonce"), str):
+                return
+            base = f"results/{name}/{rec['nonce']}/"
+            mtime = self._local(got.mtime)
+            files = [MANIFEST]
+            if results == "all":
+                files = [o2.key[len(base):] for o2 in self.store.list(base)]
+            for rel in files:
+                dst = os.path.join(here, rel)
+                if rel != MANIFEST and os.path.exists(dst):
+                    continue
+                if rel == MANIFEST:
+                    m = self.store.get(base + rel)
+                    if m is None:
+                        return
+                    _write(dst, m.data, mtime)
+                else:
+                    os.makedirs(os.path.dirname(dst), exist_ok=True)
+                    tmp = f"{dst}.part.{os.getpid()}"
+                    self.store.download(base + rel, tmp)
+                    os.utime(tmp, (mtime, mtime))
+                    os.replace(tmp, dst)
+                self.fetched += 1
+            if results == "all":
+                _write(os.path.join(here, ".complete"), b"", mtime)
+            state[o.key] = [o.etag, o.size]
+
+        items = sorted(names.items())
+        with ThreadPoolExecutor(max(1, min(self.workers, len(items)))) as pool:
+            list(pool.map(one, items))
+
+    def _aside(self, objs: list[Obj]) -> None:
+        final = os.path.join(self.root, "final_ckpts")
+        os.makedirs(final, exist_ok=True)
+        for o in objs:
+            entry = o.key[len("aside/"):]
+            if entry and "/" not in entry:
+                os.makedirs(os.path.join(final, f".aside.{entry}"), exist_ok=True)
+
+    # ------------------------------------------------------------------ the state
+
+    def _load(self) -> dict[str, list[Any]]:
+        try:
+            with open(os.path.join(self.root, _META, "state.json"), encoding="utf-8") as f:
+                raw = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(raw, dict):
+            return {}
+        return {k: v for k, v in raw.items() if isinstance(v, list) and len(v) == 2}
+
+    def _save(self, state: dict[str, list[Any]]) -> None:
+        _write(os.path.join(self.root, _META, "state.json"), json.dumps(state).encode(), None)
+
+    def store_time(self) -> float:
+        """The store's clock now, as the last sync measured its offset."""
+        return time.time() + self.offset
+
+
+def _hidden(rel: str) -> bool:
+    return any(part.startswith(".") for part in rel.split("/"))
+
+
+def _complete(path: str) -> bool:
+    return os.path.exists(os.path.join(path, ".complete"))
+
+
+def _json(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _write(path: str, data: bytes, mtime: float | None) -> None:
+    """Atomically: a temp file beside `path`, its mtime set, then renamed over it."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.sync.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    if mtime is not None:
+        os.utime(tmp, (mtime, mtime))
+    os.replace(tmp, path)
+

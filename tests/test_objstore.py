@@ -1,0 +1,133 @@
+"""The object store's operations and the local copy of a sweep kept in one, against a real S3 HTTP
+endpoint (moto's server): conditional creates and replaces, appends by read-modify-write, the
+store's clock, and a copy that follows the store (new, changed, grown and gone keys, results only
+once committed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ablate.remote.mirror import WALK, Mirror
+from ablate.remote.objstore import Store, StoreDown, parse_url
+from tests.helpers.s3 import S3
+
+
+def store(s3: S3) -> Store:
+    return Store(s3.url(f"t/{uuid.uuid4().hex[:8]}/ablate/sw"), s3.endpoint, wait=2)
+
+
+def test_parse_url_names_the_problem() -> None:
+    assert parse_url("s3://my-bucket/a/b/") == ("my-bucket", "a/b")
+    assert parse_url("s3://my-bucket") == ("my-bucket", "")
+    for bad, word in (("http://b/x", "s3://"), ("s3://B_ad/x", "bucket name"), ("s3://ok-b/a/../x", "'..'")):
+        with pytest.raises(ValueError, match=word):
+            parse_url(bad)
+
+
+def test_conditional_create_and_replace(s3: S3) -> None:
+    st = store(s3)
+    first = st.create("claims/c1/owner", b"h1 q 0 1.0 - n\n")
+    assert first is not None
+    assert st.create("claims/c1/owner", b"h2 q 0 2.0 - n\n") is None  # somebody's: 412
+    assert st.create("claims/c1/owner", b"h1 q 0 1.0 - n\n") == first  # a retried create of ours
+    assert st.replace("claims/c1/owner", b"h3", "0" * 32) is None  # a stale etag
+    new = st.replace("claims/c1/owner", b"h3", first)
+    assert new is not None and new != first
+    assert st.replace("claims/c1/owner", b"h4", first) is None  # the version read is gone
+    got = st.get("claims/c1/owner")
+    assert got is not None and got.data == b"h3"
+
+
+def test_racing_creates_one_winner_and_appends_all_kept(s3: S3) -> None:
+    st = store(s3)
+    won: list[int] = []
+    lines: list[bytes] = [f'{{"i": {i}}}\n'.encode() for i in range(12)]
+
+    def racer(i: int) -> None:
+        mine = Store(st.url, s3.endpoint, wait=2)
+        if mine.create("claims/race/owner", f"racer {i}\n".encode()) is not None:
+            won.append(i)
+        mine.append("events/h.q.jsonl", lines[i])
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1
+    got = st.get("claims/race/owner")
+    assert got is not None and got.data == f"racer {won[0]}\n".encode()
+    ev = st.get("events/h.q.jsonl")
+    assert ev is not None and sorted(ev.data.splitlines(keepends=True)) == sorted(lines)
+
+
+def test_unreachable_store_waits_then_says_so() -> None:
+    st = Store("s3://sweep-bucket/x", "http://127.0.0.1:9", wait=1, attempts=1)
+    t0 = time.monotonic()
+    with pytest.raises(StoreDown, match="did not answer"):
+        st.get("anything")
+    assert time.monotonic() - t0 < 30
+
+
+def test_store_clock_is_the_stores(s3: S3) -> None:
+    st = store(s3)
+    assert abs(st.now() - time.time()) < 5
+
+
+def commit(st: Store, name: str, manifest: dict[str, object], files: dict[str, bytes]) -> None:
+    nonce = uuid.uuid4().hex[:12]
+    for rel, data in files.items():
+        st.put(f"results/{name}/{nonce}/{rel}", data)
+    raw = json.dumps(manifest).encode()
+    st.put(f"results/{name}/{nonce}/MANIFEST.json", raw)
+    assert st.create(f"commits/{name}", json.dumps({"nonce": nonce}).encode()) is not None
+
+
+def test_mirror_follows_the_store(s3: S3, tmp_path: Path) -> None:
+    st = store(s3)
+    root = str(tmp_path / "copy")
+    st.put("claims/a/owner", b"h q 0 1 - n\n")
+    st.put("claims/b/owner", b"h q 1 1 - n\n")
+    st.put("events/h.q.jsonl", b'{"ev": "start"}\n')
+    st.put("heartbeats/h.q", b'{"state": "running"}\n')
+    st.put("heartbeats/me.q", b'{"theirs": 1}\n')
+    st.put("results/c/zzz/MANIFEST.json", b"{}")  # uploaded, never committed: no result
+    m = Mirror(st, root, own={"heartbeats/me.q"})
+    os.makedirs(f"{root}/heartbeats")
+    Path(f"{root}/heartbeats/me.q").write_text("mine\n")
+    m.sync(WALK)
+    assert sorted(os.listdir(f"{root}/claims")) == ["a", "b"]
+    assert Path(f"{root}/heartbeats/me.q").read_text() == "mine\n"  # own: never overwritten
+    assert not os.path.exists(f"{root}/final_ckpts/c")
+    hb_age = time.time() - os.stat(f"{root}/heartbeats/h.q").st_mtime
+    assert -3 < hb_age < 5  # the store's LastModified, in this clock
+
+    st.delete("claims/b/owner")  # released
+    st.append("events/h.q.jsonl", b'{"ev": "end"}\n')
+    commit(st, "c", {"name": "c"}, {"best.pt": b"weights"})
+    m.sync(WALK)
+    assert sorted(os.listdir(f"{root}/claims")) == ["a"]  # the claim's directory is gone too
+    assert Path(f"{root}/events/h.q.jsonl").read_bytes() == b'{"ev": "start"}\n{"ev": "end"}\n'
+    assert st.requests.get("get", 0) > 0
+    assert json.loads(Path(f"{root}/final_ckpts/c/MANIFEST.json").read_text()) == {"name": "c"}
+    assert not os.path.exists(f"{root}/final_ckpts/c/best.pt")
+
+    before = m.fetched
+    m.sync(WALK)
+    assert m.fetched == 0 and before > 0  # nothing changed: nothing read
+
+    m.sync(WALK, results="all")
+    assert Path(f"{root}/final_ckpts/c/best.pt").read_bytes() == b"weights"
+
+    st.put("aside/c.123", b"{}")
+    st.delete("commits/c")
+    m.sync((*WALK, "aside/"))
+    assert not os.path.exists(f"{root}/final_ckpts/c")
+    assert os.path.isdir(f"{root}/final_ckpts/.aside.c.123")
