@@ -6,7 +6,6 @@ Every error names the file, the key path, why, and (for unknown keys) "did you m
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from ablate.config.settings import (
     parse_steal,
 )
 from ablate.config.slurm import SlurmSettings, parse_slurm
+from ablate.config.storage import SAFE_PATH, local_path, one_place, parse_place
 from ablate.errors import ConfigError
 from ablate.remote.artifacts import PICKS
 from ablate.remote.layout import SweepLayout
@@ -49,7 +49,7 @@ _UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 @dataclass(frozen=True)
 class Profile:
     name: str
-    shared_fs: str
+    shared_fs: str  # with storage: the instance-local parent of the sweep's copy, <ckpt_root>/.ablate
     ckpt_root: str  # may hold {host}; instance-local
     env: str | None
     release: str | None
@@ -57,6 +57,8 @@ class Profile:
     python: str
     source: str  # the file it came from
     slurm: SlurmSettings | None = None  # transport: slurm
+    storage: str | None = None  # s3://BUCKET[/PREFIX]: the sweep's state there (ablate/config/storage.py)
+    storage_endpoint: str | None = None  # a non-AWS store's http(s) URL
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,9 @@ class Host:
 
     @property
     def sweep_parent(self) -> str:
-        return self.profile.shared_fs
+        """The shared FS; with storage, the parent of this host's own copy of the sweep."""
+        p = self.profile
+        return p.shared_fs.replace("{host}", self.name) if p.storage else p.shared_fs
 
 
 @dataclass(frozen=True)
@@ -160,9 +164,18 @@ class Project:
         return self.dir / "queues"
 
     def sweep_root(self, host: Host | None = None) -> str:
-        """The sweep root as seen by `host` (or by the default profile)."""
+        """The sweep root as seen by `host` (or by the default profile). With storage: a host's own
+        copy on its disk, `<ckpt_root>/.ablate/<sweep>`; the controller's, the sweep's store URL."""
+        store = self.sweep_store(host)
+        if store is not None:
+            return f"{host.sweep_parent}/{self.sweep}" if host else store[0]
         shared = host.profile.shared_fs if host else self.profile.shared_fs
         return f"{shared.rstrip('/')}/ablate/{self.sweep}"
+
+    def sweep_store(self, host: Host | None = None) -> tuple[str, str | None] | None:
+        """(`<storage>/ablate/<sweep>`, endpoint) of `host`'s profile (or the default); None: shared FS."""
+        p = host.profile if host else self.profile
+        return None if p.storage is None else (f"{p.storage}/ablate/{self.sweep}", p.storage_endpoint)
 
     def layout(self, host: Host | None = None) -> SweepLayout:
         return SweepLayout(self.sweep_root(host))
@@ -198,7 +211,8 @@ def parse_size(value: Any, where: str) -> int:
 
 # --------------------------------------------------------------------------- profiles
 
-PROFILE_KEYS = {"shared_fs", "ckpt_root", "env", "release", "transport", "python", "slurm"}
+PROFILE_KEYS = {"shared_fs", "storage", "storage_endpoint", "ckpt_root", "env", "release", "transport",
+                "python", "slurm"}
 
 
 def shipped_profiles() -> dict[str, str]:
@@ -225,35 +239,25 @@ def load_profile(name: str, project_dir: Path, where: str) -> Profile:
     transport = r.text("transport", "ssh") or "ssh"
     if transport not in TRANSPORTS:
         raise r.err("transport", f"must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
-    shared = r.text("shared_fs", required=True) or ""
-    ckpt = r.text("ckpt_root", required=True) or ""
-    if transport == "local":
-        shared = _local_path(shared, project_dir)
-        ckpt = _local_path(ckpt, project_dir)
-    else:
-        for key, val in (("shared_fs", shared), ("ckpt_root", ckpt)):
-            if not val.startswith("/"):
-                raise r.err(key, f"must be an absolute path on the instances, got {val!r}")
-    for key, val in (("shared_fs", shared), ("ckpt_root", ckpt)):
-        if not _SAFE_PATH.match(val.replace("{host}", "h")):
-            raise r.err(key, f"{val!r} has characters a shell would interpret; use plain paths")
+    place = parse_place(r, transport, project_dir)
     release = r.text("release")
     if release:
         check_template(release, {"instance_id", "host", "ssh"}, r, "release")
     return Profile(
         name=name,
-        shared_fs=shared.rstrip("/") or "/",
-        ckpt_root=ckpt.rstrip("/") or "/",
+        shared_fs=place.shared_fs,
+        ckpt_root=place.ckpt_root,
         env=r.text("env"),
         release=release,
         transport=transport,
         python=r.text("python", "python3") or "python3",
         source=source,
         slurm=parse_slurm(r, transport),
+        storage=place.storage,
+        storage_endpoint=place.endpoint,
     )
 
 
-_SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+@,=~-]+$")
 _SAFE_GLOB = re.compile(r"^[A-Za-z0-9._/+@,=*?\[\]-]+$")
 _SAFE_GLOB_PATH = re.compile(r"^[A-Za-z0-9._/+@,=~*?\[\]-]+$")
 
@@ -300,11 +304,6 @@ def _verify(a: Reader, entries: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     return tuple(out.items())
 
 
-def _local_path(p: str, base: Path) -> str:
-    expanded = Path(os.path.expanduser(p))
-    return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
-
-
 # --------------------------------------------------------------------------- project
 
 TOP_KEYS = {
@@ -348,7 +347,7 @@ def load_project(directory: Path | str = ".") -> Project:
     a = r.sub("artifacts", {"checkpoint", "metrics", "metrics_keys", "pick", "verify"})
     checkpoint = _checkpoint_entries(a)
     metrics = a.text("metrics")
-    if metrics is not None and not _relative(metrics, _SAFE_PATH):
+    if metrics is not None and not _relative(metrics, SAFE_PATH):
         raise a.err("metrics", f"{metrics!r} must be a plain relative file name inside {{ckpt_dir}}")
     pick = a.text("pick", "all") or "all"
     if pick not in PICKS:
@@ -391,8 +390,8 @@ def load_project(directory: Path | str = ".") -> Project:
         if remote:
             raise r.err("workdir", f"{workdir!r} must be an absolute path on the instances "
                                    f"(hosts {', '.join(remote)}); `~` is not expanded there")
-        workdir = _local_path(workdir, project_dir)
-    if not _SAFE_PATH.match(workdir):
+        workdir = local_path(workdir, project_dir)
+    if not SAFE_PATH.match(workdir):
         raise r.err("workdir", f"{workdir!r} has characters a shell would interpret; use a plain path")
 
     return Project(
@@ -476,6 +475,7 @@ def _hosts(r: Reader, default: Profile, project_dir: Path, per_queue: int = 1,
         ssh = h.text("ssh", name) or name
         if not SAFE_NAME.match(ssh) and not re.match(r"^[A-Za-z0-9_.-]+@[A-Za-z0-9_.-]+$", ssh):
             raise h.err("ssh", f"{ssh!r} must be an ssh alias or user@host")
+        one_place(h, default, profile, transport)
         if (transport == "slurm") != (profile.transport == "slurm"):
             raise h.err("transport", "a Slurm host takes its transport from its profile "
                                      "(`transport: slurm` with a slurm: mapping); set `profile:` instead")
