@@ -1,15 +1,20 @@
 """What deploy places, built from the package: each wrapper one file with the shared bash inlined,
-the runner zipapp byte-for-byte the modules the controller imports."""
+the runner zipapp byte-for-byte the modules the controller imports; a storage host's spec."""
 
 from __future__ import annotations
 
 import io
+import shlex
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 from ablate import resources
-from ablate.run.placement import RUNNER_MODULES, packaged_runner, packaged_wrappers
+from ablate.config.project import Project, load_project
+from ablate.run.placement import RUNNER_MODULES, packaged_runner, packaged_wrappers, place
+from ablate.transport.local import LocalFS
+from tests.helpers.project import LocalProject
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,3 +46,63 @@ def test_the_runner_zipapp_holds_the_package_modules_and_is_deterministic() -> N
                                            *(f"ablate/remote/{m}" for m in RUNNER_MODULES)])
     for m in RUNNER_MODULES:
         assert z.read(f"ablate/remote/{m}") == resources.read("ablate.remote", m)
+
+
+def test_the_runner_zipapp_imports_its_store_modules_without_boto3(tmp_path: Path) -> None:
+    """A storage host's runner opens the store through `objstore` and `mirror`; importing them needs
+    the standard library only (boto3 is imported when a store is opened)."""
+    pyz = tmp_path / "runner.pyz"
+    pyz.write_bytes(packaged_runner())
+    code = ("import sys\n"
+            "class NoBoto:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('boto3', 'botocore'):\n"
+            "            raise ImportError('no ' + name)\n"
+            "sys.meta_path.insert(0, NoBoto())\n"
+            f"sys.path.insert(0, {str(pyz)!r})\n"
+            "import ablate.remote.mirror, ablate.remote.objstore\n"
+            "m = ablate.remote.objstore\n"
+            "assert m.__file__.startswith(sys.path[0]), m.__file__\n"
+            "print('ok')\n")
+    p = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=False)
+    assert p.returncode == 0 and p.stdout == "ok\n", p.stderr
+
+
+def _spec(fs_root: Path, project: Project, host: str) -> dict[str, str]:
+    dep = place(project, LocalFS(str(fs_root)))
+    text = (fs_root / "specs" / dep.specs[host]).read_text()
+    return {k: shlex.split(v)[0] if v else "" for k, _, v in
+            (line.partition("=") for line in text.splitlines() if not line.startswith("#"))}
+
+
+def test_a_storage_hosts_spec_names_the_store_and_its_own_copys_paths(local_project: LocalProject,
+                                                                      tmp_path: Path) -> None:
+    (local_project.root / "profiles").mkdir()
+    (local_project.root / "profiles" / "s3.yaml").write_text(
+        "transport: ssh\nstorage: s3://sweep-bucket/team\nstorage_endpoint: http://127.0.0.1:9000\n"
+        "ckpt_root: /root/ckpt/{host}\n")
+    local_project.write_config(profile="s3", workdir="/srv/proj")
+    project = load_project(local_project.root)
+    store = tmp_path / "store"  # what the controller writes into: the store, here a directory
+    spec = _spec(store, project, "h2")
+    wrappers = sorted(p.name for p in (store / "wrappers").iterdir())
+    run_one = next(n for n in wrappers if n.startswith("run_one."))
+    runner = next(n for n in wrappers if n.startswith("runner."))
+    local = "/root/ckpt/h2/.ablate/t1"  # the instance's own copy, where its launch fetches them
+    assert spec["ABLATE_ROOT"] == local
+    assert spec["ABLATE_RUN_ONE"] == f"{local}/wrappers/{run_one}"
+    assert spec["ABLATE_RUNNER_PY"] == f"{local}/wrappers/{runner}"
+    assert spec["ABLATE_CKPT_ROOT"] == "/root/ckpt/h2"
+    assert spec["ABLATE_STORE"] == "s3://sweep-bucket/team/ablate/t1"
+    assert spec["ABLATE_STORE_ENDPOINT"] == "http://127.0.0.1:9000"
+    (local_project.root / "profiles" / "s3.yaml").write_text(  # AWS S3 itself: no endpoint
+        "transport: ssh\nstorage: s3://sweep-bucket\nckpt_root: /root/ckpt\n")
+    aws = _spec(tmp_path / "aws", load_project(local_project.root), "h1")
+    assert aws["ABLATE_STORE"] == "s3://sweep-bucket/ablate/t1" and aws["ABLATE_STORE_ENDPOINT"] == ""
+
+
+def test_a_shared_fs_hosts_spec_has_no_store_keys(local_project: LocalProject, tmp_path: Path) -> None:
+    project = load_project(local_project.root)
+    spec = _spec(Path(project.sweep_root()), project, "h1")
+    assert spec["ABLATE_ROOT"] == project.sweep_root(project.hosts["h1"])
+    assert not any(k.startswith("ABLATE_STORE") for k in spec)

@@ -5,6 +5,10 @@ Everything is content-addressed and immutable (rule 2): `wrappers/run_queue.<sha
 `wrappers/run_one.<sha12>.sh`, `wrappers/runner.<sha12>.pyz` and `specs/<sha12>.env`, mode 0444.
 Placing the same content again changes nothing; a changed wrapper is a new file, and queues already
 running keep reading the old one. `DEPLOYED.json` names what new launches use.
+
+With `storage:` the files go into the store the same way (`fs` is then the controller's view of the
+store), and a storage host's spec names the paths of its own copy of the sweep on its disk
+(`Project.sweep_root(host)`), where its launch fetches them first (ablate/run/storeboot.py).
 """
 
 from __future__ import annotations
@@ -57,9 +61,11 @@ def packaged_learn() -> bytes:
     return packaged.read("ablate.remote", "learn.py")
 
 
-# ablate/remote/ modules in the runner zipapp, stdlib only
+# ablate/remote/ modules in the runner zipapp, stdlib only at import (objstore imports boto3 when a
+# store is opened: only a storage host's runner does)
 RUNNER_MODULES = ("artifacts.py", "calibrate.py", "cuts.py", "grammar.py", "layout.py", "learn.py",
-                  "publish.py", "rules.py", "runner.py", "serve.py", "slurmwin.py", "walk.py")
+                  "mirror.py", "objstore.py", "publish.py", "rules.py", "runner.py", "serve.py",
+                  "slurmwin.py", "storeside.py", "walk.py")
 # run_one's publish where it runs as a Python start of its own: without the decisions' modules
 _RUNNER_MAIN = b"""import sys
 
@@ -119,6 +125,7 @@ def render_spec(project: Project, host: Host, run_one_path: str, runner_path: st
         "ABLATE_CALIBRATE_KEEP": "1" if project.calibrate.keep else "0",
         **service_spec(project, host),
         **slurm_spec(host),
+        **store_spec(project, host),
         # run_queue's default is the same: a spec without stop_grace stays byte for byte what it was
         **({"ABLATE_STOP_GRACE": str(max(1, math.ceil(project.monitor.stop_grace)))}
            if project.monitor.stop_grace != DEFAULT_MONITOR.stop_grace else {}),
@@ -135,6 +142,16 @@ def slurm_spec(host: Host) -> dict[str, str]:
         return {}
     return {"ABLATE_PIN_GPU": "0", "ABLATE_SLURM_RESUBMIT": "1" if slurm.resubmit and slurm.requeue else "0",
             "ABLATE_SLURM_GRACE": str(slurm.grace), "ABLATE_SLURM_MAX_RESTARTS": str(slurm.max_restarts)}
+
+
+def store_spec(project: Project, host: Host) -> dict[str, str]:
+    """A storage host's queues keep the sweep in its store: the store's URL for this sweep and its
+    endpoint (empty: AWS S3). ABLATE_ROOT and every path is then the instance's own copy, where the
+    launch fetched the wrappers and the spec (ablate/run/storeboot.py)."""
+    store = project.sweep_store(host)
+    if store is None:
+        return {}
+    return {"ABLATE_STORE": store[0], "ABLATE_STORE_ENDPOINT": store[1] or ""}
 
 
 SERVICE_GRACE = 10  # seconds between a service's TERM and its KILL
