@@ -37,8 +37,12 @@ runner_exec() {  # runner_exec VERB ARGS...: becomes the runner's process (ablat
     set +u  # activation scripts (conda) reference unset variables
     eval "$ABLATE_ENV" >/dev/null 2>&1 </dev/null || { echo "ablate: env activation failed: $ABLATE_ENV" >&2; exit 125; }
   fi
+  # -S: no site-packages to import at each start, but where the sweep is kept in an object store:
+  # boto3 lives there
+  local nosite=-S
+  [[ -n ${ABLATE_STORE-} ]] && nosite=
   # shellcheck disable=SC2086  # the profile's python may be a command with arguments
-  exec ${ABLATE_PYTHON:-python3} -S "$ABLATE_RUNNER_PY" "$@"
+  exec ${ABLATE_PYTHON:-python3} $nosite "$ABLATE_RUNNER_PY" "$@"
 }
 ask() {  # ask ID TO FROM VERB ARGS...: one request of the queue's runner process (runner.py serve)
   # over the fds TO and FROM; DECISION = its answer, rc its own; 125 when none came (the process is

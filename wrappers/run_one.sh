@@ -111,7 +111,9 @@ stage() {  # stage ARGS...: the publish as a Python start of its own (run_one ru
 }
 
 sync_all() {  # stage, check, publish; exits 0 (synced) or through fail
-  if [[ -e $FINAL ]]; then
+  if [[ -n ${ABLATE_STORE-} ]]; then
+    :  # a sweep kept in a store: its commit is the one check (commit below)
+  elif [[ -e $FINAL ]]; then
     (( SYNC_TRIES )) && ours && { ev synced ", \"cell\": \"$NAME\""; exit 0; }
     fail "final_ckpts/$NAME already exists; a durable result is never overwritten"
   fi
@@ -139,6 +141,7 @@ sync_all() {  # stage, check, publish; exits 0 (synced) or through fail
     rc=$?
   fi
   (( rc == 0 )) || fail "${reason:-publish (${ABLATE_RUNNER_PY-}) exited $rc; see the log}"
+  [[ -n ${ABLATE_STORE-} ]] && commit_to_store  # exits
 
   # -T: never move *into* an existing dir; -n: never replace one (renameat2 NOREPLACE where the FS has
   # it).
@@ -155,6 +158,25 @@ sync_all() {  # stage, check, publish; exits 0 (synced) or through fail
   # Published means this run's MANIFEST.json opens under the final name (asked of the server: a
   # cached stat of the staging dir could say it moved when the outage cut the rename).
   ours || fail "could not rename $STAGING to final_ckpts/$NAME (it exists now?)"
+  STAGING=
+  ev synced ", \"cell\": \"$NAME\""
+  exit 0
+}
+commit_to_store() {  # the staged files uploaded, then the one conditional commit (ablate/remote/
+  # storeside.py): asked of the queue's runner process, else a Python start of its own
+  local reason='' rc=125
+  if [[ ${ABLATE_ASK-} == 3,4 ]]; then
+    ask "k$$" 3 4 commit "$NAME" "$STAGING" "$STARTED"
+    rc=$?
+    reason=${DECISION%%$'\n'*}
+  fi
+  if (( rc != 0 && rc != 1 )); then
+    reason=$(runner_exec commit "$ABLATE_ROOT" "$ABLATE_HOST" "$QUEUE" - "$NAME" "$STAGING" "$STARTED" \
+      </dev/null 2>>"$LOG" 3>&- 4>&-)
+    rc=$?
+  fi
+  (( rc == 0 )) || fail "${reason:-the commit to the store exited $rc; see the log}"
+  rm -rf -- "$STAGING"
   STAGING=
   ev synced ", \"cell\": \"$NAME\""
   exit 0

@@ -33,6 +33,22 @@ source "$SPEC" || { echo "run_queue: cannot read the run spec $SPEC" >&2; exit 2
 
 SAFE='^[A-Za-z0-9._/+@,=-]+$'
 ROOT=$ABLATE_ROOT
+# A sweep kept in an object store (ABLATE_STORE, docs/ARCHITECTURE.md "Object store"): ROOT is this
+# instance's own copy of it, kept in step with the store by the runner's process (pull before each
+# step, what this queue writes sent as it is written; claims and results go to the store itself).
+# Credentials given at launch arrive through a FIFO, `NAME=VALUE` lines (AWS_* only) then EOF: held in
+# this shell unexported and handed to the runner's process alone (never the trainer's environment,
+# never a file).
+STORE=${ABLATE_STORE-}
+export ABLATE_STORE=$STORE ABLATE_STORE_ENDPOINT=${ABLATE_STORE_ENDPOINT-}
+STORE_CREDS=()
+if [[ -n ${ABLATE_CREDS_FIFO-} && -p $ABLATE_CREDS_FIFO ]]; then
+  while IFS= read -r cred; do
+    [[ $cred =~ ^AWS_[A-Z_]{1,40}=[^[:cntrl:]]{0,4096}$ ]] && STORE_CREDS+=("$cred")
+  done <"$ABLATE_CREDS_FIFO"
+  rm -f -- "$ABLATE_CREDS_FIFO"
+fi
+unset ABLATE_CREDS_FIFO cred
 EVENTS=$ROOT/events/$ABLATE_HOST.$QUEUE.jsonl
 HB=$ROOT/heartbeats/$ABLATE_HOST.$QUEUE
 HB_TMP_PREFIX=$ROOT/heartbeats/.$ABLATE_HOST.$QUEUE
@@ -477,7 +493,11 @@ runner_up() {  # the co-process answering decisions, started if it is not runnin
   if [[ -n ${DECIDER_PID-} && -n ${DECIDER[1]-} ]]; then  # dead, not yet reaped: its pipes go
     eval "exec ${DECIDER[0]}<&- ${DECIDER[1]}>&-"
   fi
-  coproc DECIDER { runner_exec serve "$ROOT" "$ABLATE_HOST" "$QUEUE" "${SLOT:--}"; }
+  # shellcheck disable=SC2163  # each is NAME=VALUE
+  coproc DECIDER {
+    for c in "${STORE_CREDS[@]}"; do export "$c"; done
+    runner_exec serve "$ROOT" "$ABLATE_HOST" "$QUEUE" "${SLOT:--}"
+  }
 }
 DECISION=
 ASKED=0
@@ -518,7 +538,16 @@ safe_cell() {  # safe_cell NAME CFG TASK EPOCHS CAT: a decision's cell is what i
 # the server no longer had, and the cell was skipped.
 CLAIM_WAIT=${ABLATE_CLAIM_WAIT:-150}
 claim() {  # claim NAME IDX: 0 when this call created claims/NAME and owns it
-  local waited=0
+  local waited=0 rc
+  if [[ -n $STORE ]]; then  # the store's conditional create: exactly one claimer gets it
+    while :; do
+      decide claim "$1" "$2"
+      rc=$?
+      (( rc < 2 )) && return "$rc"
+      say "the store did not take the claim of $1 (rc $rc); trying again"
+      sleep 5
+    done
+  fi
   until mkdir "$CLAIMS/$1" 2>/dev/null; do
     { : <"$CLAIMS/$1/owner"; } 2>/dev/null && return 1  # someone's claim
     if ! fs_up; then  # the FS is down: wait for it, then try again
@@ -730,6 +759,7 @@ elif [[ ${ABLATE_PIN_GPU:-1} == 0 ]]; then
   ABLATE_GPU=${CUDA_VISIBLE_DEVICES-}
 fi
 
+[[ -n $STORE ]] && runner_up  # its thread sends the calibration and pulls the others' meanwhile
 calibrate
 # ---- the walk (ablate/remote/walk.py, docs/ARCHITECTURE.md "run_queue"): each step asked of the
 # runner's process, a short script of what to do, done here in order. Its position is held here
@@ -744,6 +774,7 @@ OUTCOME=-
 while :; do
   if [[ $OUTCOME != drained ]]; then
     NEXT=$idx
+    [[ -n $STORE ]] && decide pull  # the stop file as the store has it now
     [[ -e $STOP_FILE ]] && stop_after_current "$idx"  # before every line, re-entry and steal
     svc_up queue || svc_fail "$SVC_FAILED"  # before the first claim; again after one died
   fi

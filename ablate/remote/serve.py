@@ -5,8 +5,10 @@
 answers one request per line of its stdin, `ID<TAB>VERB<TAB>OPTION<TAB>...`, by the verb's lines and
 `.done RC ID`, until EOF (its queue's shell has ended: only it holds the pipe). Verbs: the decisions
 of `ablate/remote/runner.py` (run with ROOT HOST QUEUE SLOT), `next` (the walk's step,
-`ablate/remote/walk.py`), and `publish` (run_one's, asked over the fds run_queue gives it:
-`ablate/remote/publish.py`). So no decision and no publish costs a Python start. A reader skips
+`ablate/remote/walk.py`), `publish` (run_one's, asked over the fds run_queue gives it:
+`ablate/remote/publish.py`) and, for a sweep kept in an object store, `pull`, `claim` and `commit`
+(`ablate/remote/storeside.py`, whose thread sends what the queue writes as it writes it). So no
+decision and no publish costs a Python start. A reader skips
 answers with another ID: those of a run_one killed while it waited.
 
     python3 runner.<sha12>.pyz VERB ROOT HOST QUEUE SLOT|- [options]
@@ -20,7 +22,10 @@ on stderr, in the queue's pane).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
+import socket
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -29,6 +34,7 @@ from typing import TYPE_CHECKING, BinaryIO, TextIO
 from ablate.remote.runner import FsDown, run
 
 if TYPE_CHECKING:
+    from ablate.remote.storeside import Agent
     from ablate.remote.walk import Walk
 
 
@@ -58,18 +64,69 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     walk: list[Walk] = []  # the queue's walk, made at its first step
+    agent = store_agent(base)
+    if agent is not None:
+        agent.start()
     for raw in iter(inp.readline, b""):
         rid, *args = raw.decode("utf-8", "replace").rstrip("\n").split("\t")
         rows: list[str] = []
         if args[:1] == ["publish"]:
             rc = answer(args, rows.append, publish=True)
+        elif args[:1] and args[0] in STORE_VERBS:
+            rc = store_verb(agent, args, rows.append)
         elif args[:1] == ["next"]:
-            rc = answer(args, rows.append, step=lambda argv, out: step(base, walk, argv, out))
+            if agent is not None and store_verb(agent, ["pull", "1"], rows.append) != 0:
+                rc = 3
+            else:
+                rc = answer(args, rows.append, step=lambda argv, out: step(base, walk, argv, out))
         else:
             rc = answer([*args[:1], *base, *args[1:]], rows.append)
         out.write("".join(r + "\n" for r in rows) + f".done {rc} {rid}\n")
         out.flush()
+    if agent is not None:  # the queue's end: its last heartbeat and events to the store
+        with contextlib.suppress(Exception):
+            agent.close()
     return 0
+
+
+# A sweep kept in an object store (ABLATE_STORE): what run_queue and run_one ask of the queue's store
+# side (`ablate/remote/storeside.py`) — `pull` [FRESH], `claim` NAME IDX, `commit` NAME STAGING
+# STARTED. rc 0 done, 1 refused (claimed by another; not published: its reason), 2 no store, 3 the
+# store could not be reached (waited out).
+STORE_VERBS = ("pull", "claim", "commit")
+
+
+def store_agent(base: Sequence[str]) -> Agent | None:
+    from ablate.remote import storeside
+
+    root, host, queue, _slot = base
+    return storeside.from_env(root, host, queue)
+
+
+def store_verb(agent: Agent | None, args: Sequence[str], out: Callable[[str], None]) -> int:
+    from ablate.remote.objstore import StoreError
+
+    if agent is None:
+        print(f"runner: {args[0]}: the run spec names no store (ABLATE_STORE)", file=sys.stderr)
+        return 2
+    try:
+        if args[0] == "pull":
+            agent.pull(fresh=float(args[1]) if len(args) > 1 else 0.0)
+            return 0
+        if args[0] == "claim" and len(args) == 3 and args[2].isdigit():
+            won = agent.claim(args[1], int(args[2]), os.environ.get("ABLATE_ATTEMPT", ""),
+                              socket.gethostname())
+            return 0 if won else 1
+        if args[0] == "commit" and len(args) == 4:
+            return agent.commit(args[1], args[2], args[3], os.environ.get("ABLATE_ATTEMPT", ""), out)
+    except StoreError as e:
+        print(f"runner: the store could not be reached: {e}", file=sys.stderr)
+        return 3
+    except OSError as e:
+        print(f"runner: {args[0]}: {e}", file=sys.stderr)
+        return 3
+    print(f"runner: bad store request {list(args)!r}", file=sys.stderr)
+    return 2
 
 
 def step(base: Sequence[str], walk: list[Walk], argv: Sequence[str], out: Callable[[str], None]) -> int:
@@ -136,7 +193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return serve(args[1:], sys.stdin.buffer, sys.stdout)
     rows: list[str] = []
-    rc = answer(args, rows.append)
+    if args[:1] and args[0] in STORE_VERBS and len(args) >= 5:  # VERB ROOT HOST QUEUE SLOT ARGS...
+        agent = store_agent(args[1:5])
+        rc = store_verb(agent, [args[0], *args[5:]], rows.append)
+        if agent is not None:
+            agent.push()
+    else:
+        rc = answer(args, rows.append)
     sys.stdout.write("".join(r + "\n" for r in rows))
     return rc
 

@@ -1,0 +1,147 @@
+"""run_queue and run_one against a sweep kept in an object store (a real S3 endpoint: moto's
+server), each "instance" with only its own disk: no directory is shared between them. Claims by
+conditional create, results visible once committed, events and heartbeats sent to the store, the
+credentials handed over a FIFO and written nowhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ablate.config.project import load_project
+from ablate.remote.objstore import Store
+from ablate.run.deploy import deploy
+from tests.helpers.project import LocalProject
+from tests.helpers.s3 import CREDS, S3
+
+SECRET = "ablate-sentinel-" + uuid.uuid4().hex  # the secret key's value: must be written nowhere
+
+
+def instance(lp: LocalProject, root: Path, host: str, url: str, endpoint: str) -> tuple[Path, Path]:
+    """An instance's own copy of what launch fetches from the store (the wrappers and its spec),
+    its spec naming the store: (run_queue, spec)."""
+    deployed = json.loads((lp.shared / "DEPLOYED.json").read_text())
+    (root / "wrappers").mkdir(parents=True)
+    (root / "specs").mkdir()
+    for name in (deployed["run_queue"], deployed["run_one"], deployed["runner"]):
+        (root / "wrappers" / name).write_bytes((lp.shared / "wrappers" / name).read_bytes())
+    spec = (lp.shared / "specs" / deployed["specs"][host]).read_text().replace(str(lp.shared), str(root))
+    spec += f"ABLATE_STORE={url}\nABLATE_STORE_ENDPOINT={endpoint}\n"
+    (root / "specs" / "spec.env").write_text(spec)
+    return root / "wrappers" / deployed["run_queue"], root / "specs" / "spec.env"
+
+
+def start(run_queue: Path, spec: Path, queue: str, root: Path) -> subprocess.Popen[bytes]:
+    """run_queue with no AWS credentials in its environment: they come over a FIFO, as at launch."""
+    fifo = root / f".creds.{uuid.uuid4().hex[:8]}"
+    os.mkfifo(fifo, 0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["ABLATE_CREDS_FIFO"] = str(fifo)
+    p = subprocess.Popen(["bash", str(run_queue), str(spec), queue, "0"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    creds = {**CREDS, "AWS_SECRET_ACCESS_KEY": SECRET}
+    with open(fifo, "w") as f:  # blocks until run_queue opens it
+        f.write("".join(f"{k}={v}\n" for k, v in creds.items()))
+    return p
+
+
+def store_events(st: Store) -> dict[str, list[dict[str, Any]]]:
+    out = {}
+    for o in st.list("events/"):
+        got = st.get(o.key)
+        assert got is not None
+        out[o.key] = [json.loads(x) for x in got.data.decode().splitlines()]
+    return out
+
+
+def test_two_instances_with_no_shared_directory_run_each_cell_once(
+        local_project: LocalProject, s3: S3, tmp_path: Path) -> None:
+    lp = local_project
+    both = lp.cfg("cfgs/a/both.yaml") + " recon 2"
+    lp.queue("q1", [both, lp.cfg("cfgs/a/only1.yaml") + " recon 1"])
+    lp.queue("q2", [both, lp.cfg("cfgs/a/only2.yaml") + " recon 1"])
+    deploy(load_project(lp.root))
+    url = s3.url(f"runs/{uuid.uuid4().hex[:8]}/ablate/t1")
+    st = Store(url, s3.endpoint)
+    for q in ("q1", "q2"):
+        st.put(f"queues/{q}.txt", (lp.root / "queues" / f"{q}.txt").read_bytes())
+    procs = []
+    for host, q in (("h1", "q1"), ("h2", "q2")):
+        root = tmp_path / host
+        rq, spec = instance(lp, root, host, url, s3.endpoint)
+        procs.append(start(rq, spec, q, root))
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=180)
+        outs.append(out.decode(errors="replace"))
+        assert p.returncode == 0, out.decode(errors="replace")
+
+    commits = {o.key.split("/", 1)[1]: json.loads(st.get(o.key).data) for o in st.list("commits/")}  # type: ignore[union-attr]
+    assert sorted(commits) == ["both", "only1", "only2"]
+    for name, rec in commits.items():
+        manifest = st.get(f"results/{name}/{rec['nonce']}/MANIFEST.json")
+        assert manifest is not None and json.loads(manifest.data)["name"] == name
+        assert st.head(f"results/{name}/{rec['nonce']}/model.safetensors") is not None
+    evs = store_events(st)
+    assert sorted(evs) == ["events/h1.q1.jsonl", "events/h2.q2.jsonl"]
+    starts = Counter(e["cell"] for lines in evs.values() for e in lines if e["ev"] == "start")
+    assert starts == {"both": 1, "only1": 1, "only2": 1}
+    for lines in evs.values():
+        assert lines[0]["ev"] == "queue_start" and lines[-1]["ev"] == "queue_end"
+        synced = {e["cell"] for e in lines if e["ev"] == "synced"}
+        ended = {e["cell"] for e in lines if e["ev"] == "end"}
+        assert synced == ended
+    owners = {o.key: st.get(o.key).data.split()[:2] for o in st.list("claims/")}  # type: ignore[union-attr]
+    assert len(owners) == 3
+    for host, q in (("h1", "q1"), ("h2", "q2")):
+        hb = st.get(f"heartbeats/{host}.{q}")
+        assert hb is not None and json.loads(hb.data)["state"] == "drained"
+    # the secret: in no object of the store, no file of either instance's copy, no output
+    for o in st.list(""):
+        got = st.get(o.key)
+        assert got is not None and SECRET.encode() not in got.data, o.key
+    for dirpath, _dirs, files in os.walk(tmp_path):
+        for fn in files:
+            path = os.path.join(dirpath, fn)
+            if os.path.isfile(path) and not os.path.islink(path):
+                assert SECRET.encode() not in Path(path).read_bytes(), path
+    assert not any(SECRET in o for o in outs)
+
+
+def test_a_racer_that_loses_the_claim_skips_the_cell(s3: S3, tmp_path: Path) -> None:
+    """Eight runner processes' agents race for one claim: exactly one gets it."""
+    from ablate.remote.storeside import Agent
+
+    url = s3.url(f"race/{uuid.uuid4().hex[:8]}/ablate/t1")
+    won: list[str] = []
+    lock = threading.Lock()
+
+    def racer(i: int) -> None:
+        a = Agent(str(tmp_path / f"i{i}"), f"h{i}", "q", url, s3.endpoint)
+        if a.claim("cell", 0, "", "node"):
+            with lock:
+                won.append(f"h{i}")
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1
+    owner = Store(url, s3.endpoint).get("claims/cell/owner")
+    assert owner is not None and owner.data.split()[0].decode() == won[0]
+
+
+@pytest.fixture(autouse=True)
+def _tmux() -> None:
+    from tests.helpers.tmux import require_tmux
+
+    require_tmux()
