@@ -88,6 +88,7 @@ BAD: list[tuple[str, str, list[str]]] = [
     ("endpoint ftp", STORE + "storage_endpoint: ftp://s3.example.com\n", ["storage_endpoint", "http(s)://HOST"]),
     ("endpoint user:pass", STORE + "storage_endpoint: https://AKIA123:secret@s3.example.com\n", ["storage_endpoint", "credentials never go in ablate.yaml; use the AWS chain"]),
     ("endpoint user only", STORE + "storage_endpoint: https://key@s3.example.com\n", ["credentials never go in ablate.yaml"]),
+    ("endpoint creds, no scheme", STORE + "storage_endpoint: AKIA123:hunter2@s3.example.com\n", ["storage_endpoint", "credentials never go in ablate.yaml"]),
     ("endpoint query", STORE + "storage_endpoint: https://s3.example.com/?X-Amz-Credential=AKIA\n", ["storage_endpoint", "credentials never go in ablate.yaml"]),
     ("endpoint fragment", STORE + "storage_endpoint: https://s3.example.com/#x\n", ["storage_endpoint", "fragment"]),
     ("endpoint bad port", STORE + "storage_endpoint: https://s3.example.com:99999\n", ["storage_endpoint", "HOST[:PORT]"]),
@@ -106,10 +107,12 @@ def test_bad_storage_profiles_are_refused_naming_the_fix(local_project: LocalPro
     _refused(local_project, *needles)
 
 
-def test_no_credential_from_the_endpoint_is_echoed(local_project: LocalProject) -> None:
-    _profile(local_project, "s3", STORE + "storage_endpoint: https://AKIA123:hunter2@s3.example.com/?sig=zz9\n")
+@pytest.mark.parametrize("endpoint", ["https://AKIA123:hunter2@s3.example.com/?sig=zz9",
+                                      "AKIA123:hunter2@s3.example.com", "s3.example.com?AKIA123=hunter2"])
+def test_no_credential_from_the_endpoint_is_echoed(local_project: LocalProject, endpoint: str) -> None:
+    _profile(local_project, "s3", STORE + f"storage_endpoint: {endpoint}\n")
     local_project.write_config(profile="s3", workdir="/srv/proj")
-    msg = _refused(local_project, "s3.example.com")
+    msg = _refused(local_project, "credentials never go in ablate.yaml")
     assert "hunter2" not in msg and "AKIA123" not in msg and "zz9" not in msg
 
 
@@ -153,3 +156,20 @@ def test_the_shipped_vast_profile_keeps_the_sweep_in_a_bucket(tmp_path: Path) ->
     for needle in ("R2", "B2", "MinIO", "storage_endpoint", "conditional writes", "AWS chain",
                    "boto3", "doctor"):
         assert needle in text, needle
+
+
+def test_the_readme_example_profile_loads_as_written(tmp_path: Path) -> None:
+    """The README's "No shared filesystem" example, as written, is a valid storage profile."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## No shared filesystem (Vast.ai, single boxes)"):]
+    section = section[:section.index("\n## ", 1)]
+    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    assert len(blocks) == 1, blocks
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mine.yaml").write_text(blocks[0])
+    p = load_profile("mine", tmp_path, "t")
+    assert p.storage == "s3://my-bucket/ablate-sweeps" and p.transport == "ssh"
+    assert p.storage_endpoint == "https://ACCOUNT.r2.cloudflarestorage.com"
+    for needle in ("conditional create", "committed", "conditional writes", "LastModified", "412",
+                   "AWS chain", "process environment only", "boto3", "tmux"):
+        assert needle in section, needle

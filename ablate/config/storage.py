@@ -116,11 +116,11 @@ def endpoint_url(r: Reader, raw: str) -> str:
     text = raw.strip()
     form = "must be http(s)://HOST[:PORT][/PATH], e.g. https://ACCOUNT.r2.cloudflarestorage.com"
     u = urlsplit(text)
+    if "@" in text or "?" in text:  # checked first: what follows may echo the text
+        raise r.err("storage_endpoint", f"{u.scheme or '…'}://{u.hostname or '…'}/… holds a user, password "
+                                        f"or query: {_CREDENTIALS}")
     if u.scheme not in ("http", "https") or not u.netloc:
         raise r.err("storage_endpoint", f"{form}; got {raw!r}")
-    if "@" in u.netloc or u.query or "?" in text:
-        raise r.err("storage_endpoint", f"{u.scheme}://{u.hostname or '…'}/… holds a user, password or "
-                                        f"query: {_CREDENTIALS}")
     if u.fragment or "#" in text:
         raise r.err("storage_endpoint", f"{form}; drop the #fragment")
     host = u.netloc.rsplit(":", 1)[0] if not u.netloc.endswith("]") else u.netloc
