@@ -26,7 +26,7 @@ from tests.testbed import Testbed
 # module overrides of `testbed` (tests/helpers/testbed_projects.py: sshfs_testbed) ask for both
 # SSH beds, hence one group for the two.
 BED_GROUPS = (("slurm_cluster", "slurm"), ("testbed_slowfs", "slowfs"), ("testbed_sshfs", "ssh"),
-              ("testbed", "ssh"))
+              ("testbed", "ssh"), ("testbed_nofs", "nofs"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -111,6 +111,12 @@ def testbed_sshfs() -> Iterator[Testbed]:
     default options (client caches on: another instance's changes show up seconds later); skips
     when not root or sshfs, FUSE or a tool is missing. Healed after each test by `_testbed_heal`."""
     yield from session_bed("sshfs")
+
+
+@pytest.fixture(scope="session")
+def testbed_nofs() -> Iterator[Testbed]:
+    """Three real sshd+tmux instances sharing nothing: each has only its own disk."""
+    yield from session_bed("none")
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import pytest
 
 from ablate.remote.mirror import WALK, Mirror
 from ablate.remote.objstore import Store, StoreDown, parse_url
-from tests.helpers.s3 import S3
+from tests.helpers.s3 import S3, FaultProxy
 
 
 def store(s3: S3) -> Store:
@@ -131,3 +131,38 @@ def test_mirror_follows_the_store(s3: S3, tmp_path: Path) -> None:
     m.sync((*WALK, "aside/"))
     assert not os.path.exists(f"{root}/final_ckpts/c")
     assert os.path.isdir(f"{root}/final_ckpts/.aside.c.123")
+
+
+def test_a_throttling_store_is_retried_with_backoff(s3: S3) -> None:
+    """503 SlowDown on the next requests: each operation still does what it says, once."""
+    proxy = FaultProxy(s3.endpoint)
+    try:
+        st = Store(s3.url(f"t/{uuid.uuid4().hex[:8]}"), proxy.endpoint, wait=60)
+        proxy.slowdown = 3
+        assert st.create("claims/x/owner", b"me\n") is not None
+        assert proxy.seen == 4  # three throttled, then the create
+        proxy.slowdown = 3
+        assert st.create("claims/x/owner", b"you\n") is None  # still exclusive after the retries
+        proxy.slowdown = 2
+        st.append("events/h.q.jsonl", b"a\n")
+        got = st.get("events/h.q.jsonl")
+        assert got is not None and got.data == b"a\n"
+    finally:
+        proxy.close()
+
+
+def test_an_outage_is_waited_out(s3: S3) -> None:
+    """The store unreachable for a few seconds: the operation waits for it and then succeeds."""
+    proxy = FaultProxy(s3.endpoint)
+    try:
+        st = Store(s3.url(f"t/{uuid.uuid4().hex[:8]}"), proxy.endpoint, wait=60, attempts=2)
+        st.put("a", b"1")
+        proxy.down()
+        timer = threading.Timer(4.0, proxy.up)
+        timer.start()
+        t0 = time.monotonic()
+        assert st.create("claims/y/owner", b"me\n") is not None
+        assert time.monotonic() - t0 >= 3.5
+        timer.join()
+    finally:
+        proxy.close()

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -21,6 +23,7 @@ from ablate.remote.objstore import Store
 from ablate.run.deploy import deploy
 from tests.helpers.project import LocalProject
 from tests.helpers.s3 import CREDS, S3
+from tests.helpers.wait import wait_for
 
 SECRET = "ablate-sentinel-" + uuid.uuid4().hex  # the secret key's value: must be written nowhere
 
@@ -145,3 +148,36 @@ def _tmux() -> None:
     from tests.helpers.tmux import require_tmux
 
     require_tmux()
+
+
+def test_an_instance_killed_mid_upload_leaves_no_committed_result(
+        local_project: LocalProject, s3: S3, tmp_path: Path) -> None:
+    """The queue's processes killed while the result's big file is on its way to the store: its
+    smaller files are there under the publish's own name, but no commit: no reader sees a result,
+    and the cell is left to remediate (claimed, started, never ended)."""
+    lp = local_project
+    big = "sh -c 'mkdir -p {ckpt_dir} && head -c 300000000 /dev/zero > {ckpt_dir}/m.bin' {cfg}"
+    lp.write_config(train=big,
+                    artifacts={"checkpoint": "m.bin"})
+    lp.queue("q1", [lp.cfg("cfgs/a/big.yaml") + " recon 1"])
+    deploy(load_project(lp.root))
+    url = s3.url(f"kill/{uuid.uuid4().hex[:8]}/ablate/t1")
+    st = Store(url, s3.endpoint)
+    st.put("queues/q1.txt", (lp.root / "queues" / "q1.txt").read_bytes())
+    rq, spec = instance(lp, tmp_path / "h1", "h1", url, s3.endpoint)
+    p = start(rq, spec, "q1", tmp_path / "h1")
+    try:
+        def uploading() -> bool:
+            return any(o.key.endswith("/big.log") for o in st.list("results/big/"))
+
+        wait_for(uploading, timeout=120)
+        assert st.head("commits/big") is None
+        os.killpg(p.pid, signal.SIGKILL)
+    finally:
+        p.communicate(timeout=60)
+    time.sleep(0.5)
+    assert st.head("commits/big") is None
+    assert not any(o.key.endswith("/MANIFEST.json") for o in st.list("results/big/"))
+    assert st.get("claims/big/owner") is not None
+    evs = store_events(st)["events/h1.q1.jsonl"]
+    assert [e["ev"] for e in evs if e.get("cell") == "big"] == ["start"]

@@ -4,7 +4,9 @@ Each instance is a network namespace with its own address on a per-run bridge, a
 UTS namespace (own hostname, own tmpfs `/tmp` so its own tmux server, its own local disk bound at
 `local_path`), one directory bound at `shared_path` on all of them, and a real `sshd -D`. With
 `shared="sshfs"` a storage server serves that directory instead and each instance mounts it over
-sshfs, client caches on (tests/testbed_storage.py); `storage_down`/`storage_up` is an outage.
+sshfs, client caches on (tests/testbed_storage.py); `storage_down`/`storage_up` is an outage. With
+`shared="none"` nothing is shared: each instance has only its own disk (Vast.ai's case; the sweep is
+then kept in an object store the instances reach on the bridge's address, `gateway`).
 
     with Testbed(3) as tb:
         SSHHost("tb-h1", ssh_config=str(tb.ssh_config)).run(["hostname"])   # -> tb-h1
@@ -97,9 +99,10 @@ def _proc_start(pid: int) -> str | None:
 class Testbed:
     __test__ = False  # not a test class, despite the name
 
-    def __init__(self, n: int = 3, shared: Literal["bind", "sshfs"] = "bind", *,
+    def __init__(self, n: int = 3, shared: Literal["bind", "sshfs", "none"] = "bind", *,
                  startup_timeout: float = 20.0, sshfs_options: str = "") -> None:
-        assert shared in ("bind", "sshfs"), f"testbed: shared is 'bind' or 'sshfs', not {shared!r}"
+        assert shared in ("bind", "sshfs", "none"), \
+            f"testbed: shared is 'bind', 'sshfs' or 'none', not {shared!r}"
         assert not sshfs_options or shared == "sshfs", "testbed: sshfs_options needs shared='sshfs'"
         self.n, self.shared = n, shared
         self.sshfs_options = sshfs_options  # appended to the mounts' own (`dcache_timeout=60`)
@@ -144,6 +147,12 @@ class Testbed:
     def hostname(self, host: str) -> str:
         return host
 
+    @property
+    def gateway(self) -> str:
+        """This machine's address on the bed's bridge: where a service of the test's (an object
+        store) is reached from every instance."""
+        return f"{self.subnet}.1"
+
     def host_dir(self, host: str) -> Path:
         return self.dir / host
 
@@ -186,7 +195,8 @@ class Testbed:
             _sh("ip", "link", "add", self.bridge, "type", "bridge", "forward_delay", "0")
             _sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
             _sh("ip", "link", "set", self.bridge, "up")
-        for p in (self.shared_dir, Path(self.shared_path), Path(self.local_path)):
+        for p in ((self.shared_dir, Path(self.shared_path)) if self.shared != "none" else ()) + (
+                Path(self.local_path),):
             p.mkdir(parents=True)
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ablate-testbed",
             "-f", str(self.client_key))
@@ -238,6 +248,7 @@ class Testbed:
         q = shlex.quote
         shims = _private_shims(hdir)
         shared = (self.storage.mount_script(hdir / "sshfs.log") if self.storage else
+                  "true" if self.shared == "none" else
                   f"mount --bind {q(str(self.shared_dir))} {q(self.shared_path)}")
         # Order matters: bind the dirs first, then hide /tmp behind a private tmpfs.
         script = (f"mount --make-rprivate / && hostname {q(self.hostname(host))} && "

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-CREDS = {"AWS_ACCESS_KEY_ID": "AKIAABLATETEST000001", "AWS_SECRET_ACCESS_KEY": "ablate-test-secret-0123456789",
-         "AWS_DEFAULT_REGION": "us-east-1"}
+CREDS = {"AWS_ACCESS_KEY_ID": "AKIAABLATETEST000001",
+         "AWS_SECRET_ACCESS_KEY": "ablate-test-secret-0123456789", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 @dataclass(frozen=True)
@@ -39,3 +39,113 @@ def moto_s3(ip: str = "127.0.0.1", port: int = 0) -> Iterator[S3]:
         yield S3(endpoint, bucket)
     finally:
         srv.stop()
+
+
+HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
+SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+            b"<Message>Please reduce your request rate.</Message></Error>")
+
+
+class FaultProxy:
+    """A real HTTP proxy in front of a store, with the faults of real ones: `drop` headers it never
+    passes on (a store that ignores conditional writes), `slowdown` requests answered 503 SlowDown
+    before it passes any on (a throttling store), `down` (connections refused: an outage).
+    `endpoint` is its URL; `seen` counts the requests that reached it."""
+
+    def __init__(self, upstream: str, drop: set[str] | None = None, ip: str = "127.0.0.1") -> None:
+        import http.server
+        import threading
+
+        self.upstream, self.drop, self.ip = upstream, {h.lower() for h in drop or ()}, ip
+        self.slowdown = 0
+        self.seen = 0
+        self.lock = threading.Lock()
+        self._srv: http.server.ThreadingHTTPServer | None = None
+        self.port = 0
+        self.up()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.ip}:{self.port}"
+
+    def up(self) -> None:
+        import http.server
+        import threading
+
+        srv = http.server.ThreadingHTTPServer((self.ip, self.port), _handler(self))
+        srv.daemon_threads = True
+        self.port = srv.server_address[1]
+        self._srv = srv
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    def down(self) -> None:
+        if self._srv is not None:
+            self._srv.shutdown()
+            self._srv.server_close()
+            self._srv = None
+
+    def close(self) -> None:
+        self.down()
+
+
+def _handler(proxy: FaultProxy) -> type:
+    import http.client
+    import http.server
+    from urllib.parse import urlsplit
+
+    target = urlsplit(proxy.upstream)
+
+    class Forward(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _body(self) -> bytes:
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                out = b""
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0], 16)
+                    if size == 0:
+                        self.rfile.readline()
+                        return out
+                    out += self.rfile.read(size)
+                    self.rfile.readline()
+            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+        def _reply(self, status: int, reason: str, headers: list[tuple[str, str]], data: bytes) -> None:
+            self.send_response(status, reason)
+            for k, v in headers:
+                if k.lower() not in HOP | {"content-length"}:
+                    self.send_header(k, v)
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")  # no connection outlives `down()`
+            self.close_connection = True
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        def _forward(self) -> None:
+            body = self._body()
+            with proxy.lock:
+                proxy.seen += 1
+                throttled = proxy.slowdown > 0
+                if throttled:
+                    proxy.slowdown -= 1
+            if throttled:
+                self._reply(503, "Slow Down", [("Content-Type", "application/xml")], SLOWDOWN)
+                return
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in proxy.drop | HOP}
+            headers["Content-Length"] = str(len(body))
+            conn = http.client.HTTPConnection(target.hostname or "", target.port, timeout=60)
+            try:
+                conn.request(self.command, self.path, body=body, headers=headers)
+                r = conn.getresponse()
+                data = r.read()
+            finally:
+                conn.close()
+            self._reply(r.status, r.reason, r.getheaders(), data)
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Forward

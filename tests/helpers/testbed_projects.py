@@ -112,3 +112,35 @@ def session_bed(shared: str, sshfs_options: str = "") -> Iterator[Testbed]:
         if tb in LIVE_BEDS:  # both beds may live in one session
             LIVE_BEDS.remove(tb)
         tb.close()
+
+
+def store_project(tb: Testbed, tmp_path: Path, sweep: str, url: str, endpoint: str, *, cells: int,
+                  epochs: int, step_time: float, train: str = TRAIN_IN_WORKDIR) -> Path:
+    """A user's repo on the controller for a bed with no shared directory (`Testbed(shared="none")`):
+    the sweep kept in the object store at `url`; each instance has its own clone of the repo on its
+    own disk (`<local_path>/repo/<sweep>`), as a user clones it on each rented box."""
+    proj = tmp_path / "proj"
+    (proj / "profiles").mkdir(parents=True)
+    (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
+        "transport": "ssh", "storage": url, "storage_endpoint": endpoint,
+        "ckpt_root": f"{tb.local_path}/ckpt/{sweep}", "python": sys.executable}))
+    shutil.copyfile(demo_train.__file__, proj / "train.py")
+    for i in range(cells):
+        rel = f"configs/{sweep}/c{i}.yaml"
+        (proj / rel).parent.mkdir(parents=True, exist_ok=True)
+        (proj / rel).write_text(yaml.safe_dump({"lr": 0.1, "hidden": 4, "seed": i, "step_time": step_time}))
+    for h in tb.hosts:  # each instance's own clone
+        clone = tb.local_dir(h) / "repo" / sweep
+        shutil.rmtree(clone, ignore_errors=True)
+        shutil.copytree(proj, clone, ignore=shutil.ignore_patterns("profiles", "ablate.yaml"))
+    ssh_config = tb.write_ssh_config(tmp_path / "ssh_config", extra="\nHost *\n  ConnectTimeout 2\n")
+    (proj / "ablate.yaml").write_text(yaml.safe_dump({
+        "profile": "tb", "sweep": sweep, "workdir": f"{tb.local_path}/repo/{sweep}",
+        "train": train,
+        "artifacts": {"checkpoint": CKPT, "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
+        "tasks": {"recon": {"epochs": epochs, "cost_per_epoch": 1.0}},
+        "cells": [{"glob": f"configs/{sweep}/*.yaml", "task": "recon"}],
+        "budget": {"ckpt_size": "1MB", "scratch": "1MB"},
+        "heartbeat_secs": 1, "ssh_config": str(ssh_config),
+        "hosts": {h: {"speed": 1.0} for h in tb.hosts}}, sort_keys=False))
+    return proj
