@@ -5,6 +5,7 @@ credentials handed over a FIFO and written nowhere."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -28,7 +29,8 @@ from tests.helpers.wait import wait_for
 SECRET = "ablate-sentinel-" + uuid.uuid4().hex  # the secret key's value: must be written nowhere
 
 
-def instance(lp: LocalProject, root: Path, host: str, url: str, endpoint: str) -> tuple[Path, Path]:
+def instance(lp: LocalProject, root: Path, host: str, url: str, endpoint: str,
+             workdir: Path | None = None) -> tuple[Path, Path]:
     """An instance's own copy of what launch fetches from the store (the wrappers and its spec),
     its spec naming the store: (run_queue, spec)."""
     deployed = json.loads((lp.shared / "DEPLOYED.json").read_text())
@@ -38,6 +40,8 @@ def instance(lp: LocalProject, root: Path, host: str, url: str, endpoint: str) -
         (root / "wrappers" / name).write_bytes((lp.shared / "wrappers" / name).read_bytes())
     spec = (lp.shared / "specs" / deployed["specs"][host]).read_text().replace(str(lp.shared), str(root))
     spec += f"ABLATE_STORE={url}\nABLATE_STORE_ENDPOINT={endpoint}\n"
+    if workdir is not None:
+        spec += f"ABLATE_WORKDIR={workdir}\n"
     (root / "specs" / "spec.env").write_text(spec)
     return root / "wrappers" / deployed["run_queue"], root / "specs" / "spec.env"
 
@@ -181,3 +185,27 @@ def test_an_instance_killed_mid_upload_leaves_no_committed_result(
     assert st.get("claims/big/owner") is not None
     evs = store_events(st)["events/h1.q1.jsonl"]
     assert [e["ev"] for e in evs if e.get("cell") == "big"] == ["start"]
+
+
+def test_a_config_the_instances_clone_lacks_comes_from_the_store(
+        local_project: LocalProject, s3: S3, tmp_path: Path) -> None:
+    lp = local_project
+    cfg = lp.cfg("cfgs/a/only.yaml", seed=7)
+    lp.queue("q1", [cfg + " recon 1"])
+    deploy(load_project(lp.root))
+    url = s3.url(f"cfg/{uuid.uuid4().hex[:8]}/ablate/t1")
+    st = Store(url, s3.endpoint)
+    st.put("queues/q1.txt", (lp.root / "queues" / "q1.txt").read_bytes())
+    st.put(f"cfgs/{cfg}", (lp.root / cfg).read_bytes())
+    clone = tmp_path / "clone"  # the instance's clone of the repo: without the config
+    clone.mkdir()
+    rq, spec = instance(lp, tmp_path / "h1", "h1", url, s3.endpoint, workdir=clone)
+    p = start(rq, spec, "q1", tmp_path / "h1")
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out.decode(errors="replace")
+    assert (clone / cfg).read_bytes() == (lp.root / cfg).read_bytes()
+    commit = st.get("commits/only")
+    assert commit is not None
+    manifest = st.get(f"results/only/{json.loads(commit.data)['nonce']}/MANIFEST.json")
+    assert manifest is not None
+    assert json.loads(manifest.data)["cfg_sha256"] == hashlib.sha256((lp.root / cfg).read_bytes()).hexdigest()

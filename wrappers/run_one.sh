@@ -33,6 +33,21 @@ source "${BASH_SOURCE[0]%/*}/common.sh"  # ablate: inline (deploy puts wrappers/
 
 mkdir -p "$CKPT_DIR" || { echo "run_one: cannot create $CKPT_DIR" >&2; exit 125; }
 
+# A sweep kept in an object store, on an instance whose clone of the repo lacks the cell's config:
+# the copy launch put in the store (cfgs/<cfg>), fetched into the workdir first.
+if [[ -n ${ABLATE_STORE-} && $CFG != /* && $CFG != *..* && ! -e $ABLATE_WORKDIR/$CFG ]]; then
+  rc=125
+  if [[ ${ABLATE_ASK-} == 3,4 ]]; then
+    ask "f$$" 3 4 config "$CFG" "$ABLATE_WORKDIR"
+    rc=$?
+  fi
+  if (( rc != 0 && rc != 1 )); then
+    (runner_exec config "$ABLATE_ROOT" "$ABLATE_HOST" "$QUEUE" - "$CFG" "$ABLATE_WORKDIR" </dev/null 3>&- 4>&-)
+    rc=$?
+  fi
+  (( rc == 0 )) || { echo "run_one: $CFG is neither in $ABLATE_WORKDIR nor in the store (rc $rc)" >&2; exit 125; }
+fi
+
 # Render the train template. Field values were validated to [A-Za-z0-9._/+@,=-] before launch.
 cmd=$ABLATE_TRAIN
 cmd=${cmd//"{cfg}"/"$CFG"}

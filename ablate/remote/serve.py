@@ -91,9 +91,9 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
 
 # A sweep kept in an object store (ABLATE_STORE): what run_queue and run_one ask of the queue's store
 # side (`ablate/remote/storeside.py`) — `pull` [FRESH], `claim` NAME IDX, `commit` NAME STAGING
-# STARTED. rc 0 done, 1 refused (claimed by another; not published: its reason), 2 no store, 3 the
-# store could not be reached (waited out).
-STORE_VERBS = ("pull", "claim", "commit")
+# STARTED, `config` CFG WORKDIR. rc 0 done, 1 refused (claimed by another; not published: its reason;
+# no such config in the store), 2 no store, 3 the store could not be reached (waited out).
+STORE_VERBS = ("pull", "claim", "commit", "config")
 
 
 def store_agent(base: Sequence[str]) -> Agent | None:
@@ -117,6 +117,8 @@ def store_verb(agent: Agent | None, args: Sequence[str], out: Callable[[str], No
             won = agent.claim(args[1], int(args[2]), os.environ.get("ABLATE_ATTEMPT", ""),
                               socket.gethostname())
             return 0 if won else 1
+        if args[0] == "config" and len(args) == 3:
+            return 0 if agent.fetch_config(args[1], args[2]) else 1
         if args[0] == "commit" and len(args) == 4:
             return agent.commit(args[1], args[2], args[3], os.environ.get("ABLATE_ATTEMPT", ""), out)
     except StoreError as e:

@@ -13,6 +13,8 @@ so that run_queue, run_one and the walk go on reading and writing files.
   pass sends files before the events, so a reader that sees an `end` finds its tail.
 - `claim NAME IDX`: the claim itself, a conditional create of `claims/<name>/owner` (exactly one
   claimer gets it), then its local copy.
+- `config CFG WORKDIR`: a cell's config the instance's clone of the repo lacks, from launch's copy
+  in the store (`cfgs/<cfg>`).
 - `commit NAME STAGING STARTED`: run_one's publish: the staged files uploaded under a name of this
   publish's own (`results/<name>/<nonce>/`, MANIFEST.json last), each checked by size, the claim
   checked to be this queue's, then one conditional create of `commits/<name>`: the result exists
@@ -184,6 +186,20 @@ class Agent:
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
             f.write(line)
+        os.replace(tmp, path)
+        return True
+
+    def fetch_config(self, cfg: str, workdir: str) -> bool:
+        """`cfgs/<cfg>` (launch's copy of the controller's config) into `workdir/<cfg>`: False when
+        the store has none."""
+        got = self.store.get(f"cfgs/{cfg}")
+        if got is None:
+            return False
+        path = os.path.join(workdir, cfg)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(got.data)
         os.replace(tmp, path)
         return True
 
