@@ -3,8 +3,10 @@ instance-local copy of the sweep (`ABLATE_ROOT`, `ablate/remote/mirror.py`) and 
 so that run_queue, run_one and the walk go on reading and writing files.
 
 - `pull`: the copy brought up to the store's state (claims, results, stop files, the other queues'
-  heartbeats and events, the queue files, the estimates, calibration) before each step of the walk,
-  before each line's stop check, and every `PULL_SECS` while the queue waits (calibration).
+  heartbeats and events, the queue files, the estimates, calibration) before each step of the walk
+  and before each line's stop check; before the walk's first step, the calibration figures alone
+  every `PULL_SECS` (a calibrating queue waits for the others'). Nothing else is asked of the store
+  while a cell trains: a queue-hour costs its heartbeats.
 - `push`: what this queue writes, sent to the store as it is written (a thread, every `PUSH_SECS`,
   and before each pull and at the queue's end): its events by conditional appends of the new lines
   (never lost while the instance lives: the local file keeps them through an outage; never twice:
@@ -71,11 +73,17 @@ class Agent:
         self.push()
 
     def _loop(self) -> None:
+        calib = 0.0
         while not self._stop.wait(PUSH_SECS):
             try:
                 self.push()
-                if time.monotonic() - self.pulled > PULL_SECS:
-                    self.pull()
+                # Before its walk's first step the queue may be calibrating: its wait reads the
+                # other queues' figures. After it, every read follows a pull of the walk's own.
+                if not self.pulled and time.monotonic() - calib > PULL_SECS:
+                    with self.lock:
+                        self.mirror.sync(("calib/",))
+                        self._mark_all()
+                    calib = time.monotonic()
             except StoreError:
                 pass  # an outage: the next pass sends it (the local files keep everything)
 
