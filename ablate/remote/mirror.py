@@ -64,7 +64,8 @@ class Mirror:
 
     def sync(self, prefixes: Iterable[str] = STATE, results: str = "manifest") -> None:
         """Bring the copy of `prefixes` up to the store's state. `results`: which files of a
-        committed result are here, "manifest" (MANIFEST.json only) or "all"."""
+        committed result are here, "manifest" (MANIFEST.json only), "small" (also the metrics and
+        log files its MANIFEST names: what a report reads) or "all"."""
         meta = os.path.join(self.root, _META)
         os.makedirs(meta, exist_ok=True)
         with open(os.path.join(meta, "lock"), "a") as lk:
@@ -154,35 +155,37 @@ class Mirror:
         def one(item: tuple[str, Obj]) -> None:
             name, o = item
             here = os.path.join(final, name)
-            if state.get(o.key) == [o.etag, o.size] and (results != "all" or _complete(here)):
+            if state.get(o.key) == [o.etag, o.size] and _complete(here, results):
                 return
             got = self.store.get(o.key)
             rec = _json(got.data) if got is not None else None
             if got is None or not isinstance(rec, dict) or not isinstance(rec.get("nonce"), str):
                 return
-            base = f"results/{name}/{rec['nonce']}/"
+            nonce = rec["nonce"]
+            base = f"results/{name}/{nonce}/"
             mtime = self._local(got.mtime)
-            files = [MANIFEST]
-            if results == "all":
-                files = [o2.key[len(base):] for o2 in self.store.list(base)]
+            m = self.store.get(base + MANIFEST)
+            if m is None:
+                return
+            if _read(os.path.join(here, _NONCE)) != nonce.encode():
+                shutil.rmtree(here, ignore_errors=True)  # another publish's files (set aside, re-run)
+            _write(os.path.join(here, MANIFEST), m.data, mtime)
+            _write(os.path.join(here, _NONCE), nonce.encode(), None)
+            self.fetched += 1
+            files = [o2.key[len(base):] for o2 in self.store.list(base)] if results == "all" else \
+                _small(_json(m.data)) if results == "small" else []
             for rel in files:
                 dst = os.path.join(here, rel)
-                if rel != MANIFEST and os.path.exists(dst):
+                if rel == MANIFEST or os.path.exists(dst):
                     continue
-                if rel == MANIFEST:
-                    m = self.store.get(base + rel)
-                    if m is None:
-                        return
-                    _write(dst, m.data, mtime)
-                else:
-                    os.makedirs(os.path.dirname(dst), exist_ok=True)
-                    tmp = f"{dst}.part.{os.getpid()}"
-                    self.store.download(base + rel, tmp)
-                    os.utime(tmp, (mtime, mtime))
-                    os.replace(tmp, dst)
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                tmp = f"{dst}.part.{os.getpid()}"
+                self.store.download(base + rel, tmp)
+                os.utime(tmp, (mtime, mtime))
+                os.replace(tmp, dst)
                 self.fetched += 1
-            if results == "all":
-                _write(os.path.join(here, ".complete"), b"", mtime)
+            if results != "manifest":
+                _write(os.path.join(here, _MARKS[results]), b"", mtime)
             state[o.key] = [o.etag, o.size]
 
         items = sorted(names.items())
@@ -221,8 +224,36 @@ def _hidden(rel: str) -> bool:
     return any(part.startswith(".") for part in rel.split("/"))
 
 
-def _complete(path: str) -> bool:
-    return os.path.exists(os.path.join(path, ".complete"))
+# What a result dir holds besides MANIFEST.json: a file per mode, once all it needs is here
+_MARKS = {"small": ".small", "all": ".complete"}
+_NONCE = ".nonce"  # the publish the files here are of
+
+
+def _complete(path: str, results: str) -> bool:
+    if results == "manifest":
+        return True
+    marks = [_MARKS["all"]] if results == "all" else list(_MARKS.values())
+    return any(os.path.exists(os.path.join(path, m)) for m in marks)
+
+
+def _small(manifest: Any) -> list[str]:
+    """The metrics and log files a MANIFEST.json names (plain relative paths only)."""
+    arts = manifest.get("artifacts") if isinstance(manifest, dict) else None
+    out = []
+    for role in ("metrics", "log"):
+        entry = arts.get(role) if isinstance(arts, dict) else None
+        f = entry.get("file") if isinstance(entry, dict) else None
+        if isinstance(f, str) and f and not f.startswith("/") and ".." not in f.split("/") and f != MANIFEST:
+            out.append(f)
+    return out
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _json(data: bytes) -> Any:

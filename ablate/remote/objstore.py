@@ -6,7 +6,8 @@ stays stdlib-only at import like the rest of the runner's package).
   result's commit, an immutable wrapper). None when it was there.
 - `replace`: a conditional replace (`If-Match: <etag>`): only the version read is replaced (a
   takeover, an event appended by read-modify-write). None when the object changed since.
-- `put`, `get`, `head`, `list`, `delete`, `upload`, `download`: the plain operations.
+- `delete_if`: a conditional delete (`If-Match`): a lease let go only while it is still ours.
+- `put`, `get`, `head`, `list`, `children`, `delete`, `upload`, `download`: the plain operations.
 
 Keys are relative to the store's prefix. Times are the store's own clock (`LastModified`, whole
 seconds on AWS): hosts' clocks disagree, as with a shared FS's mtimes.
@@ -174,7 +175,7 @@ class Store:
                 return fn()
             except ClientError as e:
                 code, status = _code(e), _status(e)
-                if self._condition(e):
+                if self._condition(e) and code != "NoSuchBucket":  # no bucket is no condition
                     raise
                 if status < 500 and code not in _TRANSIENT:
                     msg = (e.response.get("Error") or {}).get("Message", "")
@@ -282,6 +283,30 @@ class Store:
             raise
         return Obj(rel, _etag(r.get("ETag")), int(r.get("ContentLength") or 0), r["LastModified"].timestamp())
 
+    def children(self, rel_dir: str) -> list[str]:
+        """The immediate child names under the "directory" `rel_dir` (objects and common prefixes
+        one `/` below it, by a delimited listing), sorted; [] when there are none."""
+        base = rel_dir.strip("/")
+        prefix = self.key(base) + "/" if base else (self.prefix + "/" if self.prefix else "")
+        names: set[str] = set()
+        token: str | None = None
+        while True:
+            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/"}
+            if token:
+                kw["ContinuationToken"] = token
+            r = self._call("list", rel_dir, functools.partial(self.client.list_objects_v2, **kw))
+            names.update(o["Key"][len(prefix):] for o in r.get("Contents") or ())
+            names.update(p["Prefix"][len(prefix):].rstrip("/") for p in r.get("CommonPrefixes") or ())
+            token = r.get("NextContinuationToken") if r.get("IsTruncated") else None
+            if not token:
+                return sorted(n for n in names if n)
+
+    def any_under(self, rel_prefix: str) -> bool:
+        """Whether any object's relative key starts with `rel_prefix` (one listing of one key)."""
+        r = self._call("list", rel_prefix, lambda: self.client.list_objects_v2(
+            Bucket=self.bucket, Prefix=self.key(rel_prefix), MaxKeys=1))
+        return bool(r.get("Contents"))
+
     def list(self, rel_prefix: str = "") -> list[Obj]:
         """Every object under `rel_prefix` (a plain string prefix of the relative keys), sorted."""
         return sorted(self._list(rel_prefix), key=lambda o: o.key)
@@ -304,6 +329,28 @@ class Store:
 
     def delete(self, rel: str) -> None:
         self._call("delete", rel, lambda: self.client.delete_object(Bucket=self.bucket, Key=self.key(rel)))
+
+    def delete_if(self, rel: str, etag: str) -> bool:
+        """Delete `rel` only while its etag is still `etag` (`If-Match`): False when it changed or is
+        gone. A store that does not implement conditional deletes (501) gets a plain delete: the
+        caller read the etag just before, which is all such a store allows."""
+        from botocore.exceptions import ClientError
+
+        def attempt() -> None:
+            try:
+                self.client.delete_object(Bucket=self.bucket, Key=self.key(rel), IfMatch=f'"{etag}"')
+            except ClientError as e:
+                if _code(e) != "NotImplemented" and _status(e) != 501:
+                    raise
+                self.client.delete_object(Bucket=self.bucket, Key=self.key(rel))
+
+        try:
+            self._call("delete", rel, attempt)
+        except Exception as e:
+            if self._condition(e):
+                return False
+            raise
+        return True
 
     def copy(self, src: str, dst: str) -> str | None:
         """Copy `src` to `dst` unless `dst` exists (the copy's condition): its etag, or None when

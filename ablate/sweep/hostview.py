@@ -8,6 +8,11 @@ a client's own writes are coherent for that client. `snapshot.load` merges these
 snapshot read through the FS host (`snapshot.merge_views`); a host that does not answer leaves its
 files as the FS host sees them, and the state says how old that view may be.
 
+A host whose profile keeps the sweep in an object store (`storage:`) mounts nothing, and the store
+is strongly consistent (read-after-write, list-after-write): the snapshot read from it is already
+that host's own view. Its tmux is asked as any host's, and its view is an empty document (nothing
+to merge), so that the host counts as read through itself: no lag allowed for, none warned of.
+
 The sections of the answer (`\\036ablate <kind>` lines) are shared with `ablate.monitor.hostinfo`,
 whose one command per host for `status` carries the same tmux and view sections.
 """
@@ -37,9 +42,11 @@ TMUX = r"""printf '\036ablate tmux\n'
 (""" + LIST_SESSIONS + r"""); printf '\036ablate tmuxrc %s\n' "$?"
 """
 # The view: $vd the probe's library dir on the FS (as this host mounts it; empty: not asked), $ve
-# the profile's env, $vp its python, $va the JSON arguments. rc 97: the library is not there yet.
+# the profile's env, $vp its python, $va the JSON arguments (with no $vd: the view itself, a store
+# host's empty one). rc 97: the library is not there yet.
 VIEW = r"""printf '\036ablate view\n'
-if [ -z "$vd" ]; then printf '\n\036ablate viewrc 96\n'
+if [ -z "$vd" ] && [ -n "$va" ]; then printf '%s\n\036ablate viewrc 0\n' "$va"
+elif [ -z "$vd" ]; then printf '\n\036ablate viewrc 96\n'
 elif [ -r "$vd/ablate/remote/probe.py" ]; then
   ( if [ -n "$ve" ]; then eval "$ve" >/dev/null 2>&1 || exit 98; fi
     d=$vd py=$vp f=-S; set -- mine "$va"
@@ -53,11 +60,17 @@ VIEW_RC = {96: "not asked (local transport)", 97: "the probe library is not on t
            98: "the profile's env failed"}
 
 
+STORE_VIEW = "{}"  # a store host's view: the store's snapshot is it already (module docstring)
+
+
 def view_args(project: Project, host: str) -> list[str]:
-    """$vd $ve $vp $va for `VIEW` on `host` (all empty for a local host: its FS is the controller's)."""
+    """$vd $ve $vp $va for `VIEW` on `host` (all empty for a local host: its FS is the controller's;
+    for a host of a store, $va alone: its empty view)."""
     h = project.host(host)
     if h.transport != "ssh":
         return ["", "", "", ""]
+    if h.profile.storage:
+        return ["", "", "", STORE_VIEW]
     root = project.sweep_root(h)
     return [SweepLayout(root).lib_dir(lib_digest()), h.profile.env or "", h.profile.python,
             json.dumps({"root": root, "host": h.name})]
@@ -195,5 +208,5 @@ def ask_hosts(project: Project, hosts: Sequence[str] | None = None) -> Asked:
     return asked
 
 
-__all__ = ["MARK", "SCRIPT", "TMUX", "VIEW", "Answer", "Asked", "TmuxAnswer", "ask_hosts", "ask_one",
-           "ask_split", "parse", "split_view", "tmux_answer", "view_answer", "view_args"]
+__all__ = ["MARK", "SCRIPT", "STORE_VIEW", "TMUX", "VIEW", "Answer", "Asked", "TmuxAnswer", "ask_hosts",
+           "ask_one", "ask_split", "parse", "split_view", "tmux_answer", "view_answer", "view_args"]

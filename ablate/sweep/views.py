@@ -14,7 +14,8 @@ So each queue's truth is read through the host that writes it (`ablate.sweep.hos
 
 What nothing can confirm (a host that does not answer) stays as the FS host sees it; `FsLag` says
 how old that may be: the lag `ablate doctor` measured and recorded (`gate/fslag.json`), with a
-margin, or a conservative default until it has.
+margin, or a conservative default until it has. A sweep kept in an object store has no lag: the
+store is strongly consistent, and its hosts' views are empty (`ablate.sweep.hostview`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ class FsLag:
     @classmethod
     def from_record(cls, rec: Any) -> FsLag:
         """From `gate/fslag.json` (doctor's): its `lag` plus a margin (x1.5, at least +2 s: the lag
-        moves with load); without one, `DEFAULT_LAG`."""
+        moves with load); without one, `DEFAULT_LAG`. An object store's snapshot answers with
+        `{"store": url, "note"}` instead: strongly consistent, no lag."""
+        if isinstance(rec, dict) and isinstance(rec.get("store"), str):
+            return cls(0.0, str(rec.get("note") or f"an object store ({rec['store']}): no client cache"))
         lag = rec.get("lag") if isinstance(rec, dict) else None
         if isinstance(lag, (int, float)) and not isinstance(lag, bool) and 0 <= lag < 1e6:
             used = max(lag * 1.5, lag + 2.0)

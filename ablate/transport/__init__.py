@@ -5,7 +5,8 @@ opens one connection per host and reuses it; `close_all()` lets them go (also at
 is OpenSSH's own (`ssh.SSHHost`, which reads the user's config exactly), or the paramiko fallback
 (`paramiko_ssh.ParamikoHost`) where no `ssh` binary is on PATH or `ABLATE_SSH=paramiko` asks for
 it. The shared FS is reached through the first host in ablate.yaml whose profile is the default profile, and
-through the next such host when that one cannot be reached.
+through the next such host when that one cannot be reached; a sweep kept in an object store
+(`storage:`) is reached from here (`storefs.StoreFS`).
 """
 
 from __future__ import annotations
@@ -158,9 +159,18 @@ def _slurm_runner(project: Project, host: Host, accept: bool) -> HostTransport:
 def shared_fs(project: Project, *, accept_new: bool | None = None, via: str | None = None) -> SharedFS:
     """The shared FS as the controller reaches it (local: the directory itself; ssh: through the
     hosts of the default profile, in ablate.yaml order, or only through host `via` when given:
-    `reconcile --fs --host H`)."""
+    `reconcile --fs --host H`; a profile with `storage`: the object store itself, `StoreFS`)."""
     profile = project.profile
     accept = _ACCEPT_NEW if accept_new is None else accept_new
+    store = project.sweep_store()
+    if store is not None:  # reached from here, not through a host: `via` has nothing to go through
+        from ablate.transport.storefs import open_store_fs  # boto3: only where a store is used
+
+        try:
+            return open_store_fs(*store)
+        except ImportError as e:
+            raise AblateError(f"profile {profile.name} keeps the sweep in {store[0]}, which needs boto3 "
+                              f"on this machine ({e}); pip install boto3") from e
     if profile.transport == "local" or (profile.slurm is not None and profile.slurm.login is None):
         from ablate.transport.local import LocalFS  # a Slurm cluster's FS, mounted here
 
