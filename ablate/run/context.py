@@ -4,9 +4,10 @@
 `LocalQueues.read`: the local queue files, each read once, and the roster they make (a name collision
 refuses the command here, before the lock is taken). `launch_context`: the shared FS built once,
 the controller lock entered once with it, and a `LaunchContext` holding all of it plus one transport
-per host, each built on first use and reused. A queue file that changed while the lock was awaited
-(a `plan` in another shell) is read again under the lock, so what launches is what the files say
-once nobody else may change them.
+per host, each built on first use and reused, and (for storage hosts' queues) the controller's AWS
+credentials, read once on first use. A queue file that changed while the lock was awaited (a `plan`
+in another shell) is read again under the lock, so what launches is what the files say once nobody
+else may change them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ablate.config.project import Project
+from ablate.run.storeboot import controller_credentials
 from ablate.sweep.cells import QueueFile, Roster, build_roster, check_queue_name, read_all_queues, read_queue
 from ablate.sweep.lock import controller_lock
 from ablate.transport import HostTransport, SharedFS, connect_ahead, host_transport, shared_fs
@@ -77,6 +79,7 @@ class LaunchContext:
     log: Log | None
     _transports: dict[str, HostTransport] = field(default_factory=dict, repr=False, compare=False)
     _mutex: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _creds: list[dict[str, str]] = field(default_factory=list, repr=False, compare=False)
 
     def transport(self, host: str) -> HostTransport:
         """The one transport of `host` for this launch (hosts are asked from several threads)."""
@@ -84,6 +87,14 @@ class LaunchContext:
             if host not in self._transports:
                 self._transports[host] = host_transport(self.project, self.project.hosts[host])
             return self._transports[host]
+
+    def credentials(self) -> dict[str, str]:
+        """The controller's AWS credentials for storage hosts' queues, read once per launch (never
+        kept beyond it); {} when it has none."""
+        with self._mutex:
+            if not self._creds:
+                self._creds.append(controller_credentials())
+            return self._creds[0]
 
 
 @contextlib.contextmanager

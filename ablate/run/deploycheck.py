@@ -1,5 +1,10 @@
 """Whether the deployed wrappers and run spec a host's next launch uses are there, as that host sees
-the shared FS, and intact (their sha256 is their content address): `ablate doctor`'s `deployed`."""
+the shared FS, and intact (their sha256 is their content address): `ablate doctor`'s `deployed`.
+
+A storage host mounts no shared FS: its launch fetches those files from the store into its own
+copy of the sweep (ablate/run/storeboot.py). For it the store's copies are checked (read here, from
+the controller), and its own copies only noted: one missing is fetched at its next launch, one
+damaged is fetched again then."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import posixpath
 from typing import Any
 
 from ablate.config.project import Host, Project
+from ablate.remote.objstore import Store, StoreError
 from ablate.run.hostcheck import Section
 from ablate.run.placement import packaged_runner, packaged_wrappers
 
@@ -51,6 +57,9 @@ def deployed_check(project: Project, host: Host, deployed: dict[str, Any] | None
         digest, _, path = line.partition("  ")
         if len(digest) == 64:
             seen[posixpath.relpath(path, project.sweep_root(host))] = digest
+    store = project.sweep_store(host)
+    if store is not None:
+        return _store_host(host, store, version, files, seen)
     for rel in files:
         if rel not in seen:
             return ("deployed", False, f"version {version}: {rel} is missing under "
@@ -62,3 +71,32 @@ def deployed_check(project: Project, host: Host, deployed: dict[str, Any] | None
         return ("deployed", True, f"version {version} visible; no run spec for {host.name} yet "
                                   "(the next deploy or launch writes it)")
     return ("deployed", True, f"version {version} visible, sha256 matches ({len(files)} files)")
+
+
+def _store_host(host: Host, store: tuple[str, str | None], version: object, files: list[str],
+                seen: dict[str, str]) -> tuple[str, bool, str]:
+    """A storage host's `deployed`: the store's copies intact; the host's own copies (`seen`: their
+    sha256 there) only noted."""
+    try:
+        s = Store(store[0], store[1], wait=10.0, attempts=2)
+        for rel in files:
+            got = s.get(rel)
+            if got is None:
+                return ("deployed", False, f"version {version}: {rel} is missing in the store "
+                                           f"{s.where(rel)}; deploy again (`ablate deploy`)")
+            have = hashlib.sha256(got.data).hexdigest()
+            if not have.startswith(expected_sha(rel)):
+                return ("deployed", False, f"version {version}: {s.where(rel)} has sha256 {have[:12]}, not "
+                                           "its content address: the store's copy is damaged; deploy again")
+    except StoreError as e:
+        return ("deployed", False, f"cannot read the deployed files from the store: {e}")
+    here = [rel for rel in files if rel in seen and seen[rel].startswith(expected_sha(rel))]
+    damaged = [rel for rel in files if rel in seen and rel not in here]
+    note = f"{len(here)} of {len(files)} already in {host.name}'s own copy"
+    if len(here) < len(files):
+        note += ", the others fetched at its next launch"
+    if damaged:
+        note += f" ({', '.join(damaged)} damaged there: fetched again then)"
+    if not any(f.startswith("specs/") for f in files):
+        note += f"; no run spec for {host.name} yet (the next deploy or launch writes it)"
+    return ("deployed", True, f"version {version} in the store, sha256 matches ({len(files)} files); {note}")

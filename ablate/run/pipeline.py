@@ -20,7 +20,8 @@ one `launched`, `running` or `failed`, a failure never hiding the others. In ord
    round trips); every queue's FS copy and stop request removed in one `apply`, their ledger
    entries (each saying whether it cleared a stop request) and the estimates in a second; then the
    tmux sessions, one command per host, hosts in parallel (`_argv` builds the `run_queue` command
-   line).
+   line); on a storage host that command is its boot program (ablate/run/storeboot.py: the files
+   fetched from the store to the instance's own copy, the sessions started, credentials handed over).
 
 Nothing changes on the FS before step 5: a refusal leaves the project and the FS as they were.
 """
@@ -41,6 +42,7 @@ from ablate.run.context import LaunchContext, LocalQueues, launch_context
 from ablate.run.hostcheck import Section, measure
 from ablate.run.placement import DeployResult, place
 from ablate.run.refusals import controller_commit, count_cells, launch_refusal, launch_sections
+from ablate.run.storeboot import BootPlan, boot, boot_plan, creds_note
 from ablate.sweep.cells import QueueFile
 from ablate.sweep.ledger import check_prefix, entry_line, new_entry
 from ablate.sweep.snapshot import Snapshot, probe_only
@@ -420,6 +422,9 @@ def _start_on_host(ctx: LaunchContext, dep: DeployResult, host: str, ready: Mapp
     project = ctx.project
     ht = ctx.transport(host)
     sessions = {i: session_name(project.sweep, host, r.qf.name) for i, r in ready.items()}
+    plan = boot_plan(project, project.hosts[host], dep)
+    if plan is not None:  # no shared FS there: its files fetched from the store, then the queues
+        return _booted(ctx, ht, plan, dep, sessions, ready, advance)
     commands = {i: shlex.join(_argv(project, dep, r)) for i, r in ready.items()}
     array = ht.array_argv([(sessions[i], commands[i]) for i in ready]) if isinstance(ht, SlurmHost) else None
     if array is not None:
@@ -446,6 +451,24 @@ def _start_on_host(ctx: LaunchContext, dep: DeployResult, host: str, ready: Mapp
         else:  # one queue failing never hides the others
             reason = repr(sec.out.strip()[-300:]) if sec is not None else why
             out[i] = RemoteError(f"{host}: tmux could not start session {sessions[i]}: {reason}")
+    return out
+
+
+def _booted(ctx: LaunchContext, ht: HostTransport, plan: BootPlan, dep: DeployResult,
+            sessions: Mapping[int, str], ready: Mapping[int, _Ready], advance: Callable[[str], None],
+            ) -> dict[int, Exception | None]:
+    """A storage host's queues started by its boot program (ablate/run/storeboot.py), per request
+    as `_start_on_host` answers."""
+    creds = ctx.credentials()
+    got = boot(ht, plan, {sessions[i]: _argv(ctx.project, dep, r) for i, r in ready.items()}, creds)
+    out: dict[int, Exception | None] = {}
+    for i, r in ready.items():
+        s = got[sessions[i]]
+        out[i] = None if s.state == "started" else _AlreadyRunning() if s.state == "running" \
+            else RemoteError(f"{plan.host}: {s.why}")
+        if s.state == "started":
+            advance(f"{plan.host}: tmux {sessions[i]} runs {r.qf.name} from line {r.start_index} "
+                    f"({r.cells} cell(s)); {creds_note(creds)}")
     return out
 
 
