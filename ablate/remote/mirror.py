@@ -15,7 +15,7 @@ Here a committed result is `final_ckpts/<name>/` (its MANIFEST.json, and more fi
 an aside one `final_ckpts/.aside.<name>.<t>/`, as on a shared FS. Every other key is copied to the
 same path. A key gone from the store is gone here (a released claim's directory too). Keys named in
 `own` are this host's own files (its events, its heartbeat): written here first, never overwritten
-or removed by a sync.
+by a sync; and a sync removes only files it wrote.
 
 Time. Files get the store's `LastModified` moved into this machine's clock by the store's offset
 (its `Date` header against this clock at each listing), so that a local clock reading (a touched
@@ -105,14 +105,15 @@ class Mirror:
             for o, ok in zip(todo, pool.map(lambda o: self._fetch(o, state.get(o.key)), todo), strict=False):
                 if ok:
                     state[o.key] = [o.etag, o.size]
-        # what the store no longer has is gone here too (a released claim: its directory as well)
+        # what the store no longer has is gone here too (a released claim: its directory as well); files
+        # written here (this host's own, not yet sent) are never the sync's to remove
         top = os.path.join(self.root, prefix)
         if prefix.endswith("/"):
             for dirpath, _dirnames, filenames in os.walk(top, topdown=False):
                 for fn in filenames:
                     rel = os.path.relpath(os.path.join(dirpath, fn), self.root)
-                    if fn.startswith(".") or rel in seen or rel in self.own:
-                        continue
+                    if fn.startswith(".") or rel in seen or rel not in state:
+                        continue  # a file this copy never had from the store is a local one
                     _unlink(os.path.join(dirpath, fn))
                     state.pop(rel, None)
                 if dirpath != top.rstrip("/"):

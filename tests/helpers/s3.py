@@ -25,9 +25,12 @@ class S3:
 @contextmanager
 def moto_s3(ip: str = "127.0.0.1", port: int = 0) -> Iterator[S3]:
     """A moto server on ip:port (0: any free port) with one fresh bucket; stopped on exit."""
+    import logging
+
     import boto3
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request on stderr
     os.environ.update(CREDS)
     srv = ThreadedMotoServer(ip_address=ip, port=port, verbose=False)
     srv.start()
@@ -59,6 +62,7 @@ class FaultProxy:
         self.upstream, self.drop, self.ip = upstream, {h.lower() for h in drop or ()}, ip
         self.slowdown = 0
         self.seen = 0
+        self.counts: dict[str, int] = {}  # requests by S3's price classes: PUT, GET, HEAD, LIST, DELETE
         self.lock = threading.Lock()
         self._srv: http.server.ThreadingHTTPServer | None = None
         self.port = 0
@@ -124,8 +128,11 @@ def _handler(proxy: FaultProxy) -> type:
 
         def _forward(self) -> None:
             body = self._body()
+            kind = ("LIST" if self.command == "GET" and "list-type=" in self.path else
+                    "PUT" if self.command in ("PUT", "POST") else self.command)
             with proxy.lock:
                 proxy.seen += 1
+                proxy.counts[kind] = proxy.counts.get(kind, 0) + 1
                 throttled = proxy.slowdown > 0
                 if throttled:
                     proxy.slowdown -= 1
