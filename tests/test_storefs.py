@@ -28,6 +28,7 @@ from ablate.sweep.snapshot import Asked, Snapshot, load
 from ablate.transport import shared_fs
 from ablate.transport.base import AppendLine, CreateImmutable, Read, Remove, WriteAtomic
 from ablate.transport.storefs import StoreFS
+from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
 from tests.helpers.s3 import CREDS, S3
 
@@ -350,11 +351,14 @@ def test_store_errors_are_fserrors_naming_the_url_never_a_secret(s3: S3, tmp_pat
 
 
 def _store_project(p: LocalProject, s3: S3) -> str:
+    """A project whose profile keeps the sweep in a store; its one host, h1, never answers."""
     prefix = f"t/{uuid.uuid4().hex[:8]}"
     (p.root / "profiles").mkdir(exist_ok=True)
     (p.root / "profiles" / "s3.yaml").write_text(
         f"storage: {s3.url(prefix)}\nstorage_endpoint: {s3.endpoint}\nckpt_root: /root/ckpt\n")
-    p.write_config(profile="s3", workdir="/srv/proj", hosts={"h1": {"ssh": "h1.invalid"}})
+    p.write_config(profile="s3", workdir="/srv/proj", hosts={"h1": {"ssh": "h1.invalid"}},
+                   artifacts={"checkpoint": "best.json", "metrics": "metrics.json",
+                              "metrics_keys": ["val_loss"]})
     for n in "abcd":
         p.cfg(f"cfgs/x/{n}.yaml")
     p.queue("q1", ["# ablate: host=h1", "cfgs/x/a.yaml recon", "cfgs/x/b.yaml recon", "cfgs/x/c.yaml recon",
@@ -394,3 +398,35 @@ def test_a_store_host_is_asked_its_tmux_and_answers_an_empty_view(
     (sessions, why), view = hostview.parse(out)
     assert why is None and sessions == set()  # no server: no sessions
     assert view == ({}, None)
+
+
+def test_the_commands_that_read_and_record_work_through_a_store(
+        local_project: LocalProject, s3: S3, cli: Cli) -> None:
+    _store_project(local_project, s3)
+    fs = shared_fs(load_project(local_project.root))
+    assert isinstance(fs, StoreFS)
+    _state(fs, time.time())
+    files = {"best.json": b'{"w": [1, 2]}', "metrics.json": b'{"val_loss": 0.25}', "a.log": b"epoch 1\n"}
+    arts = {role: {"file": f, "size": len(files[f]), "sha256": hashlib.sha256(files[f]).hexdigest()}
+            for role, f in (("checkpoint", "best.json"), ("metrics", "metrics.json"), ("log", "a.log"))}
+    sha = hashlib.sha256((local_project.root / "cfgs/x/a.yaml").read_bytes()).hexdigest()
+    manifest = {"name": "a", "cfg": "cfgs/x/a.yaml", "task": "recon", "epochs": 3, "cat": "x",
+                "cfg_sha256": sha, "host": "h1", "queue": "q1", "artifacts": arts}
+    _commit(fs.store, "a", files, manifest)
+
+    status = cli.json(local_project, "status")
+    want = {"a": "synced", "b": "running", "c": "crashed", "d": "queued"}
+    assert {n: c["state"] for n, c in status["cells"].items()} == want
+    assert status["fs_lag"]["seconds"] == 0 and "h1" in status["unreachable"]
+    pulled = cli.json(local_project, "pull")
+    assert pulled["copied"] == 4 and pulled["failed"] == [] and pulled["missing"] == ["b", "c", "d"]
+    assert (local_project.root / "results/t1/a/best.json").read_bytes() == files["best.json"]
+    assert cli.json(local_project, "reconcile", code=1)["verified"] == 1
+    rec = cli.json(local_project, "reconcile", "--fs", code=1)
+    assert rec["verified"] == 1 and rec["checked"]["a"]["best.json"] == "loaded"
+    record = json.loads(fs.read_bytes(SweepLayout(fs.root).reconcile_record) or b"")
+    assert record["source"] == "fs" and record["results_dir"] == f"{fs.root}/final_ckpts"
+    report = cli.json(local_project, "report", "--out", str(local_project.root / "rep"))
+    assert report["states"] == {"verified": 1, "running": 1, "crashed": 1, "queued": 1}
+    r = cli(local_project, "release", "h1", "--yes")
+    assert r.code == 1 and "not complete" in r.output

@@ -21,7 +21,9 @@ directory, the store does by its own keys (`ablate/remote/mirror.py`):
   `$XDG_CACHE_HOME/ablate/store/<digest>/`, else `~/.cache/...`), brought up to the store's state
   first; paths in its answer are the store's again. The copy's files carry the store's
   `LastModified` moved into this machine's clock, and the probe's clock is this machine's: ages
-  are by the store's clock. `verify` of named cells downloads their results first.
+  are by the store's clock. A result's files are copied only for what reads them: `report` its
+  metrics and log, `verify` of cells by name (`reconcile --fs`) every committed result's files,
+  once each (verified here, on this machine's disk); a listing (`pull`'s) only the MANIFESTs.
 - Errors: a failed store operation is an `FSError` naming "store", the operation, the s3:// URL
   and the store's reason (never a credential).
 

@@ -2,7 +2,7 @@
 
 The lock is one object (`locks/controller.lock`) holding `{"by", "pid", "host", "t", "lease", "id",
 "renewed"}`. Taking it is a conditional create (`If-None-Match: *`): exactly one taker gets it.
-While another holds it, the taker polls (at most every `POLL` s) until its time-out. The holder
+While another holds it, the taker reads it (at most every `POLL` s: one GET) until its time-out. The holder
 renews it every `lease / 3` s from a daemon thread, by a conditional replace (`If-Match` on the etag
 it wrote; every renewal's bytes are new, so its etag is too). A lease not renewed for `lease`
 seconds, by the store's clock (the object's `LastModified` against `Store.now()`), was held by a
@@ -108,17 +108,16 @@ def acquire(store: Store, rel: str, timeout: float, *, lease: float = LEASE,
     while True:
         body = {"by": _who(), "pid": os.getpid(), "host": socket.gethostname(), "t": time.time(),
                 "lease": lease, "id": uuid.uuid4().hex, "renewed": 0}
-        etag = store.create(rel, _bytes(body))
-        if etag is None:
-            got = store.get(rel)
-            if got is None:
-                etag = store.create(rel, _bytes(body))  # let go just now: one more try
-            else:
-                held_for = _lease_of(got.data)
-                if offset is None or time.time() + offset - got.mtime > held_for + SLACK:
-                    offset = store.now() - time.time()  # confirmed by the store's own clock
-                if time.time() + offset - got.mtime > held_for + SLACK:
-                    etag = store.replace(rel, _bytes(body), got.etag)  # its holder is gone
+        got = store.get(rel)  # one read a try while another holds it
+        etag: str | None = None
+        if got is None:
+            etag = store.create(rel, _bytes(body))  # of two takers, one
+        else:
+            held_for = _lease_of(got.data)
+            if offset is None or time.time() + offset - got.mtime > held_for + SLACK:
+                offset = store.now() - time.time()  # confirmed by the store's own clock
+            if time.time() + offset - got.mtime > held_for + SLACK:
+                etag = store.replace(rel, _bytes(body), got.etag)  # its holder is gone: one taker
         if etag is not None:
             held = StoreLease(store, rel, body, etag, lease, record[0] if record else None)
             if record is not None:
