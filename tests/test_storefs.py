@@ -307,8 +307,10 @@ def test_probe_verify_and_report_read_the_result_files(s3: S3, tmp_path: Path) -
     assert tree["cells"]["a"]["manifest"]["name"] == "a" and tree["cells"]["a"]["problems"] is None
     assert not (Path(fs.copy) / "final_ckpts" / "a" / "best.json").exists()  # a listing fetches no checkpoint
 
+    _commit(fs.store, "m", {"best.json": files["best.json"]}, {"name": "m", "artifacts": arts})  # no metrics
     report = fs.probe("report", {"root": fs.root, "metrics": "metrics.json"})
     assert report["metrics"]["a"] == {"values": {"val_loss": 0.25}, "error": None}
+    assert report["metrics"]["m"] == {"values": None, "error": "no metrics file"}
     assert not (Path(fs.copy) / "final_ckpts" / "a" / "best.json").exists()
 
     bad = dict(files, **{"best.json": b'{"w": [9]}'})  # not the bytes its MANIFEST records

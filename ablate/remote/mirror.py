@@ -179,6 +179,8 @@ class Mirror:
                 dst = os.path.join(here, rel)
                 if rel == MANIFEST or os.path.exists(dst):
                     continue
+                if results == "small" and self.store.head(base + rel) is None:
+                    continue  # named, never uploaded: what reads it says so (no metrics file)
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
                 tmp = f"{dst}.part.{os.getpid()}"
                 self.store.download(base + rel, tmp)
