@@ -121,17 +121,14 @@ def _reach(p: _Probe, where: str) -> Check:
         p.store.put(p.rel("reach"), b"ablate doctor: reachable\n")
     except StoreDown as e:
         return Check("store", False, f"{e} Check the profile's storage_endpoint and this machine's network")
-    except StoreError as e:
-        why = str(e)
+    except Exception as e:  # a StoreError, or a refusal the retry loop passed on (404): one line
+        why = str(e) if isinstance(e, StoreError) else _error(e)[1]
+        if "NoSuchBucket" in why:
+            return Check("store", False, f"{p.store.where()} ({where}): no such bucket {p.store.bucket!r}: "
+                                         f"create it, or fix storage: in the profile")
         fix = (f"give credentials through {CHAIN}" if _credentials(why)
                else "check the bucket name in storage: and that these credentials may write to it")
         return Check("store", False, f"{why} ({where}); {fix}")
-    except Exception as e:  # NoSuchBucket and the like pass the retry loop as ClientErrors
-        status, text = _error(e)
-        if "NoSuchBucket" in text or status == 404:
-            return Check("store", False, f"{p.store.where()} ({where}): no such bucket {p.store.bucket!r}: "
-                                         f"create it, or fix storage: in the profile")
-        return Check("store", False, f"{p.store.where()} ({where}): {text}")
     return Check("store", True, f"{p.store.where()} ({where}) reachable, credentials accepted, "
                                 f"writable ({time.monotonic() - t0:.2f} s)")
 
