@@ -420,6 +420,7 @@ def test_the_commands_that_read_and_record_work_through_a_store(
     want = {"a": "synced", "b": "running", "c": "crashed", "d": "queued"}
     assert {n: c["state"] for n, c in status["cells"].items()} == want
     assert status["fs_lag"]["seconds"] == 0 and "h1" in status["unreachable"]
+    assert status["via"] == "the store"
     pulled = cli.json(local_project, "pull")
     assert pulled["copied"] == 4 and pulled["failed"] == [] and pulled["missing"] == ["b", "c", "d"]
     assert (local_project.root / "results/t1/a/best.json").read_bytes() == files["best.json"]

@@ -142,6 +142,7 @@ class StoreFS:
     def __init__(self, url: str, endpoint: str | None = None, *, store: Store | None = None,
                  copy: str | None = None, lease: float = LEASE) -> None:
         self.root = url.rstrip("/")
+        self.via = "the store"  # what the FS is read through, for messages (status, doctor)
         self.store = store or Store(self.root, endpoint)
         self.copy = copy or copy_dir(self.root, endpoint)
         self.mirror = Mirror(self.store, self.copy)
