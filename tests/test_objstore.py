@@ -166,3 +166,18 @@ def test_an_outage_is_waited_out(s3: S3) -> None:
         timer.join()
     finally:
         proxy.close()
+
+
+def test_a_claim_written_here_goes_when_the_store_releases_it(s3: S3, tmp_path: Path) -> None:
+    """A queue's own claim is in its copy at once, and gone from it once remediate released it in
+    the store (a stale local claim would have the walk pass the cell over forever)."""
+    from ablate.remote.storeside import Agent
+
+    url = s3.url(f"t/{uuid.uuid4().hex[:8]}/ablate/sw")
+    a = Agent(str(tmp_path / "copy"), "h1", "q1", url, s3.endpoint)
+    assert a.claim("c1", 0, "", "node")
+    owner = tmp_path / "copy" / "claims" / "c1" / "owner"
+    assert owner.read_text().split()[:2] == ["h1", "q1"]
+    Store(url, s3.endpoint).delete("claims/c1/owner")  # remediate's release
+    a.pull()
+    assert not owner.exists() and not owner.parent.exists()

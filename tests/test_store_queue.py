@@ -209,3 +209,31 @@ def test_a_config_the_instances_clone_lacks_comes_from_the_store(
     manifest = st.get(f"results/only/{json.loads(commit.data)['nonce']}/MANIFEST.json")
     assert manifest is not None
     assert json.loads(manifest.data)["cfg_sha256"] == hashlib.sha256((lp.root / cfg).read_bytes()).hexdigest()
+
+
+def test_events_and_heartbeats_reach_the_store_while_the_cell_trains(
+        local_project: LocalProject, s3: S3, tmp_path: Path) -> None:
+    """Not only at the queue's end: a cell's `start` and a heartbeat naming it are in the store
+    while it trains (what status and remediate read when the instance dies mid-cell)."""
+    lp = local_project
+    lp.write_config(train="sleep 8 && mkdir -p {ckpt_dir} && cp {cfg} {ckpt_dir}/m.bin",
+                    artifacts={"checkpoint": "m.bin"})
+    lp.queue("q1", [lp.cfg("cfgs/a/slow.yaml") + " recon 1"])
+    deploy(load_project(lp.root))
+    url = s3.url(f"live/{uuid.uuid4().hex[:8]}/ablate/t1")
+    st = Store(url, s3.endpoint)
+    st.put("queues/q1.txt", (lp.root / "queues" / "q1.txt").read_bytes())
+    rq, spec = instance(lp, tmp_path / "h1", "h1", url, s3.endpoint)
+    p = start(rq, spec, "q1", tmp_path / "h1")
+    try:
+        def started() -> bool:
+            evs = store_events(st).get("events/h1.q1.jsonl", [])
+            hb = st.get("heartbeats/h1.q1")
+            return any(e["ev"] == "start" and e["cell"] == "slow" for e in evs) and hb is not None \
+                and json.loads(hb.data)["cell"] == "slow"
+
+        wait_for(started, timeout=6)
+        assert p.poll() is None  # still training
+    finally:
+        out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out.decode(errors="replace")

@@ -433,3 +433,5 @@ def test_the_commands_that_read_and_record_work_through_a_store(
     assert report["states"] == {"verified": 1, "running": 1, "crashed": 1, "queued": 1}
     r = cli(local_project, "release", "h1", "--yes")
     assert r.code == 1 and "not complete" in r.output
+    r = cli(local_project, "logs", "a")  # the durable copy's log, read from the store here
+    assert r.code == 0 and "epoch 1" in r.out, r.output

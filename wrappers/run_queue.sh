@@ -475,6 +475,7 @@ on_exit() {  # the job's last act on Slurm: the session adapter's hook (ABLATE_S
   trap '' HUP INT TERM USR2
   ticker_stop
   svc_stop_all
+  store_flush
   if [[ -n ${ABLATE_SLURM_ON_EXIT-} && -r $ABLATE_SLURM_ON_EXIT ]]; then
     timeout -k 5 120 bash -- "$ABLATE_SLURM_ON_EXIT" </dev/null 2>&1 | sed 's/^/[ablate on exit] /'
   fi
@@ -498,6 +499,13 @@ runner_up() {  # the co-process answering decisions, started if it is not runnin
     for c in "${STORE_CREDS[@]}"; do export "$c"; done
     runner_exec serve "$ROOT" "$ABLATE_HOST" "$QUEUE" "${SLOT:--}"
   }
+}
+store_flush() {  # a sweep in a store: the runner's process sends this queue's last events and
+  # heartbeat at our EOF; the session ends after that (a reader that finds it gone finds them too)
+  [[ -n $STORE && -n ${DECIDER_PID-} ]] || return 0
+  local n=0
+  [[ -n ${DECIDER[1]-} ]] && { eval "exec ${DECIDER[1]}>&-"; } 2>/dev/null
+  while pid_alive "$DECIDER_PID" && (( n++ < 600 )); do sleep 0.1; done
 }
 DECISION=
 ASKED=0
@@ -626,6 +634,7 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
   STATE=running
   transition
   ev start ", \"idx\": $idx, \"cell\": \"$name\", \"resume\": $resume$extra"
+  [[ -n $STORE ]] && decide push  # in the store before the trainer starts, as on a shared FS
   say "line $idx${from:+ of $from}: $name (resume=$resume)"
   local down=
   if ! svc_up cell; then  # a per-cell service that does not come up: the cell never trained
@@ -663,6 +672,7 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
   elapsed "$t0"
   dur=$REPLY
   ev end ", \"idx\": $idx, \"cell\": \"$name\", \"rc\": $rc, \"dur\": $dur$extra"
+  [[ -n $STORE ]] && decide push  # its tail and its end, before the next line
   say "line $idx${from:+ of $from}: $name exited $rc after ${dur}s"
   svc_stop_all cell
   CUR_STARTED=

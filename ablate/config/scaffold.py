@@ -99,7 +99,8 @@ _NOTES = {
     "autodl": "AutoDL file storage (/root/autodl-fs) is shared per REGION only: keep all hosts in one "
               "region.",
     "runpod": "RunPod: attach one network volume (/workspace) to every pod; install tmux on each pod.",
-    "vast": "Vast.ai has no shared FS: set shared_fs in profiles/vast.yaml (copy it into your repo).",
+    "vast": "Vast.ai has no shared FS: the sweep lives in an S3-compatible bucket; copy profiles/vast.yaml "
+            "into your repo and set storage: (and storage_endpoint: for R2, B2, MinIO).",
     "bare": "Bare servers: copy profiles/bare.yaml into your repo and set shared_fs to your NFS mount.",
 }
 _SLURM_NOTE = ("Slurm: copy profiles/slurm.yaml into your repo and set shared_fs, ckpt_root and its "

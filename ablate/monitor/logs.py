@@ -137,6 +137,9 @@ def _fs_tail(project: Project, fs: SharedFS, path: str, n: int) -> bytes | None:
     host that mounts the FS (the first that answers); locally the file is read from its end."""
     if project.profile.transport == "local":
         return _local_tail(path, n)
+    if project.sweep_store() is not None:  # an object store: read here (no host mounts it)
+        data = fs.read_bytes(path)
+        return None if data is None else last_lines(data, n)
     hosts = [h for h in project.hosts.values() if h.profile.name == project.profile.name
              and h.transport == "ssh"]
     last: Exception | None = None

@@ -74,6 +74,8 @@ def main(req: Mapping[str, Any]) -> int:
     root = str(req["root"])
     try:
         store = _store(str(req["store"]), req.get("endpoint"), creds, float(req.get("store_wait", 30)))
+        if req.get("probe"):  # doctor: one question, with what a queue would have
+            store.head("DEPLOYED.json")
         for rel in req["files"]:
             kept = fetch(store, root, str(rel))
             answer["kept" if kept else "fetched"].append(rel)

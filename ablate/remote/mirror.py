@@ -203,6 +203,18 @@ class Mirror:
             if entry and "/" not in entry:
                 os.makedirs(os.path.join(final, f".aside.{entry}"), exist_ok=True)
 
+    def adopt(self, rel: str, data: bytes, etag: str) -> None:
+        """A key this host just wrote to the store itself (its claim): in the copy at once, and the
+        copy's like any other (gone from here when it is gone from the store)."""
+        meta = os.path.join(self.root, _META)
+        os.makedirs(meta, exist_ok=True)
+        with open(os.path.join(meta, "lock"), "a") as lk:
+            fcntl.flock(lk, fcntl.LOCK_EX)
+            state = self._load()
+            _write(os.path.join(self.root, rel), data, None)
+            state[rel] = [etag, len(data)]
+            self._save(state)
+
     # ------------------------------------------------------------------ the state
 
     def _load(self) -> dict[str, list[Any]]:

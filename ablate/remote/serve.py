@@ -90,10 +90,10 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
 
 
 # A sweep kept in an object store (ABLATE_STORE): what run_queue and run_one ask of the queue's store
-# side (`ablate/remote/storeside.py`) — `pull` [FRESH], `claim` NAME IDX, `commit` NAME STAGING
+# side (`ablate/remote/storeside.py`) — `pull` [FRESH], `push`, `claim` NAME IDX, `commit` NAME STAGING
 # STARTED, `config` CFG WORKDIR. rc 0 done, 1 refused (claimed by another; not published: its reason;
 # no such config in the store), 2 no store, 3 the store could not be reached (waited out).
-STORE_VERBS = ("pull", "claim", "commit", "config")
+STORE_VERBS = ("pull", "push", "claim", "commit", "config")
 
 
 def store_agent(base: Sequence[str]) -> Agent | None:
@@ -110,6 +110,9 @@ def store_verb(agent: Agent | None, args: Sequence[str], out: Callable[[str], No
         print(f"runner: {args[0]}: the run spec names no store (ABLATE_STORE)", file=sys.stderr)
         return 2
     try:
+        if args[0] == "push":
+            agent.push()
+            return 0
         if args[0] == "pull":
             agent.pull(fresh=float(args[1]) if len(args) > 1 else 0.0)
             return 0

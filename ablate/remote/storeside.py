@@ -7,14 +7,15 @@ so that run_queue, run_one and the walk go on reading and writing files.
   and before each line's stop check; before the walk's first step, the calibration figures alone
   every `PULL_SECS` (a calibrating queue waits for the others'). Nothing else is asked of the store
   while a cell trains: a queue-hour costs its heartbeats.
-- `push`: what this queue writes, sent to the store as it is written (a thread, every `PUSH_SECS`,
-  and before each pull and at the queue's end): its events by conditional appends of the new lines
-  (never lost while the instance lives: the local file keeps them through an outage; never twice:
-  the sent length is kept in `.mirror/`), its heartbeat by a put (its age is the store's
+- `push`: what this queue writes, sent to the store as it is written (a thread, every `PUSH_SECS`;
+  at once after a cell's `start`, so that it is in the store before the trainer starts, and after
+  its `end`; before each pull and at the queue's end): its events by conditional appends of the new
+  lines (never lost while the instance lives: the local file keeps them through an outage; never
+  twice: the sent length is kept in `.mirror/`), its heartbeat by a put (its age is the store's
   `LastModified`), the failed cells' tails, calibration figures and services' logs it wrote. Each
   pass sends files before the events, so a reader that sees an `end` finds its tail.
 - `claim NAME IDX`: the claim itself, a conditional create of `claims/<name>/owner` (exactly one
-  claimer gets it), then its local copy.
+  claimer gets it), then in the local copy as the store has it (released there, gone here).
 - `config CFG WORKDIR`: a cell's config the instance's clone of the repo lacks, from launch's copy
   in the store (`cfgs/<cfg>`).
 - `commit NAME STAGING STARTED`: run_one's publish: the staged files uploaded under a name of this
@@ -30,6 +31,7 @@ import json
 import os
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 
@@ -86,6 +88,8 @@ class Agent:
                     calib = time.monotonic()
             except StoreError:
                 pass  # an outage: the next pass sends it (the local files keep everything)
+            except Exception:  # a bug must not end the sending: said in the pane, tried again
+                traceback.print_exc()
 
     # ------------------------------------------------------------------ pull and push
 
@@ -187,14 +191,10 @@ class Agent:
     def claim(self, name: str, idx: int, attempt: str, node: str) -> bool:
         """`claims/<name>` for this queue, exactly once among every claimer; its local copy."""
         line = f"{self.host} {self.queue} {idx} {time.time():.6f} {attempt or '-'} {node or '-'}\n".encode()
-        if self.store.create(f"claims/{name}/owner", line) is None:
+        etag = self.store.create(f"claims/{name}/owner", line)
+        if etag is None:
             return False
-        path = os.path.join(self.root, "claims", name, "owner")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(line)
-        os.replace(tmp, path)
+        self.mirror.adopt(f"claims/{name}/owner", line, etag)
         return True
 
     def fetch_config(self, cfg: str, workdir: str) -> bool:

@@ -41,6 +41,8 @@ from ablate.run.refusals import (
     inodes_check,
 )
 from ablate.run.slurmcheck import slurm_checks
+from ablate.run.storeboot import controller_credentials, store_host_check
+from ablate.run.storecheck import store_checks
 from ablate.run.svccheck import service_checks, service_sections
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
 from ablate.transport.shellhost import BASH_C, ShellHost
@@ -71,15 +73,18 @@ class HostReport:
 class DoctorReport:
     hosts: Mapping[str, HostReport]
     fs_lag: LagResult | None = None  # the FS's visibility lag (a long one only warns)
+    store: tuple[Check, ...] = ()  # the object store's self-test (`storage:`), from this machine
 
     @property
     def ok(self) -> bool:
-        return all(h.ok for h in self.hosts.values()) and (self.fs_lag is None or self.fs_lag.ok)
+        return (all(h.ok for h in self.hosts.values()) and (self.fs_lag is None or self.fs_lag.ok)
+                and all(c.ok for c in self.store))
 
     @property
     def problems(self) -> int:
         lag = self.fs_lag is not None and not self.fs_lag.ok
-        return sum(not c.ok for h in self.hosts.values() for c in h.checks) + lag
+        return (sum(not c.ok for h in self.hosts.values() for c in h.checks) + lag
+                + sum(not c.ok for c in self.store))
 
     def check(self, host: str, name: str) -> Check | None:
         return next((c for c in self.hosts[host].checks if c.check == name), None)
@@ -87,11 +92,13 @@ class DoctorReport:
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "hosts": {name: {"ok": h.ok, "checks": [c.to_json() for c in h.checks]}
                                          for name, h in self.hosts.items()},
-                "fs_lag": self.fs_lag.to_json() if self.fs_lag else None}
+                "fs_lag": self.fs_lag.to_json() if self.fs_lag else None,
+                **({"store": [c.to_json() for c in self.store]} if self.store else {})}
 
     def lines(self) -> list[str]:
-        rows = [(h.host, c.check, "ok" if c.ok else "FAIL", c.reason)
-                for h in self.hosts.values() for c in h.checks]
+        rows = [("store", c.check, "ok" if c.ok else "FAIL", c.reason) for c in self.store]
+        rows += [(h.host, c.check, "ok" if c.ok else "FAIL", c.reason)
+                 for h in self.hosts.values() for c in h.checks]
         wh = max((len(r[0]) for r in rows), default=4)
         wc = max((len(r[1]) for r in rows), default=5)
         out = [f"{host:<{wh}}  {check:<{wc}}  {state:<4}  {reason}" for host, check, state, reason in rows]
@@ -178,6 +185,7 @@ class _Plan:
     commit: str | None
     ask: dict[str, Any] | None
     cap: float  # seconds to wait for the nonce on a caching FS
+    creds: Mapping[str, str] | None = None  # a storage sweep: what launch would hand its queues
 
 
 def _sections(project: Project, host: Host, plan: _Plan) -> list[tuple[str, Sequence[str]]]:
@@ -294,7 +302,10 @@ def _check_host(project: Project, host: Host, plan: _Plan) -> HostReport:
     checks.append(Check("tmux", tm_ok, tm.last if tm and tm_ok else
                         f"tmux missing or broken ({tm.last if tm else 'no answer'}); {TMUX_FIX}"))
     checks.append(_env(host, sec("env")))
-    checks.append(_shared(project, host, plan, sec("nonce"), t))
+    if project.sweep_store(host) is not None:
+        checks.append(store_host_check(project, host, t, plan.creds))
+    else:
+        checks.append(_shared(project, host, plan, sec("nonce"), t))
     checks.append(Check(*deployed_check(project, host, plan.deployed, plan.fs_error, sec("sha"))))
     checks.append(disk_check(project, host, plan.cells, sec("disk")))
     checks.append(inodes_check(project, host, plan.cells, sec("inodes")))
@@ -344,10 +355,17 @@ def doctor(project: Project, hosts: list[str] | None = None, log: Log | None = N
     fs_error: str | None = None
     deployed: dict[str, Any] | None = None
     written = False
+    store = project.sweep_store()
+    store_report: tuple[Check, ...] = ()
+    creds: Mapping[str, str] | None = None
+    if store is not None:  # no shared FS to prove: the store's own self-test, once, from here
+        store_report = tuple(store_checks(*store))
+        creds = controller_credentials()
     try:
         fs = shared_fs(project)
-        fs.write_atomic(posixpath.join(fs.root, nonce_rel), token.encode())
-        written = True
+        if store is None:
+            fs.write_atomic(posixpath.join(fs.root, nonce_rel), token.encode())
+            written = True
         writer = str(getattr(fs, "via", "this machine"))
         raw = fs.read_bytes(SweepLayout(fs.root).deployed)
         loaded = json.loads(raw) if raw else None
@@ -360,7 +378,7 @@ def doctor(project: Project, hosts: list[str] | None = None, log: Log | None = N
     try:
         plan = _Plan(nonce_rel if written else None, token, writer, fs_error, deployed,
                      count_cells(project, fs if fs_error is None else None), controller_commit(project), ask,
-                     cap)
+                     cap, creds)
         results = fan_out(names, lambda name: _check_host(project, project.hosts[name], plan))
     finally:
         if written and fs is not None:
@@ -372,6 +390,8 @@ def doctor(project: Project, hosts: list[str] | None = None, log: Log | None = N
             name, (Check("reachable", False, f"doctor failed on this host: {type(r).__name__}: {r}"),))
     bad = {n: ", ".join(c.check for c in r.checks if not c.ok and c.check in ("reachable", "shared_fs"))
            for n, r in reports.items()}
+    if store is not None:  # strongly consistent: no lag to measure
+        return DoctorReport(reports, None, store_report)
     lag = survey(project, [n for n in names if not bad[n]], fs if written else None,
                  {n: f"{why} failed" for n, why in bad.items() if why}, cap=cap, log=log)
     return DoctorReport(reports, lag)

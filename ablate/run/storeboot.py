@@ -51,12 +51,14 @@ from ablate.config.project import Host, Project
 from ablate.errors import AblateError, RemoteError
 from ablate.remote.boot import BOOTSTRAP, CRED_NAME, NO_BOTO3
 from ablate.run.placement import DeployResult
+from ablate.run.refusals import Check
 from ablate.transport import HostTransport
 from ablate.transport.shellhost import BASH_C
 
 CREDS_FIFO = "ABLATE_CREDS_FIFO"
 FIFO_WAIT = 30.0  # seconds a queue has to open its FIFO
 STORE_WAIT = 30.0  # seconds an unreachable store is waited out at a launch (a queue waits longer)
+PROBE_WAIT = 10.0  # ... at doctor's check of a host
 # $1 the profile's env, $2 its python, $3 the loader (`boot.BOOTSTRAP`); the rest comes on stdin
 _RUN = ('if [ -n "$1" ]; then eval "$1" >&2 || exit 98; fi\n'
         'command -v -- "$2" >/dev/null 2>&1 || exit 97\n'
@@ -136,8 +138,24 @@ def creds_note(creds: Mapping[str, str]) -> str:
     return "no AWS credentials on this controller: the instance's own (its role, its ~/.aws) apply"
 
 
+def store_host_check(project: Project, host: Host, ht: HostTransport,
+                     creds: Mapping[str, str] | None) -> Check:
+    """doctor's `store` check of a storage host: the instance runs the boot program with no file
+    and no queue, and asks the store one question (a HEAD) with what launch would hand its queues:
+    its Python, boto3, the network path to the endpoint, the credentials."""
+    store = project.sweep_store(host)
+    assert store is not None
+    plan = BootPlan(host.name, store[0], store[1], project.sweep_root(host), (), host.profile.env or "",
+                    host.profile.python)
+    try:
+        boot(ht, plan, {}, creds or {}, probe=True)
+    except AblateError as e:
+        return Check("store", False, e.message)
+    return Check("store", True, f"the store {store[0]} answers the instance ({creds_note(creds or {})})")
+
+
 def boot(ht: HostTransport, plan: BootPlan, queues: Mapping[str, Sequence[str]],
-         creds: Mapping[str, str]) -> dict[str, Started]:
+         creds: Mapping[str, str], probe: bool = False) -> dict[str, Started]:
     """Fetch `plan.files` on the host, then start each queue (session name -> run_queue argv) and
     hand it `creds`. Raises RemoteError, naming the host, when nothing was started there (a file
     missing or damaged in the store, no Python, no boto3, the store unreachable)."""
@@ -147,7 +165,8 @@ def boot(ht: HostTransport, plan: BootPlan, queues: Mapping[str, Sequence[str]],
                           f"line of at most {MAX_VALUE} characters")
     request = {"store": plan.store, "endpoint": plan.endpoint, "root": plan.root, "files": list(plan.files),
                "tmux": ht.tmux_argv(), "queues": [{"session": s, "argv": list(a)} for s, a in queues.items()],
-               "creds": dict(creds), "wait": FIFO_WAIT, "store_wait": STORE_WAIT}
+               "creds": dict(creds), "wait": FIFO_WAIT, "store_wait": PROBE_WAIT if probe else STORE_WAIT,
+               "probe": probe}
     modules = [[f"ablate.remote.{name[:-3]}", packaged.read("ablate.remote", name).decode()]
                for name in _SHIPPED]
     stdin = json.dumps({"modules": modules, "request": request}).encode()

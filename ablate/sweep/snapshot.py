@@ -408,6 +408,14 @@ def load(project: Project, fs: SharedFS | None = None, *, op: str = "snapshot",
     that extends `snapshot` (report). `ask`: what asks the hosts instead of `ask_hosts` (status
     asks each host one command for more)."""
     fs = fs or shared_fs(project)
+    if project.sweep_store() is not None:
+        # The hosts first, then the store: a queue that ended between the two is then seen gone
+        # with its last events (run_queue waits for them to reach the store before its session
+        # ends), never claimed with no end and no session (interrupted: a cell run twice). A
+        # shared FS has each host's own view for that.
+        got = (ask or (lambda: ask_hosts(project)))()
+        raw = fs.probe(op, {"root": fs.root, "touch": touch, **(args or {})})
+        return state_of(project, raw, got)
     with ThreadPoolExecutor(max_workers=1) as pool:
         asked = pool.submit(ask or (lambda: ask_hosts(project)))
         raw = fs.probe(op, {"root": fs.root, "touch": touch, **(args or {})})

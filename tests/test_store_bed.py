@@ -1,0 +1,236 @@
+"""A sweep kept in an object store, on three real instances that share NO directory (the test bed's
+`shared="none"`: real sshd, real tmux, each with only its own disk and its own clone of the repo),
+the store a real S3 endpoint (moto's server) on the bed's bridge, driven through `ablate.cli.main`:
+the whole flow to release; a crash and remediate; an instance killed mid-cell; doctor refusing a
+store that ignores conditional writes; and the controller's secret key written nowhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ablate.remote.objstore import Store
+from ablate.transport import close_all
+from tests.helpers.cli import Cli
+from tests.helpers.s3 import CREDS, S3, FaultProxy, moto_s3
+from tests.helpers.testbed_projects import CKPT, store_project
+from tests.helpers.wait import wait_for
+from tests.testbed import Testbed
+
+SECRET = "bed-sentinel-" + uuid.uuid4().hex
+FAULT_TRAIN = Path(__file__).parent / "helpers" / "fault_train.py"
+
+
+@pytest.fixture(scope="module")
+def bed_s3(testbed_nofs: Testbed) -> Iterator[S3]:
+    """moto's S3 server on the bed's bridge address: every instance reaches it, none shares a file."""
+    with moto_s3(ip=testbed_nofs.gateway) as s3:
+        yield s3
+
+
+@pytest.fixture
+def creds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller's AWS chain: its environment, with a secret key to look for afterwards."""
+    for k, v in CREDS.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+
+
+def project(tb: Testbed, tmp_path: Path, s3: S3, sweep: str, cells: int, epochs: int = 2,
+            step_time: float = 0.3) -> tuple[Path, Store]:
+    url = s3.url(f"bed-{uuid.uuid4().hex[:8]}")
+    train = (f"{shutil.which('python3') or 'python3'} fault_train.py --config {{cfg}} --epochs {{epochs}} "
+             "--out {ckpt_dir} --resume {resume} --name {name}")
+    proj = store_project(tb, tmp_path, sweep, url, s3.endpoint, cells=cells, epochs=epochs,
+                         step_time=step_time, train=train)
+    for h in tb.hosts:
+        shutil.copyfile(FAULT_TRAIN, tb.local_dir(h) / "repo" / sweep / "fault_train.py")
+    return proj, Store(f"{url}/ablate/{sweep}", s3.endpoint)
+
+
+def fault(tb: Testbed, sweep: str, cell: str, kind: str, body: str = "",
+          hosts: list[str] | None = None) -> None:
+    for h in hosts or tb.hosts:
+        d = tb.local_dir(h) / "repo" / sweep / "faults"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{cell}.{kind}").write_text(body)
+
+
+def clear_faults(tb: Testbed, sweep: str) -> None:
+    for h in tb.hosts:
+        shutil.rmtree(tb.local_dir(h) / "repo" / sweep / "faults", ignore_errors=True)
+
+
+def states(cli: Cli, proj: Path) -> dict[str, str]:
+    st = cli.json(proj, "status")
+    return {c["cell"]: c["state"] for c in st.get("cells", [])} if "cells" in st else {}
+
+
+def no_secret_anywhere(tb: Testbed, st: Store, proj: Path, outputs: list[str]) -> None:
+    needle = SECRET.encode()
+    for o in st.list(""):
+        got = st.get(o.key)
+        assert got is not None and needle not in got.data, o.key
+    for base in [tb.local_dir(h) for h in tb.hosts] + [proj]:
+        for dirpath, _dirs, files in os.walk(base):
+            for fn in files:
+                path = os.path.join(dirpath, fn)
+                if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) < 50 << 20:
+                    with open(path, "rb") as f:
+                        assert needle not in f.read(), path
+    for text in outputs:
+        assert SECRET not in text
+    for h in tb.hosts:  # the panes' commands and the tmux servers' environments
+        for args in (["list-panes", "-a", "-F", "#{pane_start_command}"], ["show-environment", "-g"]):
+            r = subprocess.run(tb.ssh_argv(h, "tmux", *args), capture_output=True, text=True, timeout=30)
+            assert SECRET not in r.stdout + r.stderr
+
+
+def test_whole_flow_with_no_shared_directory(testbed_nofs: Testbed, bed_s3: S3, tmp_path: Path,
+                                              cli: Cli, creds: None) -> None:
+    tb, sweep = testbed_nofs, "nofs"
+    proj, st = project(tb, tmp_path, bed_s3, sweep, cells=6)
+    outputs: list[str] = []
+    try:
+        r = cli(proj, "doctor")
+        outputs.append(r.output)
+        assert r.code == 0, r.output
+        plan = cli.json(proj, "plan")
+        queue_host = {q["queue"]: q["host"] for q in plan["queues"]}
+        r = cli(proj, "deploy")
+        outputs.append(r.output)
+        assert r.code == 0, r.output
+        assert st.get("DEPLOYED.json") is not None
+        r = cli(proj, "launch", "--all", "--json")
+        outputs.append(r.output)
+        assert r.code == 0, r.output
+        launched = json.loads(r.out)["launched"]
+        assert {(x["queue"], x["host"], x["status"]) for x in launched} == {
+            (q, h, "launched") for q, h in queue_host.items()}
+
+        def finished() -> bool:
+            s = cli.json(proj, "status")
+            return all(q["state"] == "drained" and q["synced"] == q["total"] for q in s["queues"])
+
+        wait_for(finished, timeout=180, interval=1.0)
+        commits = [o.key for o in st.list("commits/")]
+        assert len(commits) == 6
+        starts: dict[str, int] = {}
+        for o in st.list("events/"):
+            got = st.get(o.key)
+            assert got is not None
+            for line in got.data.decode().splitlines():
+                e = json.loads(line)
+                if e["ev"] == "start":
+                    starts[e["cell"]] = starts.get(e["cell"], 0) + 1
+        assert sorted(starts.values()) == [1] * 6
+        # no directory shared: each instance's copy of the sweep is its own, on its own disk
+        for h in tb.hosts:
+            assert (tb.local_dir(h) / "ckpt" / sweep / ".ablate" / sweep / "wrappers").is_dir()
+        on_store = cli.json(proj, "reconcile", "--fs")  # verified by load where they are
+        assert on_store["complete"] and on_store["verified"] == 6 and on_store["corrupt"] == [], on_store
+        pulled = cli.json(proj, "pull")
+        assert pulled["cells"] == 6 and pulled["failed"] == []
+        rec = cli.json(proj, "reconcile")
+        assert rec["complete"] and rec["verified"] == rec["roster"] == 6, rec
+        for name in (c.split("/", 1)[1] for c in commits):
+            assert (proj / "results" / sweep / name / CKPT).stat().st_size > 0
+        for h in tb.hosts:
+            released = cli.json(proj, "release", h, "--yes")
+            assert released["approved"] and released["host"] == h
+        no_secret_anywhere(tb, st, proj, outputs)
+    finally:
+        close_all()
+
+
+def test_a_crash_is_remediated(testbed_nofs: Testbed, bed_s3: S3, tmp_path: Path, cli: Cli,
+                               creds: None) -> None:
+    tb, sweep = testbed_nofs, "nofs-crash"
+    proj, st = project(tb, tmp_path, bed_s3, sweep, cells=3)
+    fault(tb, sweep, "c1", "oom")
+    try:
+        cli.json(proj, "plan")
+        assert cli(proj, "deploy")[0] == 0
+        assert cli(proj, "launch", "--all")[0] == 0
+
+        def settled() -> dict[str, str] | None:
+            s = cli.json(proj, "status")
+            done = all(q["state"] in ("drained", "stopped") for q in s["queues"])
+            return s if done else None
+
+        wait_for(settled, timeout=180, interval=1.0)
+        assert st.head("commits/c1") is None
+        assert not cli.json(proj, "reconcile", "--fs", code=1)["complete"]
+        clear_faults(tb, sweep)
+        r = cli(proj, "remediate", "--launch")
+        assert r.code == 0, r.output
+
+        def complete() -> bool:
+            return st.head("commits/c1") is not None
+
+        wait_for(complete, timeout=180, interval=1.0)
+        wait_for(lambda: cli(proj, "reconcile", "--fs", "--json").code == 0, timeout=120, interval=1.0)
+        rec = cli.json(proj, "reconcile", "--fs")
+        assert rec["complete"] and rec["verified"] == 3
+    finally:
+        close_all()
+
+
+def test_a_killed_instance_is_remediated_elsewhere(testbed_nofs: Testbed, bed_s3: S3, tmp_path: Path,
+                                                   cli: Cli, creds: None) -> None:
+    """An instance killed while its cell trains: its heartbeat goes stale by the store's clock, the
+    cell is `lost`, remediate re-runs it on a live host, exactly once more."""
+    tb, sweep = testbed_nofs, "nofs-kill"
+    proj, st = project(tb, tmp_path, bed_s3, sweep, cells=3)
+    plan = cli.json(proj, "plan")
+    victim_q = plan["queues"][0]
+    victim, held = victim_q["host"], victim_q["cells"][0]
+    fault(tb, sweep, held, "hang", "1", hosts=[victim])  # holds the cell mid-way on its host
+    try:
+        assert cli(proj, "deploy")[0] == 0
+        assert cli(proj, "launch", "--all")[0] == 0
+
+        def cell_state() -> str:
+            return str(cli.json(proj, "status")["cells"][held]["state"])
+
+        wait_for(lambda: cell_state() == "running", timeout=120, interval=0.5)
+        tb.kill(victim)
+        wait_for(lambda: cell_state() == "lost", timeout=120, interval=1.0)
+        assert st.head(f"commits/{held}") is None
+        r = cli(proj, "remediate", "--launch", "--json")
+        assert r.code == 0, r.output
+        wait_for(lambda: st.head(f"commits/{held}") is not None, timeout=180, interval=1.0)
+        wait_for(lambda: cli(proj, "reconcile", "--fs", "--json").code == 0, timeout=120, interval=1.0)
+        got = st.get(f"commits/{held}")
+        assert got is not None and json.loads(got.data)["host"] != victim
+        ran = []
+        for o in st.list("events/"):
+            data = st.get(o.key)
+            assert data is not None
+            ran += [json.loads(x)["host"] for x in data.data.decode().splitlines()
+                    if json.loads(x)["ev"] == "start" and json.loads(x).get("cell") == held]
+        assert ran[0] == victim and len(ran) == 2 and ran[1] != victim, ran  # its start was in the store
+    finally:
+        tb.revive(victim)
+        close_all()
+
+
+def test_doctor_refuses_a_store_that_ignores_conditional_writes(
+        testbed_nofs: Testbed, bed_s3: S3, tmp_path: Path, cli: Cli, creds: None) -> None:
+    tb = testbed_nofs
+    deaf = FaultProxy(bed_s3.endpoint, drop={"if-none-match", "if-match"}, ip=tb.gateway)
+    try:
+        proj, _st = project(tb, tmp_path, S3(deaf.endpoint, bed_s3.bucket), "nofs-deaf", cells=1)
+        r = cli(proj, "doctor")
+        assert r.code == 1, r.output
+        assert "conditional" in r.output and deaf.endpoint in r.output
+    finally:
+        deaf.close()
+        close_all()
