@@ -97,6 +97,9 @@ def test_whole_flow_with_no_shared_directory(testbed_nofs: Testbed, bed_s3: S3, 
                                               cli: Cli, creds: None) -> None:
     tb, sweep = testbed_nofs, "nofs"
     proj, st = project(tb, tmp_path, bed_s3, sweep, cells=6)
+    absent = f"configs/{sweep}/c5.yaml"  # no instance's clone has it: launch's copy in the store serves
+    for h in tb.hosts:
+        (tb.local_dir(h) / "repo" / sweep / absent).unlink()
     outputs: list[str] = []
     try:
         r = cli(proj, "doctor")
@@ -131,6 +134,12 @@ def test_whole_flow_with_no_shared_directory(testbed_nofs: Testbed, bed_s3: S3, 
                 if e["ev"] == "start":
                     starts[e["cell"]] = starts.get(e["cell"], 0) + 1
         assert sorted(starts.values()) == [1] * 6
+        c5 = st.get("commits/c5")
+        assert c5 is not None and st.get(f"cfgs/{absent}") is not None
+        ran_c5 = json.loads(c5.data)["host"]
+        for h in tb.hosts:
+            fetched = (tb.local_dir(h) / "repo" / sweep / absent)
+            assert fetched.exists() == (h == ran_c5), h
         # no directory shared: each instance's copy of the sweep is its own, on its own disk
         for h in tb.hosts:
             assert (tb.local_dir(h) / "ckpt" / sweep / ".ablate" / sweep / "wrappers").is_dir()

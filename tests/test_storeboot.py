@@ -399,3 +399,20 @@ def test_only_aws_variables_of_one_line_are_handed_over(s3: S3, tmp_path: Path, 
             boot(LocalHost("h1"), dep.plan(), {"ablate-t1-h1-q1": dep.argv()}, {**secret, **bad})
         assert next(iter(bad)) in ei.value.message and not secrets_in(ei.value.message, secret)
     assert not dep.root.exists()  # refused before anything ran on the host
+
+
+def test_launch_puts_the_cells_configs_in_the_store_once(local_project: LocalProject, s3: S3) -> None:
+    """What an instance's clone may lack, as this repo has it: sent when the store lacks it or holds
+    other bytes, not again; a config not readable here names the fix."""
+    lp = local_project
+    a, b = lp.cfg("cfgs/a/one.yaml"), lp.cfg("cfgs/a/two.yaml")
+    project = load_project(lp.root)
+    store = Store(s3.url(f"cfgs-{uuid.uuid4().hex[:8]}"), s3.endpoint)
+    assert storeboot.upload_configs(project, store, [a, b, a]) == 2
+    assert storeboot.upload_configs(project, store, [a, b]) == 0
+    got = store.get(f"cfgs/{a}")
+    assert got is not None and got.data == (lp.root / a).read_bytes()
+    lp.cfg("cfgs/a/two.yaml", lr=0.5)
+    assert storeboot.upload_configs(project, store, [a, b]) == 1
+    with pytest.raises(AblateError, match="cannot read the config cfgs/a/nope.yaml"):
+        storeboot.upload_configs(project, store, ["cfgs/a/nope.yaml"])

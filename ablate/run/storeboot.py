@@ -41,15 +41,18 @@ The data goes through the kernel's pipe buffer, never to a disk.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ablate import resources as packaged
 from ablate.config.project import Host, Project
 from ablate.errors import AblateError, RemoteError
 from ablate.remote.boot import BOOTSTRAP, CRED_NAME, NO_BOTO3
+from ablate.remote.objstore import Store
 from ablate.run.placement import DeployResult
 from ablate.run.refusals import Check
 from ablate.transport import HostTransport
@@ -136,6 +139,28 @@ def creds_note(creds: Mapping[str, str]) -> str:
     if creds:
         return "AWS credentials from this controller's chain, in the queue's environment only"
     return "no AWS credentials on this controller: the instance's own (its role, its ~/.aws) apply"
+
+
+def upload_configs(project: Project, store: Store, cfgs: Iterable[str]) -> int:
+    """The cells' configs as this repo has them, into the store (`cfgs/<cfg>`), for an instance
+    whose clone of the repo lacks one (run_one fetches it): only those the store lacks or holds
+    other bytes of (one listing, compared by the MD5 a plain PUT's ETag is). The number sent.
+    AblateError naming the config and the fix when one is not readable here."""
+    want: dict[str, bytes] = {}
+    for cfg in sorted(set(cfgs)):
+        if cfg.startswith("/") or ".." in cfg.split("/"):
+            continue  # outside the repo: the instance's own path
+        try:
+            want[cfg] = (project.dir / cfg).read_bytes()
+        except OSError as e:
+            raise AblateError(f"cannot read the config {cfg} in {project.dir} ({e.strerror}); the "
+                              f"queue names it: fix the line or add the file") from None
+    have = {o.key[len("cfgs/"):]: o.etag for o in store.list("cfgs/")}
+    todo = [c for c, data in want.items()
+            if have.get(c) != hashlib.md5(data, usedforsecurity=False).hexdigest()]
+    with ThreadPoolExecutor(max(1, min(16, len(todo)))) as pool:
+        list(pool.map(lambda c: store.put(f"cfgs/{c}", want[c]), todo))
+    return len(todo)
 
 
 def store_host_check(project: Project, host: Host, ht: HostTransport,
