@@ -243,3 +243,57 @@ def test_doctor_refuses_a_store_that_ignores_conditional_writes(
     finally:
         deaf.close()
         close_all()
+
+
+def test_append_and_stop_through_the_store(testbed_nofs: Testbed, bed_s3: S3, tmp_path: Path,
+                                           cli: Cli, creds: None) -> None:
+    """Mid-flight, with each queue's first cell held: a cell appended to one queue (its config in
+    no instance's clone) runs after its lines; `stop --after-current` lets another queue's cell
+    finish and start nothing more; `stop` ends a third at once and records it in the store."""
+    tb, sweep = testbed_nofs, "nofs-ctl"
+    proj, st = project(tb, tmp_path, bed_s3, sweep, cells=6)
+    plan = cli.json(proj, "plan")
+    queues = {q["queue"]: (q["host"], q["cells"]) for q in plan["queues"]}
+    (qa, (ha, ca)), (qb, (hb, cb)), (qc, (hc, cc)) = sorted(queues.items())
+    for h, cells in ((ha, ca), (hb, cb), (hc, cc)):
+        fault(tb, sweep, cells[0], "hang", "1", hosts=[h])
+    extra = f"configs/{sweep}/extra.yaml"
+    (proj / extra).write_text((proj / f"configs/{sweep}/c0.yaml").read_text().replace("seed: 0", "seed: 99"))
+    try:
+        assert cli(proj, "deploy")[0] == 0
+        assert cli(proj, "launch", "--all")[0] == 0
+
+        def running(cell: str) -> bool:
+            return bool(cli.json(proj, "status")["cells"][cell]["state"] == "running")
+
+        wait_for(lambda: all(running(c[0]) for c in (ca, cb, cc)), timeout=120, interval=0.5)
+        r = cli(proj, "append", qa, extra, "recon")
+        assert r.code == 0, r.output
+        r = cli(proj, "stop", qb, "--host", hb, "--after-current")
+        assert r.code == 0, r.output
+        r = cli(proj, "stop", qc, "--host", hc)
+        assert r.code == 0, r.output
+        clear_faults(tb, sweep)
+
+        def settled() -> bool:
+            s = cli.json(proj, "status")
+            return all(q["state"] in ("drained", "stopped") for q in s["queues"])
+
+        wait_for(settled, timeout=180, interval=1.0)
+
+        def started(host: str, queue: str) -> list[str | None]:
+            got = st.get(f"events/{host}.{queue}.jsonl")
+            assert got is not None
+            evs = [json.loads(x) for x in got.data.decode().splitlines()]
+            return [e.get("cell") for e in evs if e["ev"] in ("start", "queue_stop", "stopped")]
+
+        assert started(ha, qa) == [*ca, "extra"]
+        assert started(hb, qb) == [cb[0], None]  # its cell, then queue_stop (after_current)
+        assert started(hc, qc)[0] == cc[0] and started(hc, qc)[-1] is None  # `stopped`, by ablate stop
+        cells = cli.json(proj, "status")["cells"]
+        tail = st.get("tails/extra.log")
+        assert cells["extra"]["state"] in ("synced", "verified"), tail and tail.data.decode()[-1500:]
+        assert cells[cb[0]]["state"] in ("synced", "verified") and cells[cb[1]]["state"] == "never_ran"
+        assert cells[cc[0]]["state"] == "interrupted"
+    finally:
+        close_all()
