@@ -186,3 +186,20 @@ def test_bench_slurm_runs_the_sweep_both_ways_on_the_slurm_bed() -> None:
     (ma, mb), ratio = (float(r[2]) for r in body), float(body[0][6].rstrip("x"))
     assert (ma - 0.05) / (mb + 0.05) - 0.005 <= ratio <= (ma + 0.05) / (mb - 0.05) + 0.005
     assert "#SBATCH --array=0-3%3" in out
+
+
+def test_bench_store_uploads_through_ablate_and_boto3_side_by_side() -> None:
+    out = run("bench_store.py", "--size", "5MB", "--reps", "1", "--no-aws-cli", timeout=240)
+    body = rows(out)
+    assert [r[0].split(":")[0] for r in body] == ["boto3 alone", "ablate", "ablate, read back"], out
+    assert all(float(r[1]) > 0 for r in body) and body[0][3] == "1.00"
+
+
+def test_bench_store_requests_counts_each_kind_at_the_wire() -> None:
+    out = run("bench_store_requests.py", "--cells", "3", "--hold", "3", "--heartbeat", "1", timeout=300)
+    body = {r[0]: r[1:] for r in rows(out)}
+    cell = body["per cell (claim, pulls, events, upload, commit)"]
+    assert float(cell[0]) >= 5 and float(cell[3]) >= 1, out  # PUTs: claim, uploads, commit; LISTs: a pull
+    assert float(body["per queue-hour while a cell trains (heartbeat_secs 1)"][0]) > 0, out
+    assert body["controller: status, nothing new (3 cells)"][1] == "0", out  # nothing new: nothing read
+    assert any(k.startswith("a sweep of 1000") for k in body), out

@@ -435,3 +435,31 @@ def test_the_commands_that_read_and_record_work_through_a_store(
     assert r.code == 1 and "not complete" in r.output
     r = cli(local_project, "logs", "a")  # the durable copy's log, read from the store here
     assert r.code == 0 and "epoch 1" in r.out, r.output
+
+
+def test_under_the_watch_the_store_is_listed_at_most_every_poll(s3: S3, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`status --watch` refreshing every 2 s would list the store 9 times a refresh: within
+    `polite_polling` a snapshot is read again from the copy until POLL seconds have passed."""
+    from ablate.transport import storefs
+    from tests.helpers.s3 import FaultProxy
+
+    proxy = FaultProxy(s3.endpoint)
+    try:
+        url = s3.url(f"t/{uuid.uuid4().hex[:8]}/ablate/sw")
+        fs = StoreFS(url, proxy.endpoint, store=Store(url, proxy.endpoint, wait=2),
+                     copy=str(tmp_path / "copy"))
+        fs.store.put("claims/a/owner", b"h1 q1 0 1 - n\n")
+
+        def lists() -> int:
+            before = proxy.counts.get("LIST", 0)
+            fs.probe("snapshot", {"root": fs.root, "touch": False})
+            return proxy.counts.get("LIST", 0) - before
+
+        assert lists() > 0 and lists() > 0  # outside the watch: every read asks the store
+        with storefs.polite_polling():
+            assert lists() == 0  # within POLL of the last read: the copy, as it was read
+            monkeypatch.setattr(storefs, "POLL", 0.0)
+            assert lists() > 0
+    finally:
+        proxy.close()

@@ -274,10 +274,11 @@ def _verified_by(rec: Mapping[str, Any] | None, roster: set[str]) -> dict[str, i
 
 def watch(project: Project, interval: float) -> None:
     """A live table until q or Ctrl-C; the terminal is left clean. A Slurm host is asked at most
-    every `slurm.poll` seconds (its adapter answers from its last answer in between); the FS and
-    the other hosts every `interval`."""
+    every `slurm.poll` seconds (its adapter answers from its last answer in between), an object
+    store every `storefs.POLL` seconds; the FS and the other hosts every `interval`."""
     from ablate.monitor.watch import run_watch
+    from ablate.transport import storefs
     from ablate.transport.slurm import polite_polling
 
-    with polite_polling():
+    with polite_polling(), storefs.polite_polling():
         run_watch(lambda: status(project, live_info=True), interval)

@@ -11,6 +11,11 @@ long as this controller's channel stays open (util-linux flock and filelock both
 they exclude each other on one file). Either way the lock dies with the process that holds it: a
 killed controller never leaves a stale lock behind, and there is nothing to break by hand.
 
+A sweep kept in an object store has no flock: its lock is a lease in the store
+(ablate/transport/storelock.py), renewed while held and taken over once unrenewed for its length by
+the store's clock: a killed controller's lock outlives it by up to that length (60 s), and a command
+that could not renew it for that long is told so when it lets go.
+
 Once the lock is held, `<root>/locks/controller.holder` is replaced with `{"by": user@hostname,
 "pid", "op", "t"}` (by `SharedFS.lock` itself: no extra round trip), so a controller that gives up
 after the timeout can say who is in the way; it is removed just before the lock is let go. A
@@ -169,3 +174,7 @@ def controller_lock(project: Project, op: str, timeout: float | None = None,
             if held.depth == 0:
                 del _HELD[key]
                 held.lock.release()  # removes the holder record first, still holding the lock
+                if getattr(held.lock, "lost", False) and log is not None:  # a store's lease
+                    log(f"warning: sweep {project.sweep}: this `ablate {op}` could not renew the "
+                        f"controller lock's lease and another controller took it over meanwhile; "
+                        f"look at `ablate status` before going on")

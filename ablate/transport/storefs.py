@@ -41,6 +41,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -77,6 +78,20 @@ COHERENT = "an object store: strongly consistent (read-after-write, list-after-w
 
 _OPEN: dict[tuple[str, str | None], StoreFS] = {}
 _OPEN_LOCK = threading.Lock()
+# Under `polite_polling()` (`status --watch`) the store is listed at most every POLL seconds: the
+# dashboard's other reads (tmux, live progress) go on every interval, and a watch left open for a
+# sweep's hours costs about 10 LISTs per POLL (docs/BENCHMARKS.md) instead of per refresh.
+POLL = 10.0
+_POLITE = threading.Event()
+
+
+@contextlib.contextmanager
+def polite_polling() -> Iterator[None]:
+    _POLITE.set()
+    try:
+        yield
+    finally:
+        _POLITE.clear()
 
 
 def copy_dir(url: str, endpoint: str | None = None) -> str:
@@ -147,6 +162,7 @@ class StoreFS:
         self.copy = copy or copy_dir(self.root, endpoint)
         self.mirror = Mirror(self.store, self.copy)
         self.lease = lease
+        self._synced: dict[tuple[tuple[str, ...], str], float] = {}  # when each plan last synced
 
     # ------------------------------------------------------------------ paths and keys
 
@@ -354,8 +370,10 @@ class StoreFS:
             tree = probe_ops.run("verify", {**args, "dir": here})
             return {**tree, "dir": where}
         prefixes, results = _PLANS[op]
-        if prefixes:
+        fresh = _POLITE.is_set() and time.monotonic() - self._synced.get((prefixes, results), -POLL) < POLL
+        if prefixes and not fresh:
             self.mirror.sync(prefixes, results=results)
+            self._synced[(prefixes, results)] = time.monotonic()
         local = {**args, "root": self.copy}
         if op == "mine":  # the host's tmux and live data are the host's, never this machine's
             local.pop("tmux", None)

@@ -116,10 +116,13 @@ def _handler(proxy: FaultProxy) -> type:
 
         def _reply(self, status: int, reason: str, headers: list[tuple[str, str]], data: bytes) -> None:
             self.send_response(status, reason)
+            length = str(len(data))
             for k, v in headers:
-                if k.lower() not in HOP | {"content-length"}:
+                if k.lower() == "content-length" and self.command == "HEAD":
+                    length = v  # a HEAD's is the object's, not its (empty) body's
+                elif k.lower() not in HOP | {"content-length"}:
                     self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Content-Length", length)
             self.send_header("Connection", "close")  # no connection outlives `down()`
             self.close_connection = True
             self.end_headers()
