@@ -5,24 +5,19 @@ unreachable store, a missing bucket and missing credentials each fail fast in on
 
 from __future__ import annotations
 
-import http.client
-import http.server
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import boto3
 import pytest
 
 from ablate.run.storecheck import store_checks
-from tests.helpers.s3 import S3
+from tests.helpers.s3 import S3, FaultProxy
 
 NAMES = ["store", "store_create", "store_replace", "store_list", "store_cleanup"]
-HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
 
 def _url(s3: S3) -> str:
@@ -35,66 +30,13 @@ def _keys(s3: S3, url: str) -> list[str]:
     return [o["Key"] for o in client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("Contents") or ()]
 
 
-def _forwarding(upstream: str, drop: set[str]) -> type[http.server.BaseHTTPRequestHandler]:
-    """A handler that sends each request on to `upstream` without the headers in `drop` (lower case)
-    and sends back what it answers: a store that never sees them."""
-    target = urlsplit(upstream)
-
-    class Forward(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def _body(self) -> bytes:
-            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                out = b""
-                while True:
-                    size = int(self.rfile.readline().split(b";")[0], 16)
-                    if size == 0:
-                        self.rfile.readline()
-                        return out
-                    out += self.rfile.read(size)
-                    self.rfile.readline()
-            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
-        def _forward(self) -> None:
-            body = self._body()
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in drop | HOP}
-            headers["Content-Length"] = str(len(body))
-            conn = http.client.HTTPConnection(target.hostname or "", target.port, timeout=30)
-            try:
-                conn.request(self.command, self.path, body=body, headers=headers)
-                r = conn.getresponse()
-                data = r.read()
-            finally:
-                conn.close()
-            self.send_response(r.status, r.reason)
-            for k, v in r.getheaders():
-                if k.lower() not in HOP | {"content-length"}:
-                    self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
-
-        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    return Forward
-
-
 @pytest.fixture
 def deaf_store(s3: S3) -> Iterator[str]:
     """The endpoint of a store that ignores conditional writes: moto behind a proxy that strips
     If-None-Match and If-Match from every request."""
-    handler = _forwarding(s3.endpoint, {"if-none-match", "if-match"})
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
-    t.join()
+    proxy = FaultProxy(s3.endpoint, drop={"if-none-match", "if-match"})
+    yield proxy.endpoint
+    proxy.close()
 
 
 def test_a_store_with_conditional_writes_passes_and_is_left_as_it_was(s3: S3) -> None:
