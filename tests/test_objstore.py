@@ -181,3 +181,14 @@ def test_a_claim_written_here_goes_when_the_store_releases_it(s3: S3, tmp_path: 
     Store(url, s3.endpoint).delete("claims/c1/owner")  # remediate's release
     a.pull()
     assert not owner.exists() and not owner.parent.exists()
+
+
+def test_a_sync_never_removes_a_prefix_directory_itself(s3: S3, tmp_path: Path) -> None:
+    """An empty `events/` (a queue about to write its first event) stays: only what the store no
+    longer has goes, a released claim's own directory with it."""
+    st = store(s3)
+    root = tmp_path / "copy"
+    for d in ("events", "heartbeats", "claims"):
+        (root / d).mkdir(parents=True)
+    Mirror(st, str(root)).sync(WALK)
+    assert all((root / d).is_dir() for d in ("events", "heartbeats", "claims"))

@@ -237,3 +237,34 @@ def test_events_and_heartbeats_reach_the_store_while_the_cell_trains(
     finally:
         out, _ = p.communicate(timeout=120)
     assert p.returncode == 0, out.decode(errors="replace")
+
+
+def test_two_queues_of_one_instance_share_its_copy_and_lose_no_event(
+        local_project: LocalProject, s3: S3, tmp_path: Path) -> None:
+    """One queue per GPU: both queues' runner processes keep the same copy in step with the store;
+    neither sync replaces the other queue's events file or heartbeat under it: every line of both
+    reaches the store, once, in order."""
+    lp = local_project
+    lp.write_config(train="sleep 0.7 && mkdir -p {ckpt_dir} && cp {cfg} {ckpt_dir}/m.bin",
+                    artifacts={"checkpoint": "m.bin"})
+    for q in ("q1", "q2"):
+        lp.queue(q, [lp.cfg(f"cfgs/{q}/{q}c{i}.yaml") + " recon 1" for i in range(4)])
+    deploy(load_project(lp.root))
+    url = s3.url(f"gpus/{uuid.uuid4().hex[:8]}/ablate/t1")
+    st = Store(url, s3.endpoint)
+    for q in ("q1", "q2"):
+        st.put(f"queues/{q}.txt", (lp.root / "queues" / f"{q}.txt").read_bytes())
+    root = tmp_path / "h1"
+    rq, spec = instance(lp, root, "h1", url, s3.endpoint)
+    procs = [start(rq, spec, q, root) for q in ("q1", "q2")]
+    for p in procs:
+        out, _ = p.communicate(timeout=180)
+        assert p.returncode == 0, out.decode(errors="replace")
+    evs = store_events(st)
+    for q in ("q1", "q2"):
+        local = [json.loads(x) for x in (root / "events" / f"h1.{q}.jsonl").read_text().splitlines()]
+        assert evs[f"events/h1.{q}.jsonl"] == local  # every line, once, in order
+        assert [e["cell"] for e in local if e["ev"] == "start"] == [f"{q}c{i}" for i in range(4)]
+        hb = st.get(f"heartbeats/h1.{q}")
+        assert hb is not None and json.loads(hb.data)["state"] == "drained"
+    assert len(st.list("commits/")) == 8

@@ -747,6 +747,9 @@ calibrate() {
   rm -f -- "$out"
 }
 
+# A sweep in a store: the runner's process first (it claims this queue's own files in the copy,
+# before anything is written to them) and a fresh copy.
+[[ -n $STORE ]] && decide pull
 svc_layout
 hb_write
 ev queue_start ", \"start_index\": $START, \"slot\": ${SLOT:-null}, \"pid\": $$, \"pgid\": $PGID, \"run_queue\": \"$RQ_FILE\", \"spec\": \"$SPEC_FILE\"${ATTEMPT:+, \"attempt\": \"$ATTEMPT\", \"node\": \"${HOSTNAME-}\"}"

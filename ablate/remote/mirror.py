@@ -14,8 +14,9 @@ becomes visible by one):
 Here a committed result is `final_ckpts/<name>/` (its MANIFEST.json, and more files when asked),
 an aside one `final_ckpts/.aside.<name>.<t>/`, as on a shared FS. Every other key is copied to the
 same path. A key gone from the store is gone here (a released claim's directory too). Keys named in
-`own` are this host's own files (its events, its heartbeat): written here first, never overwritten
-by a sync; and a sync removes only files it wrote.
+`own` (and claimed by `claim_own`, by any process on this copy) are this host's own files (its
+queues' events and heartbeats): written here first, never overwritten by a sync; and a sync removes
+only files it wrote.
 
 Time. Files get the store's `LastModified` moved into this machine's clock by the store's offset
 (its `Date` header against this clock at each listing), so that a local clock reading (a touched
@@ -71,6 +72,7 @@ class Mirror:
         with open(os.path.join(meta, "lock"), "a") as lk:
             fcntl.flock(lk, fcntl.LOCK_EX)
             state = self._load()
+            self._own_here()
             self.fetched = 0
             listed: dict[str, list[Obj]] = {}
             for p in prefixes:
@@ -83,6 +85,24 @@ class Mirror:
                 else:
                     self._files(p, objs, state)
             self._save(state)
+
+    def claim_own(self, keys: Iterable[str]) -> None:
+        """Keys written here, by a queue of this host (its events, its heartbeat): from now on no
+        sync of this copy, by any process, writes or removes them (a marker under `.mirror/own/`,
+        made under the copy's lock: a sync under way finishes first)."""
+        d = os.path.join(self.root, _META, "own")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(self.root, _META, "lock"), "a") as lk:
+            fcntl.flock(lk, fcntl.LOCK_EX)
+            for key in keys:
+                _write(os.path.join(d, key.replace("/", "%")), b"", None)
+                self.own.add(key)
+
+    def _own_here(self) -> None:
+        """The keys the queues of this host claimed (`claim_own`), those of other processes too."""
+        with contextlib.suppress(OSError):
+            self.own |= {n.replace("%", "/") for n in os.listdir(os.path.join(self.root, _META, "own"))
+                         if not n.startswith(".")}
 
     def _listing(self, prefix: str) -> list[Obj]:
         local_before = time.time()
@@ -116,7 +136,7 @@ class Mirror:
                         continue  # a file this copy never had from the store is a local one
                     _unlink(os.path.join(dirpath, fn))
                     state.pop(rel, None)
-                if dirpath != top.rstrip("/"):
+                if os.path.normpath(dirpath) != os.path.normpath(top):  # never the prefix dir itself
                     with contextlib.suppress(OSError):
                         os.rmdir(dirpath)  # only when empty
         elif prefix not in seen and prefix not in self.own and state.pop(prefix, None) is not None:

@@ -137,16 +137,13 @@ class Store:
         self.wait = wait
         self.requests: dict[str, int] = {}  # per operation, for the benchmarks and `--verbose`
         self.last_date: float | None = None  # the store's `Date` at the last listing (its clock)
-        # A non-AWS endpoint: path-style addresses, and checksums only where a request needs one
-        # (botocore's default since 1.36 streams uploads as aws-chunked with a trailing checksum,
-        # which S3-compatible stores and proxies do not all take: seen here, a 265-byte upload
-        # stored as 0 bytes). Every upload is checked by its size, every result by its sha256.
-        compat: dict[str, Any] = ({"request_checksum_calculation": "when_required",
-                                   "response_checksum_validation": "when_required"} if self.endpoint else {})
+        # A non-AWS endpoint: path-style addresses. Checksums as botocore's own settings say (its
+        # default since 1.36 sends uploads with a trailing CRC; a store that refuses that takes
+        # AWS_REQUEST_CHECKSUM_CALCULATION=when_required, which launch hands the queues too).
         cfg = Config(retries={"mode": "standard", "max_attempts": attempts},
                      connect_timeout=min(timeout, 10.0), read_timeout=timeout,
                      s3={"addressing_style": "path"} if self.endpoint else None,
-                     user_agent_extra="ablate", **compat)
+                     user_agent_extra="ablate")
         session = boto3.session.Session()
         region = session.region_name or ("us-east-1" if self.endpoint else None)
         self.client = session.client("s3", endpoint_url=self.endpoint, region_name=region, config=cfg)

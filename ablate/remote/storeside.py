@@ -59,6 +59,10 @@ class Agent:
         self.pulled = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # This queue's own files are written here, by run_queue: no sync of this copy (another
+        # queue's of this host) may replace them under it. Then where its events stand.
+        self.mirror.claim_own((self.events, self.heartbeat))
+        self._first_sent()
         self._mark_all()  # what is here already is not this queue's to send
 
     # ------------------------------------------------------------------ the thread
@@ -171,6 +175,21 @@ class Agent:
                 return
             self.etag = None  # another writer (`ablate stop`'s event) got there first: read again
         raise StoreError(f"append to {self.store.where(self.events)}: it kept changing")
+
+    def _first_sent(self) -> None:
+        """No record of what was sent (this queue never ran in this copy): what the local file
+        holds that the store has already counts as sent (a copy a sync made before this queue
+        claimed it), never appended twice."""
+        if os.path.exists(self.sent_path):
+            return
+        try:
+            with open(os.path.join(self.root, self.events), "rb") as f:
+                local = f.read()
+        except OSError:
+            return
+        got = self.store.get(self.events)
+        have = got.data if got is not None else b""
+        self._set_sent(len(local) if have.startswith(local) else len(have) if local.startswith(have) else 0)
 
     def _sent(self) -> int:
         try:

@@ -66,6 +66,9 @@ PROBE_WAIT = 10.0  # ... at doctor's check of a host
 _RUN = ('if [ -n "$1" ]; then eval "$1" >&2 || exit 98; fi\n'
         'command -v -- "$2" >/dev/null 2>&1 || exit 97\n'
         'exec "$2" -c "$3"')
+# botocore's own settings a store may need on every client, the queues' too (a store that refuses
+# the default trailing checksums of uploads: when_required)
+CLIENT_SETTINGS = ("AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION")
 MAX_VALUE = 4096  # characters of one credential's value (run_queue's reader takes no more)
 _SHIPPED = ("objstore.py", "boot.py")  # made into modules on the instance, in this order
 
@@ -126,7 +129,7 @@ def controller_credentials() -> dict[str, str]:
     out = {"AWS_ACCESS_KEY_ID": frozen.access_key, "AWS_SECRET_ACCESS_KEY": frozen.secret_key}
     if frozen.token:
         out["AWS_SESSION_TOKEN"] = frozen.token
-    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", *CLIENT_SETTINGS):
         if os.environ.get(name):
             out[name] = os.environ[name]
     if region and "AWS_DEFAULT_REGION" not in out:
@@ -241,6 +244,6 @@ def _one_line(value: str) -> bool:
 def scrub(text: str, creds: Mapping[str, str]) -> str:
     """`text` with any credential's value blotted out: an error message never carries one."""
     for name, value in creds.items():
-        if value and name not in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        if value and name not in ("AWS_REGION", "AWS_DEFAULT_REGION", *CLIENT_SETTINGS):
             text = text.replace(value, "***")
     return text
