@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import pytest
 
 from ablate.remote.objstore import Store
 from ablate.transport import close_all
-from tests.helpers.cli import Cli
+from tests.helpers.cli import Cli, ablate_process
 from tests.helpers.s3 import CREDS, S3, FaultProxy, moto_s3
 from tests.helpers.testbed_projects import CKPT, store_project
 from tests.helpers.wait import wait_for
@@ -151,6 +152,26 @@ def test_whole_flow_with_no_shared_directory(testbed_nofs: Testbed, bed_s3: S3, 
         assert rec["complete"] and rec["verified"] == rec["roster"] == 6, rec
         for name in (c.split("/", 1)[1] for c in commits):
             assert (proj / "results" / sweep / name / CKPT).stat().st_size > 0
+        r = cli(proj, "logs", "c0")  # the durable copy's log, from the store
+        outputs.append(r.output)
+        assert r.code == 0 and "epoch" in r.out, r.output
+        report = cli.json(proj, "report", "--out", str(tmp_path / "report"))
+        assert report["states"] == {"verified": 6}, report
+        watch = ablate_process(proj, "status", "--watch", "--interval", "0.3")
+        try:  # the dashboard without a terminal: its plain table, then Ctrl-C
+            assert watch.stdout is not None and watch.stderr is not None
+            first = [watch.stdout.readline() for _ in range(4)]
+            assert first[0].split()[:4] == ["QUEUE", "HOST", "STATE", "K/N"], first
+            assert {ln.split()[0] for ln in first[1:]} == set(queue_host), first
+            watch.send_signal(signal.SIGINT)
+            assert watch.wait(timeout=30) == 130
+            err = watch.stderr.read()
+            outputs.append(err)
+            assert "Traceback" not in err
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+                watch.wait()
         for h in tb.hosts:
             released = cli.json(proj, "release", h, "--yes")
             assert released["approved"] and released["host"] == h

@@ -414,5 +414,5 @@ def test_launch_puts_the_cells_configs_in_the_store_once(local_project: LocalPro
     assert got is not None and got.data == (lp.root / a).read_bytes()
     lp.cfg("cfgs/a/two.yaml", lr=0.5)
     assert storeboot.upload_configs(project, store, [a, b]) == 1
-    with pytest.raises(AblateError, match="cannot read the config cfgs/a/nope.yaml"):
+    with pytest.raises(AblateError, match=r"cannot read the config cfgs/a/nope\.yaml"):
         storeboot.upload_configs(project, store, ["cfgs/a/nope.yaml"])

@@ -199,22 +199,19 @@ class Store:
     def create(self, rel: str, data: bytes) -> str | None:
         """Create `rel` unless it exists: its etag, or None when it was there (412; or it holds
         other bytes after a retried create)."""
-        try:
-            r = self._call("put", rel, lambda: self.client.put_object(
-                Bucket=self.bucket, Key=self.key(rel), Body=data, IfNoneMatch="*"))
-            return _etag(r.get("ETag"))
-        except Exception as e:
-            if not self._condition(e):
-                raise
-        got = self.get(rel)
-        return got.etag if got is not None and got.data == data else None
+        return self._conditional(rel, data, IfNoneMatch="*")
 
     def replace(self, rel: str, data: bytes, etag: str) -> str | None:
         """Replace `rel` only if its etag is still `etag`: the new etag, or None when it changed (or
         is gone) since it was read."""
+        return self._conditional(rel, data, IfMatch=f'"{etag}"')
+
+    def _conditional(self, rel: str, data: bytes, **condition: str) -> str | None:
+        """A put under `condition`: its etag, or None when the condition did not hold, unless the
+        object holds exactly `data` (this call's own write, retried after it landed)."""
         try:
             r = self._call("put", rel, lambda: self.client.put_object(
-                Bucket=self.bucket, Key=self.key(rel), Body=data, IfMatch=f'"{etag}"'))
+                Bucket=self.bucket, Key=self.key(rel), Body=data, **condition))
             return _etag(r.get("ETag"))
         except Exception as e:
             if not self._condition(e):

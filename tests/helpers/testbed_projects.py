@@ -58,17 +58,22 @@ def make_project(tb: Testbed, tmp_path: Path, sweep: str, *, cells: int, epochs:
         for base in (proj, work):
             (base / rel).parent.mkdir(parents=True, exist_ok=True)
             (base / rel).write_text(body)
+    _write_config(tb, tmp_path, proj, sweep, f"{tb.shared_path}/work/{sweep}", TRAIN_IN_WORKDIR, epochs)
+    return proj
+
+
+def _write_config(tb: Testbed, tmp_path: Path, proj: Path, sweep: str, workdir: str, train: str,
+                  epochs: int) -> None:
+    """The ablate.yaml of a bed project: the real trainer over every config of the sweep, on each host."""
     ssh_config = tb.write_ssh_config(tmp_path / "ssh_config", extra="\nHost *\n  ConnectTimeout 2\n")
     (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "tb", "sweep": sweep, "workdir": f"{tb.shared_path}/work/{sweep}",
-        "train": TRAIN_IN_WORKDIR,
+        "profile": "tb", "sweep": sweep, "workdir": workdir, "train": train,
         "artifacts": {"checkpoint": CKPT, "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
         "tasks": {"recon": {"epochs": epochs, "cost_per_epoch": 1.0}},
         "cells": [{"glob": f"configs/{sweep}/*.yaml", "task": "recon"}],
         "budget": {"ckpt_size": "1MB", "scratch": "1MB"},
         "heartbeat_secs": 1, "ssh_config": str(ssh_config),
         "hosts": {h: {"speed": 1.0} for h in tb.hosts}}, sort_keys=False))
-    return proj
 
 
 def events(tb: Testbed, sweep: str, host: str, queue: str) -> list[dict[str, Any]]:
@@ -133,14 +138,5 @@ def store_project(tb: Testbed, tmp_path: Path, sweep: str, url: str, endpoint: s
         clone = tb.local_dir(h) / "repo" / sweep
         shutil.rmtree(clone, ignore_errors=True)
         shutil.copytree(proj, clone, ignore=shutil.ignore_patterns("profiles", "ablate.yaml"))
-    ssh_config = tb.write_ssh_config(tmp_path / "ssh_config", extra="\nHost *\n  ConnectTimeout 2\n")
-    (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "tb", "sweep": sweep, "workdir": f"{tb.local_path}/repo/{sweep}",
-        "train": train,
-        "artifacts": {"checkpoint": CKPT, "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
-        "tasks": {"recon": {"epochs": epochs, "cost_per_epoch": 1.0}},
-        "cells": [{"glob": f"configs/{sweep}/*.yaml", "task": "recon"}],
-        "budget": {"ckpt_size": "1MB", "scratch": "1MB"},
-        "heartbeat_secs": 1, "ssh_config": str(ssh_config),
-        "hosts": {h: {"speed": 1.0} for h in tb.hosts}}, sort_keys=False))
+    _write_config(tb, tmp_path, proj, sweep, f"{tb.local_path}/repo/{sweep}", train, epochs)
     return proj
