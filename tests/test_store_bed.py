@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -317,4 +318,47 @@ def test_append_and_stop_through_the_store(testbed_nofs: Testbed, bed_s3: S3, tm
         assert cells[cb[0]]["state"] in ("synced", "verified") and cells[cb[1]]["state"] == "never_ran"
         assert cells[cc[0]]["state"] == "interrupted"
     finally:
+        close_all()
+
+
+def test_a_store_outage_and_throttling_are_waited_out(testbed_nofs: Testbed, bed_s3: S3, tmp_path: Path,
+                                                      cli: Cli, creds: None) -> None:
+    """The store throttles (503 SlowDown) then goes away for a while as the queues run, then comes
+    back: the queues wait for it, as for a shared FS's outage, and every cell ends once, its events
+    all in the store."""
+    tb, sweep = testbed_nofs, "nofs-outage"
+    proxy = FaultProxy(bed_s3.endpoint, ip=tb.gateway)
+    try:
+        proj, st = project(tb, tmp_path, S3(proxy.endpoint, bed_s3.bucket), sweep, cells=6, step_time=0.5)
+        direct = Store(st.url, bed_s3.endpoint)
+        cli.json(proj, "plan")
+        assert cli(proj, "deploy")[0] == 0
+        assert cli(proj, "launch", "--all")[0] == 0
+        wait_for(lambda: len(direct.list("commits/")) >= 1, timeout=120, interval=0.5)
+        proxy.slowdown = 30  # a burst of 503 SlowDown
+        wait_for(lambda: proxy.slowdown == 0, timeout=60, interval=0.2)
+        proxy.down()
+        seen = proxy.seen
+        time.sleep(8.0)  # the outage's length: the fault itself, not a wait for a condition
+        proxy.up()
+        assert proxy.seen == seen  # nothing reached it while it was down
+
+        def finished() -> bool:
+            s = cli.json(proj, "status")
+            return all(q["state"] == "drained" and q["synced"] == q["total"] for q in s["queues"])
+
+        wait_for(finished, timeout=240, interval=1.0)
+        assert len(direct.list("commits/")) == 6
+        ends: dict[str, int] = {}
+        for o in direct.list("events/"):
+            got = direct.get(o.key)
+            assert got is not None
+            evs = [json.loads(x) for x in got.data.decode().splitlines()]
+            starts = [e["cell"] for e in evs if e["ev"] == "start"]
+            assert starts == [e["cell"] for e in evs if e["ev"] == "end"], evs
+            for c in starts:
+                ends[c] = ends.get(c, 0) + 1
+        assert sorted(ends.values()) == [1] * 6
+    finally:
+        proxy.close()
         close_all()
