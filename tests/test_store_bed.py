@@ -125,6 +125,9 @@ def test_whole_flow_with_no_shared_directory(testbed_nofs: Testbed, bed_s3: S3, 
             return all(q["state"] == "drained" and q["synced"] == q["total"] for q in s["queues"])
 
         wait_for(finished, timeout=180, interval=1.0)
+        views = cli.json(proj, "status")["views"]
+        assert set(views) == set(tb.hosts) and all(v["through"] == "store" and v["max_age"] == 0
+                                                  for v in views.values()), views
         commits = [o.key for o in st.list("commits/")]
         assert len(commits) == 6
         starts: dict[str, int] = {}

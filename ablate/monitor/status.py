@@ -244,15 +244,19 @@ def _eta(model: CostModel, host: str | None, slot: int | None, queue: str, state
 
 def _views(state: SweepState) -> dict[str, dict[str, Any]]:
     """Per host: its files read through itself (`max_age` 0), or through the FS host (up to the lag
-    old; `unsettled` while what it may have written since could still be invisible)."""
+    old; `unsettled` while what it may have written since could still be invisible), or from the
+    object store the sweep is kept in ("store": no lag)."""
     unsettled = state.unsettled()
+    store = state.lag.store
     out: dict[str, dict[str, Any]] = {}
     for host in state.sessions:
         mine = host in state.confirmed
-        why = unsettled.get(host) or ("read through itself" if mine else
+        why = unsettled.get(host) or ("read from the object store, strongly consistent" if store else
+                                      "read through itself" if mine else
                                       "read through the FS host; nothing new from it within the lag")
-        out[host] = {"through": host if mine else "fs", "max_age": state.allowance(host),
-                     "unsettled": host in unsettled, "why": why}
+        through = "store" if store else host if mine else "fs"
+        out[host] = {"through": through, "max_age": state.allowance(host), "unsettled": host in unsettled,
+                     "why": why}
     return out
 
 

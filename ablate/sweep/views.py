@@ -40,6 +40,7 @@ class FsLag:
     seconds: float
     note: str
     measured: float | None = None  # what doctor measured (None: not measured, or a local FS)
+    store: bool = False  # the sweep is kept in an object store
 
     @classmethod
     def local(cls) -> FsLag:
@@ -51,7 +52,8 @@ class FsLag:
         moves with load); without one, `DEFAULT_LAG`. An object store's snapshot answers with
         `{"store": url, "note"}` instead: strongly consistent, no lag."""
         if isinstance(rec, dict) and isinstance(rec.get("store"), str):
-            return cls(0.0, str(rec.get("note") or f"an object store ({rec['store']}): no client cache"))
+            return cls(0.0, str(rec.get("note") or f"an object store ({rec['store']}): no client cache"),
+                       store=True)
         lag = rec.get("lag") if isinstance(rec, dict) else None
         if isinstance(lag, (int, float)) and not isinstance(lag, bool) and 0 <= lag < 1e6:
             used = max(lag * 1.5, lag + 2.0)
