@@ -33,8 +33,8 @@ source "$SPEC" || { echo "run_queue: cannot read the run spec $SPEC" >&2; exit 2
 
 SAFE='^[A-Za-z0-9._/+@,=-]+$'
 ROOT=$ABLATE_ROOT
-# A sweep kept in an object store (ABLATE_STORE, docs/ARCHITECTURE.md "Object store"): ROOT is this
-# instance's own copy of it, kept in step with the store by the runner's process (pull before each
+# A sweep kept in an object store (ABLATE_STORE, docs/ARCHITECTURE.md "The object store"): ROOT is
+# this instance's own copy of it, kept in step with the store by the runner's process (pull before each
 # step, what this queue writes sent as it is written; claims and results go to the store itself).
 # Credentials given at launch arrive through a FIFO, `NAME=VALUE` lines (AWS_* only) then EOF: held in
 # this shell unexported and handed to the runner's process alone (never the trainer's environment,
