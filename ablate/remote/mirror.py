@@ -95,7 +95,7 @@ class Mirror:
         with open(os.path.join(self.root, _META, "lock"), "a") as lk:
             fcntl.flock(lk, fcntl.LOCK_EX)
             for key in keys:
-                _write(os.path.join(d, key.replace("/", "%")), b"", None)
+                write_atomic(os.path.join(d, key.replace("/", "%")), b"", None)
                 self.own.add(key)
 
     def _own_here(self) -> None:
@@ -161,7 +161,7 @@ class Mirror:
                 return False  # gone since the listing: the next sync removes it
             data = got.data
         self.fetched += 1
-        _write(path, data, self._local(o.mtime))
+        write_atomic(path, data, self._local(o.mtime))
         return True
 
     def _commits(self, objs: list[Obj], state: dict[str, list[Any]], results: str) -> None:
@@ -179,7 +179,7 @@ class Mirror:
             if state.get(o.key) == [o.etag, o.size] and _complete(here, results):
                 return
             got = self.store.get(o.key)
-            rec = _json(got.data) if got is not None else None
+            rec = json_or_none(got.data) if got is not None else None
             if got is None or not isinstance(rec, dict) or not isinstance(rec.get("nonce"), str):
                 return
             nonce = rec["nonce"]
@@ -190,11 +190,11 @@ class Mirror:
                 return
             if _read(os.path.join(here, _NONCE)) != nonce.encode():
                 shutil.rmtree(here, ignore_errors=True)  # another publish's files (set aside, re-run)
-            _write(os.path.join(here, MANIFEST), m.data, mtime)
-            _write(os.path.join(here, _NONCE), nonce.encode(), None)
+            write_atomic(os.path.join(here, MANIFEST), m.data, mtime)
+            write_atomic(os.path.join(here, _NONCE), nonce.encode(), None)
             self.fetched += 1
             files = [o2.key[len(base):] for o2 in self.store.list(base)] if results == "all" else \
-                _small(_json(m.data)) if results == "small" else []
+                _small(json_or_none(m.data)) if results == "small" else []
             for rel in files:
                 dst = os.path.join(here, rel)
                 if rel == MANIFEST or os.path.exists(dst):
@@ -208,7 +208,7 @@ class Mirror:
                 os.replace(tmp, dst)
                 self.fetched += 1
             if results != "manifest":
-                _write(os.path.join(here, _MARKS[results]), b"", mtime)
+                write_atomic(os.path.join(here, _MARKS[results]), b"", mtime)
             state[o.key] = [o.etag, o.size]
 
         items = sorted(names.items())
@@ -231,7 +231,7 @@ class Mirror:
         with open(os.path.join(meta, "lock"), "a") as lk:
             fcntl.flock(lk, fcntl.LOCK_EX)
             state = self._load()
-            _write(os.path.join(self.root, rel), data, None)
+            write_atomic(os.path.join(self.root, rel), data, None)
             state[rel] = [etag, len(data)]
             self._save(state)
 
@@ -248,7 +248,7 @@ class Mirror:
         return {k: v for k, v in raw.items() if isinstance(v, list) and len(v) == 2}
 
     def _save(self, state: dict[str, list[Any]]) -> None:
-        _write(os.path.join(self.root, _META, "state.json"), json.dumps(state).encode(), None)
+        write_atomic(os.path.join(self.root, _META, "state.json"), json.dumps(state).encode(), None)
 
     def store_time(self) -> float:
         """The store's clock now, as the last sync measured its offset."""
@@ -291,7 +291,8 @@ def _read(path: str) -> bytes | None:
         return None
 
 
-def _json(data: bytes) -> Any:
+def json_or_none(data: bytes) -> Any:
+    """The JSON document in `data`, or None when it is not one."""
     try:
         return json.loads(data)
     except ValueError:
@@ -303,7 +304,7 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
-def _write(path: str, data: bytes, mtime: float | None) -> None:
+def write_atomic(path: str, data: bytes, mtime: float | None) -> None:
     """Atomically: a temp file beside `path`, its mtime set, then renamed over it."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.sync.{os.getpid()}"

@@ -228,15 +228,25 @@ class Store:
         code, status = _code(e), _status(e)
         return code in _PRECONDITION or code in _CONFLICT or code in _MISSING or status in (404, 409, 412)
 
-    def append(self, rel: str, line: bytes, *, tries: int = 50) -> str:
+    def append(self, rel: str, line: bytes, *, known: tuple[str, bytes] | None = None,
+               tries: int = 50) -> tuple[str, bytes]:
         """Append `line` to the object `rel` by a conditional read-modify-write (S3 cannot append):
-        never lost, never twice, never reordered against another writer's append. The new etag."""
-        got = self.get(rel)
+        never lost, never twice, never reordered against another writer's append. `known`: the
+        object as this writer last left it, (etag, bytes) or ("", b"") for none: no read first
+        while it still is. A `line` the object already ends with is not appended again (this
+        writer's own append, whose answer was lost). The object as it is now, (etag, bytes)."""
         for _ in range(tries):
-            etag = self.create(rel, line) if got is None else self.replace(rel, got.data + line, got.etag)
-            if etag is not None:
-                return etag
-            got = self.get(rel)
+            if known is None:
+                got = self.get(rel)
+                known = (got.etag, got.data) if got is not None else ("", b"")
+            etag, have = known
+            if have.endswith(line):
+                return known
+            body = have + line
+            new = self.replace(rel, body, etag) if etag else self.create(rel, body)
+            if new is not None:
+                return new, body
+            known = None  # another writer got there first: read again
         raise StoreError(f"append to {self.where(rel)}: {tries} writers in a row got there first")
 
     # ------------------------------------------------------------------ plain operations

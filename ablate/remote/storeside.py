@@ -35,8 +35,9 @@ import traceback
 import uuid
 from collections.abc import Callable
 
-from ablate.remote.mirror import MANIFEST, WALK, Mirror
+from ablate.remote.mirror import MANIFEST, WALK, Mirror, json_or_none, write_atomic
 from ablate.remote.objstore import Store, StoreError
+from ablate.remote.publish import files_under
 
 PUSH_SECS = 1.0
 PULL_SECS = 10.0
@@ -155,26 +156,8 @@ class Agent:
         end = new.rfind(b"\n") + 1  # whole lines only: a line being written waits for the next pass
         if end <= 0:
             return
-        chunk = new[:end]
-        self._append(chunk)
+        self.etag = self.store.append(self.events, new[:end], known=self.etag)
         self._set_sent(sent + end)
-
-    def _append(self, chunk: bytes) -> None:
-        for _ in range(50):
-            if self.etag is None:
-                got = self.store.get(self.events)
-                self.etag = (got.etag, got.data) if got is not None else ("", b"")
-            etag, have = self.etag
-            if have.endswith(chunk):  # sent already: its answer was lost before the length was kept
-                return
-            body = have + chunk
-            new = (self.store.replace(self.events, body, etag) if etag
-                   else self.store.create(self.events, body))
-            if new is not None:
-                self.etag = (new, body)
-                return
-            self.etag = None  # another writer (`ablate stop`'s event) got there first: read again
-        raise StoreError(f"append to {self.store.where(self.events)}: it kept changing")
 
     def _first_sent(self) -> None:
         """No record of what was sent (this queue never ran in this copy): what the local file
@@ -199,11 +182,7 @@ class Agent:
             return 0
 
     def _set_sent(self, n: int) -> None:
-        os.makedirs(os.path.dirname(self.sent_path), exist_ok=True)
-        tmp = f"{self.sent_path}.{os.getpid()}"
-        with open(tmp, "w", encoding="ascii") as f:
-            f.write(str(n))
-        os.replace(tmp, self.sent_path)
+        write_atomic(self.sent_path, str(n).encode(), None)
 
     # ------------------------------------------------------------------ claims and commits
 
@@ -222,12 +201,7 @@ class Agent:
         got = self.store.get(f"cfgs/{cfg}")
         if got is None:
             return False
-        path = os.path.join(workdir, cfg)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(got.data)
-        os.replace(tmp, path)
+        write_atomic(os.path.join(workdir, cfg), got.data, None)
         return True
 
     def commit(self, name: str, staging: str, started: str, attempt: str,
@@ -236,14 +210,14 @@ class Agent:
         lost), 1 refused (its reason through `say`)."""
         mine = self.store.get(f"commits/{name}")
         if mine is not None:
-            rec = _json(mine.data)
+            rec = json_or_none(mine.data)
             if isinstance(rec, dict) and rec.get("host") == self.host and rec.get("started") == started:
                 return 0
             say(f"final_ckpts/{name} already exists; a durable result is never overwritten")
             return 1
         nonce = f"{self.host}.{uuid.uuid4().hex[:12]}"
         base = f"results/{name}/{nonce}/"
-        files = sorted(_files_under(staging))
+        files = files_under(staging)
         if MANIFEST not in files:
             say(f"{staging} has no {MANIFEST}")
             return 1
@@ -286,21 +260,6 @@ def _stamp(path: str) -> tuple[int, int]:
     except OSError:
         return (0, -1)
     return (st.st_mtime_ns, st.st_size)
-
-
-def _files_under(top: str) -> list[str]:
-    out = []
-    for dirpath, _dirs, files in os.walk(top):
-        for fn in files:
-            out.append(os.path.relpath(os.path.join(dirpath, fn), top))
-    return out
-
-
-def _json(data: bytes) -> object:
-    try:
-        return json.loads(data)
-    except ValueError:
-        return None
 
 
 def from_env(root: str, host: str, queue: str) -> Agent | None:

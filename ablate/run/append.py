@@ -16,7 +16,7 @@ from ablate.errors import QueueError
 from ablate.plan.cost import refresh_estimates
 from ablate.remote.layout import SweepLayout
 from ablate.run.pipeline import LaunchResult, is_live, launch
-from ablate.run.storeboot import upload_configs
+from ablate.run.storeboot import configs_to_store
 from ablate.sweep.cells import (
     Cell,
     QueueFile,
@@ -112,9 +112,7 @@ def _append(project: Project, queue: str, cfg: str, task: str, epochs: int | Non
 
     # Launched: the FS copy first (run_queue re-reads it), then look at the queue. In a store, the
     # cell's config before it, for an instance whose clone lacks it.
-    store = getattr(fs, "store", None)
-    if project.sweep_store() is not None and store is not None:
-        upload_configs(project, store, [cell.cfg])
+    configs_to_store(project, fs, [cell.cfg])
     fs.write_atomic(layout.queue_file(queue), grown.normalized_text().encode())
     if _running(project, fs, layout, queue, h.name):
         last = ledger[-1]

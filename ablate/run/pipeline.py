@@ -38,12 +38,11 @@ from ablate.config.project import Host, Project
 from ablate.errors import AblateError, CheckFailed, RemoteError
 from ablate.plan.cost import estimates_note, estimates_op
 from ablate.remote.layout import SweepLayout, session_name
-from ablate.remote.objstore import StoreError
 from ablate.run.context import LaunchContext, LocalQueues, launch_context
 from ablate.run.hostcheck import Section, measure
 from ablate.run.placement import DeployResult, place
 from ablate.run.refusals import controller_commit, count_cells, launch_refusal, launch_sections
-from ablate.run.storeboot import BootPlan, boot, boot_plan, creds_note, upload_configs
+from ablate.run.storeboot import BootPlan, boot, boot_plan, configs_to_store, creds_note
 from ablate.sweep.cells import QueueFile
 from ablate.sweep.ledger import check_prefix, entry_line, new_entry
 from ablate.sweep.snapshot import Snapshot, probe_only
@@ -399,14 +398,12 @@ def _record(ctx: LaunchContext, snap: Snapshot, dep: DeployResult,
         entries[i] = [AppendLine(layout.ledger(r.qf.name), line)]
     if not entries:
         return failed
-    store = getattr(fs, "store", None)
-    if project.sweep_store() is not None and store is not None:  # for instances whose clone lacks one
-        try:
-            upload_configs(project, store, (ln.cell.cfg for i in entries for ln in ready[i].qf.cells
-                                            if ln.cell is not None))
-        except (AblateError, StoreError) as e:
-            failed.update((i, e) for i in entries)
-            return failed
+    try:  # in a store: for instances whose clone of the repo lacks one
+        configs_to_store(project, fs, (ln.cell.cfg for i in entries for ln in ready[i].qf.cells
+                                       if ln.cell is not None))
+    except AblateError as e:
+        failed.update((i, e) for i in entries)
+        return failed
     try:  # what drained runners steal by, before these run (a failure is a note, never fatal)
         estimates: list[FSOp] = [estimates_op(project, fs.root, snap, queues=ctx.local.queues)[0]]
     except (AblateError, OSError) as e:

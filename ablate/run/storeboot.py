@@ -50,12 +50,12 @@ from dataclasses import dataclass
 
 from ablate import resources as packaged
 from ablate.config.project import Host, Project
-from ablate.errors import AblateError, RemoteError
+from ablate.errors import AblateError, FSError, RemoteError
 from ablate.remote.boot import BOOTSTRAP, CRED_NAME, NO_BOTO3
-from ablate.remote.objstore import Store
+from ablate.remote.objstore import Store, StoreError
 from ablate.run.placement import DeployResult
 from ablate.run.refusals import Check
-from ablate.transport import HostTransport
+from ablate.transport import HostTransport, SharedFS
 from ablate.transport.shellhost import BASH_C
 
 CREDS_FIFO = "ABLATE_CREDS_FIFO"
@@ -164,6 +164,18 @@ def upload_configs(project: Project, store: Store, cfgs: Iterable[str]) -> int:
     with ThreadPoolExecutor(max(1, min(16, len(todo)))) as pool:
         list(pool.map(lambda c: store.put(f"cfgs/{c}", want[c]), todo))
     return len(todo)
+
+
+def configs_to_store(project: Project, fs: SharedFS, cfgs: Iterable[str]) -> None:
+    """`upload_configs` where the sweep is kept in a store (launch, append); nothing for a shared FS,
+    where the instances read the repo's workdir. A store's failure is an FSError naming it."""
+    store = getattr(fs, "store", None)
+    if project.sweep_store() is None or not isinstance(store, Store):
+        return
+    try:
+        upload_configs(project, store, cfgs)
+    except StoreError as e:
+        raise FSError("store", "sending the cells' configs to", store.where("cfgs/"), str(e)) from e
 
 
 def store_host_check(project: Project, host: Host, ht: HostTransport,
