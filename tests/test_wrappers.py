@@ -393,3 +393,30 @@ def test_a_stale_slurm_attempt_does_not_publish_over_the_current_one(local_proje
     assert attempt("41.1") == 0
     manifest = json.loads((lp.shared / "final_ckpts" / "fz" / "MANIFEST.json").read_text())
     assert manifest["name"] == "fz" and manifest["resume"] == 1
+
+
+def test_run_one_by_hand_publishes_through_a_python_start_and_names_a_missing_runner(
+        local_project: LocalProject, tmp_path: Path) -> None:
+    """run_one with no queue's runner process to ask (ABLATE_ASK unset) publishes through a Python
+    start of its own (common.sh's ask_runner); a spec naming no runner fails the sync saying so."""
+    lp = local_project
+    lp.queue("q1", [lp.cfg("cfgs/a/warm.yaml") + " recon 1"])
+    launch(load_project(lp.root), "q1", "h1")
+    drained(lp, "h1", "q1")
+    run_one, spec = deployed_run_one(lp, "h1")
+    bare = tmp_path / "bare.env"
+    bare.write_text("".join(x for x in spec.read_text().splitlines(keepends=True)
+                            if not x.startswith("ABLATE_RUNNER_PY=")))
+    env = {k: v for k, v in os.environ.items() if k != "ABLATE_ASK"} | {"ABLATE_QUEUE": "manual"}
+
+    def by_hand(spec_file: Path, name: str) -> int:
+        cfg = lp.cfg(f"cfgs/a/{name}.yaml").split()[0]
+        return subprocess.run(["bash", str(run_one), str(spec_file), name, cfg, "recon", "1", "a", "0"],
+                              capture_output=True, env=env, timeout=60).returncode
+
+    assert by_hand(bare, "nr") == 3
+    assert not (lp.shared / "final_ckpts" / "nr").exists()
+    failed = [e for e in events(lp, "h1", "manual") if e["ev"] == "sync_failed"]
+    assert [e["cell"] for e in failed] == ["nr"] and "names no runner" in failed[0]["reason"], failed
+    assert by_hand(spec, "hand") == 0
+    assert json.loads((lp.shared / "final_ckpts" / "hand" / "MANIFEST.json").read_text())["name"] == "hand"

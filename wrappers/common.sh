@@ -66,3 +66,19 @@ ask() {  # ask ID TO FROM VERB ARGS...: one request of the queue's runner proces
   trap - PIPE
   return "$rc"
 }
+ask_runner() {  # ask_runner ID VERB ARGS...: one request of the queue's runner process over the fds
+  # 3 and 4 run_queue opened for this process (ABLATE_ASK=3,4), else (none given, or its process is
+  # gone) a Python start of its own; DECISION = the answer, rc its own (0 done, 1 refused). The verbs
+  # of a sweep's store take the queue's ROOT HOST QUEUE SLOT when started alone; publish does not.
+  local id=$1 rc=125
+  shift
+  if [[ ${ABLATE_ASK-} == 3,4 ]]; then
+    ask "$id" 3 4 "$@"
+    rc=$?
+  fi
+  (( rc == 0 || rc == 1 )) && return "$rc"
+  [[ -n ${ABLATE_RUNNER_PY-} ]] || { DECISION="the run spec names no runner (ABLATE_RUNNER_PY): deploy again"; return 125; }
+  local -a base=("$ABLATE_ROOT" "$ABLATE_HOST" "${QUEUE:--}" -)
+  [[ $1 == publish ]] && base=()
+  DECISION=$(runner_exec "$1" "${base[@]}" "${@:2}" </dev/null 3>&- 4>&-)
+}

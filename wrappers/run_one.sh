@@ -36,15 +36,8 @@ mkdir -p "$CKPT_DIR" || { echo "run_one: cannot create $CKPT_DIR" >&2; exit 125;
 # A sweep kept in an object store, on an instance whose clone of the repo lacks the cell's config:
 # the copy launch put in the store (cfgs/<cfg>), fetched into the workdir first.
 if [[ -n ${ABLATE_STORE-} && $CFG != /* && $CFG != *..* && ! -e $ABLATE_WORKDIR/$CFG ]]; then
-  rc=125
-  if [[ ${ABLATE_ASK-} == 3,4 ]]; then
-    ask "f$$" 3 4 config "$CFG" "$ABLATE_WORKDIR"
-    rc=$?
-  fi
-  if (( rc != 0 && rc != 1 )); then
-    (runner_exec config "$ABLATE_ROOT" "$ABLATE_HOST" "$QUEUE" - "$CFG" "$ABLATE_WORKDIR" </dev/null 3>&- 4>&-)
-    rc=$?
-  fi
+  ask_runner "f$$" config "$CFG" "$ABLATE_WORKDIR"
+  rc=$?
   (( rc == 0 )) || { echo "run_one: $CFG is neither in $ABLATE_WORKDIR nor in the store (rc $rc)" >&2; exit 125; }
 fi
 
@@ -119,12 +112,6 @@ ours() {  # the published result is this very run's (a rename whose answer the o
   { IFS= read -r -d '' m <"$FINAL/MANIFEST.json"; } 2>/dev/null
   [[ $m == *"\"host\": \"$ABLATE_HOST\""* && $m == *"\"started\": $STARTED,"* ]]
 }
-stage() {  # stage ARGS...: the publish as a Python start of its own (run_one run by hand, or the
-  # queue's runner process gone), in a subshell: its reason on stdout, a traceback in the log
-  [[ -n ${ABLATE_RUNNER_PY-} ]] || { echo "the run spec names no runner (ABLATE_RUNNER_PY): deploy again"; exit 1; }
-  runner_exec publish "$@" </dev/null 2>>"$LOG" 3>&- 4>&-
-}
-
 sync_all() {  # stage, check, publish; exits 0 (synced) or through fail
   if [[ -n ${ABLATE_STORE-} ]]; then
     :  # a sweep kept in a store: its commit is the one check (commit below)
@@ -141,20 +128,14 @@ sync_all() {  # stage, check, publish; exits 0 (synced) or through fail
   # The checkpoint entries resolved, each file copied and its size + sha256 compared with the
   # source's, the metrics file's and the log's too, MANIFEST.json (docs/ARCHITECTURE.md).
   # Every value as --opt=value: one starting with "-" is never taken for an option.
-  local reason='' rc=125 args=(--staging="$STAGING" --ckpt-dir="$CKPT_DIR" --log="$LOG"
+  local reason rc args=(--staging="$STAGING" --ckpt-dir="$CKPT_DIR" --log="$LOG"
     --checkpoint="$ABLATE_CHECKPOINT" --pick="${ABLATE_PICK:-all}" --metrics="${ABLATE_METRICS-}"
     --workdir="$ABLATE_WORKDIR" --host="$ABLATE_HOST" --queue="$QUEUE" --started="$STARTED"
     --ended="$ENDED" --wrapper="$SELF" --run-queue="${ABLATE_RUN_QUEUE_VERSION-}"
     --spec="${ABLATE_SPEC_VERSION-}" -- "$NAME" "$CFG" "$TASK" "$EPOCHS" "$CAT" "$RESUME")
-  if [[ ${ABLATE_ASK-} == 3,4 ]]; then  # asked of the queue's runner process: no Python start
-    ask "c$$" 3 4 publish "${args[@]}"
-    rc=$?
-    reason=${DECISION%%$'\n'*}
-  fi
-  if (( rc != 0 && rc != 1 )); then
-    reason=$(stage "${args[@]}")
-    rc=$?
-  fi
+  ask_runner "c$$" publish "${args[@]}" 2>>"$LOG"  # the queue's runner process: no Python start
+  rc=$?
+  reason=${DECISION%%$'\n'*}
   (( rc == 0 )) || fail "${reason:-publish (${ABLATE_RUNNER_PY-}) exited $rc; see the log}"
   [[ -n ${ABLATE_STORE-} ]] && commit_to_store  # exits
 
@@ -179,17 +160,10 @@ sync_all() {  # stage, check, publish; exits 0 (synced) or through fail
 }
 commit_to_store() {  # the staged files uploaded, then the one conditional commit (ablate/remote/
   # storeside.py): asked of the queue's runner process, else a Python start of its own
-  local reason='' rc=125
-  if [[ ${ABLATE_ASK-} == 3,4 ]]; then
-    ask "k$$" 3 4 commit "$NAME" "$STAGING" "$STARTED"
-    rc=$?
-    reason=${DECISION%%$'\n'*}
-  fi
-  if (( rc != 0 && rc != 1 )); then
-    reason=$(runner_exec commit "$ABLATE_ROOT" "$ABLATE_HOST" "$QUEUE" - "$NAME" "$STAGING" "$STARTED" \
-      </dev/null 2>>"$LOG" 3>&- 4>&-)
-    rc=$?
-  fi
+  local reason rc
+  ask_runner "k$$" commit "$NAME" "$STAGING" "$STARTED" 2>>"$LOG"
+  rc=$?
+  reason=${DECISION%%$'\n'*}
   (( rc == 0 )) || fail "${reason:-the commit to the store exited $rc; see the log}"
   rm -rf -- "$STAGING"
   STAGING=
