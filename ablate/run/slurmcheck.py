@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 import secrets
 import shlex
 from collections.abc import Callable, Sequence
@@ -38,6 +37,7 @@ from ablate.errors import AblateError
 from ablate.monitor.pending import STUCK
 from ablate.plan.cost import load_model
 from ablate.remote.layout import SweepLayout
+from ablate.remote.slurm_adapter import array_most
 from ablate.run.hostcheck import Section, measure
 from ablate.run.slurmprobe import (
     NODE_SECTION,
@@ -193,9 +193,7 @@ def array_check(project: Project, host: Host, config: Section | None) -> Check:
     assert slurm is not None
     if config is None or config.rc != 0:
         return ("array", False, f"could not read scontrol show config: {config.last if config else '-'}")
-    size = re.search(r"^MaxArraySize\s*=\s*(\d+)", config.out, re.M)
-    tasks = re.search(r"^SchedulerParameters\s*=.*\bmax_array_tasks=(\d+)", config.out, re.M)
-    most = min(int(size.group(1)) if size else 1001, int(tasks.group(1)) if tasks else 1 << 62)
+    most = array_most(config.out)
     if most < 1:
         return ("array", False, "this cluster has job arrays off (MaxArraySize 0): set slurm.array false")
     queues = sum(1 for q in read_all_queues(project) if q.host == host.name)

@@ -138,7 +138,8 @@ def host_transport(project: Project, host: Host, *, accept_new: bool | None = No
         assert slurm is not None  # the config's rule: transport slurm has a slurm: mapping
         return SlurmHost(host.name, _slurm_runner(project, host, accept), slurm,
                          SweepLayout(project.sweep_root(host)).slurm,
-                         session_name(project.sweep, host.name, ""))
+                         session_name(project.sweep, host.name, ""),
+                         python=host.profile.python, env=host.profile.env)
     if host.transport == "local":
         from ablate.transport.local import LocalHost  # libtmux: only when a host is local
 

@@ -31,6 +31,11 @@ sweep submitted); `sacct -j` only the last recorded job of a session squeue no l
 `polite_polling()` (`status --watch`) a `list-sessions` answer younger than `slurm.poll` seconds
 is given again from the output dir instead of asking Slurm.
 
+The adapter keeps the processes' life (Slurm's commands, renames, writes, waits); what to ask and
+what each answer means is decided by its co-process, ablate/remote/slurm_serve.py with the
+decisions of ablate/remote/slurm_adapter.py, shipped as a zipapp beside it and run with the
+profile's python (and its `env`).
+
 Submit limits: at most the cluster's MaxSubmitJobs (sacctmgr's association and QOS limits where
 Slurm enforces them, else learned from sbatch's refusal) of this sweep's jobs are in Slurm; a
 queue past it is left WAITING (`<out>/waiting/<session>/`: its job script and sbatch options) and
@@ -45,34 +50,63 @@ events and results on the shared FS say what happened.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
-import re
+import io
 import threading
+import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from ablate import resources as packaged
 from ablate.config.slurm import SlurmSettings
 from ablate.errors import RemoteError
+from ablate.remote.slurm_adapter import KILL_WAIT
 from ablate.transport.base import CommandResult, HostTransport
 from ablate.transport.shellhost import BASH_C, env_command
 
 # The adapter's bash is a file of its own (wrappers/slurm_sessions.sh: shellcheck reads it), shipped
 # in the package and placed once beside the jobs' output, content-addressed and read-only
-# (`<out>/.adapter.<sha12>.sh`); each verb runs `BOOT`, which sources it. Passing its text instead
-# would put it into every section of a launch's one command line: 40 queues' worth is past
-# Linux's 128 KiB limit of one argument.
+# (`<out>/.adapter.<sha12>.sh`), with its decisions' zipapp (`.adapter.<sha12>.pyz`: one sha12 for
+# the pair, so a change in either is a new pair); each verb runs `BOOT`, which sources it. Passing
+# its text instead would put it into every section of a launch's one command line: 40 queues' worth
+# is past Linux's 128 KiB limit of one argument.
 SESSIONS = packaged.read("ablate.wrappers", "slurm_sessions.sh").decode()
-SESSIONS_SHA = hashlib.sha256(SESSIONS.encode()).hexdigest()[:12]
+DECISIONS = ("slurm_adapter.py", "slurm_serve.py")  # ablate/remote/, stdlib only
+_MAIN = b"from ablate.remote.slurm_serve import main\n\nraise SystemExit(main())\n"
+
+
+def decisions_pyz() -> bytes:
+    """The zipapp the adapter starts for its decisions (`python -S .adapter.<sha12>.pyz serve ...`):
+    the modules under their package names, stored (no zlib: byte-for-byte the same for the same
+    sources on every controller)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        files = {"__main__.py": _MAIN, "ablate/__init__.py": b"", "ablate/remote/__init__.py": b"",
+                 **{f"ablate/remote/{n}": packaged.read("ablate.remote", n) for n in DECISIONS}}
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o444 << 16
+            z.writestr(info, data)
+    return buf.getvalue()
+
+
+PYZ = decisions_pyz()
+SESSIONS_SHA = hashlib.sha256(SESSIONS.encode() + b"\0" + PYZ).hexdigest()[:12]
 BOOT = ('adapter=$1; shift; if [ -r "$adapter" ]; then . "$adapter"; else '
         'echo "ablate-slurm: the adapter $adapter is not there" >&2; exit 97; fi')
-_PLACE = ('f=$1; [ -r "$f" ] && exit 0; mkdir -p -- "${f%/*}" && cat >"$f.$$" && chmod 444 "$f.$$" && '
-          'mv -f -- "$f.$$" "$f"')
+# Both files in one command, written only when not there: $1 their path without the suffix; stdin
+# a script of here-documents (the zipapp in base64), each file written aside, made read-only, then
+# renamed into place, the zipapp first (a readable .sh has its .pyz beside it).
+_PLACE = ('f=$1; [ -r "$f.sh" ] && [ -r "$f.pyz" ] && exit 0; mkdir -p -- "${f%/*}" || exit 1\n'
+          'put() { cat >"$f$1.$$" && chmod 444 "$f$1.$$" && mv -f -- "$f$1.$$" "$f$1"; }\n'
+          'eval "$(cat)"')
+_EOF = "ABLATE_ADAPTER_EOF"
+assert _EOF not in SESSIONS and SESSIONS.endswith("\n"), "a here-document carries the adapter"
+_PLACE_STDIN = (f"base64 -d <<'{_EOF}' | put .pyz || exit 1\n{base64.encodebytes(PYZ).decode()}{_EOF}\n"
+                f"put .sh <<'{_EOF}' || exit 1\n{SESSIONS}{_EOF}\n:\n").encode()
 _PLACED: set[tuple[str, str]] = set()  # (login or "", path) placed or seen by this process
 _PLACED_LOCK = threading.Lock()
-_KILL_WAIT = re.search(r"^kill_wait=([0-9]+)", SESSIONS, re.M)
-assert _KILL_WAIT is not None, "wrappers/slurm_sessions.sh sets kill_wait"
-KILL_WAIT = int(_KILL_WAIT.group(1))  # seconds `kill-session` waits for scancel's job to leave squeue
 _POLITE = threading.Event()  # set: list-sessions may answer from an answer up to slurm.poll s old
 
 
@@ -91,12 +125,14 @@ class SlurmHost:
     node); the queue verbs go to Slurm (module doc)."""
 
     def __init__(self, name: str, inner: HostTransport, settings: SlurmSettings, out_dir: str,
-                 prefix: str = "ablate-") -> None:
+                 prefix: str = "ablate-", *, python: str = "python3", env: str | None = None) -> None:
         self.name = name
         self.prefix = prefix  # this sweep's session names on this host begin so
         self.inner = inner
         self.settings = settings
         self.out_dir = out_dir
+        self.python = python  # the profile's: where the Slurm commands run, it runs the decisions
+        self.env = env or ""  # the profile's env, activated before it (only for it)
 
     def run(self, argv: Sequence[str], *, timeout: float = 60.0,
             stdin: bytes | None = None) -> CommandResult:
@@ -111,14 +147,15 @@ class SlurmHost:
         return f"{self.out_dir}/.adapter.{SESSIONS_SHA}.sh"
 
     def place_adapter(self) -> None:
-        """The adapter at `adapter_path`, once per process: one command where the Slurm commands
-        run (this machine or the login node) that writes it only when it is not there."""
+        """The adapter at `adapter_path` and its decisions' zipapp beside it, once per process: one
+        command where the Slurm commands run (this machine or the login node) that writes them only
+        when they are not there."""
         key = (self.settings.login or "", self.adapter_path)
         with _PLACED_LOCK:
             if key in _PLACED:
                 return
-            r = self.inner.run(["sh", "-c", _PLACE, "sh", self.adapter_path], stdin=SESSIONS.encode(),
-                               timeout=60.0)
+            r = self.inner.run(["sh", "-c", _PLACE, "sh", self.adapter_path.removesuffix(".sh")],
+                               stdin=_PLACE_STDIN, timeout=60.0)
             if r.rc != 0:
                 why = (r.stderr or r.stdout).strip()[-300:]
                 raise RemoteError(f"{self.name}: could not place the Slurm adapter at "
@@ -130,7 +167,7 @@ class SlurmHost:
         opts = self.settings.sbatch_options()
         max_age = self.settings.poll if _POLITE.is_set() else 0
         return [*BASH_C, BOOT, "ablate-slurm", self.adapter_path, self.out_dir, self.prefix, str(max_age),
-                str(len(opts)), *opts]
+                self.python, self.env, str(len(opts)), *opts]
 
     def array_argv(self, queues: Sequence[tuple[str, str]]) -> list[str] | None:
         """The command submitting `queues` (session name, shell command) as job arrays (one per
