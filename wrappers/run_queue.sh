@@ -28,8 +28,17 @@ if [[ ! $START =~ ^[0-9]+$ || ( -n $SLOT && ! $SLOT =~ ^[0-9]+$ ) || ! $QUEUE =~
   echo "run_queue: QUEUE must be a plain name, START_INDEX and SLOT whole numbers, got '$QUEUE' '$START' '$SLOT'" >&2
   exit 2
 fi
+CLAIM_WAIT_ENV=${ABLATE_CLAIM_WAIT-}  # the queue's environment may shorten the spec's (tests do)
 # shellcheck source=/dev/null
 source "$SPEC" || { echo "run_queue: cannot read the run spec $SPEC" >&2; exit 2; }
+ABLATE_CLAIM_WAIT=${CLAIM_WAIT_ENV:-${ABLATE_CLAIM_WAIT-}}
+# The spec's numbers, each written by `ablate deploy` from its one definition in Python (docs/
+# ARCHITECTURE.md, "Run spec"): this shell keeps no copy of them, and runs nothing without them.
+for v in ABLATE_HEARTBEAT_SECS ABLATE_STEAL ABLATE_PIN_GPU ABLATE_STOP_GRACE ABLATE_CLAIM_WAIT \
+    ABLATE_CALIBRATE_TIMEOUT ABLATE_SLURM_GRACE ABLATE_SLURM_MAX_RESTARTS ABLATE_SLURM_RESUBMIT \
+    ABLATE_SLURM_FALLBACK_WAIT ${ABLATE_SERVICES:+ABLATE_SVC_GRACE}; do
+  [[ ${!v-} =~ ^[0-9]{1,7}$ ]] || { echo "run_queue: the run spec $SPEC has no $v (got '${!v-}'): deploy again" >&2; exit 2; }
+done
 
 SAFE='^[A-Za-z0-9._/+@,=-]+$'
 ROOT=$ABLATE_ROOT
@@ -39,8 +48,7 @@ ROOT=$ABLATE_ROOT
 # Credentials given at launch arrive through a FIFO, `NAME=VALUE` lines (AWS_* only) then EOF: held in
 # this shell unexported and handed to the runner's process alone (never the trainer's environment,
 # never a file).
-STORE=${ABLATE_STORE-}
-export ABLATE_STORE=$STORE ABLATE_STORE_ENDPOINT=${ABLATE_STORE_ENDPOINT-}
+export ABLATE_STORE=${ABLATE_STORE-} ABLATE_STORE_ENDPOINT=${ABLATE_STORE_ENDPOINT-}
 STORE_CREDS=()
 if [[ -n ${ABLATE_CREDS_FIFO-} && -p $ABLATE_CREDS_FIFO ]]; then
   while IFS= read -r cred; do
@@ -62,10 +70,7 @@ mkdir -p "$ROOT/events" "$ROOT/heartbeats" "$CLAIMS" "$FINAL" "$TAILS" || {
   echo "run_queue: cannot create directories under $ROOT" >&2
   exit 2
 }
-HB_SECS=${ABLATE_HEARTBEAT_SECS:-10}
-[[ $HB_SECS =~ ^[0-9]{1,6}$ ]] || HB_SECS=10
-STEAL=${ABLATE_STEAL:-1}
-export ABLATE_TASK_EPOCHS=${ABLATE_TASK_EPOCHS-} ABLATE_HEARTBEAT_SECS=$HB_SECS  # for the decisions
+export ABLATE_TASK_EPOCHS=${ABLATE_TASK_EPOCHS-} ABLATE_HEARTBEAT_SECS  # for the decisions
 
 # The process group is what `ablate stop` kills: fields after "(comm)" in /proc/PID/stat are
 # state, ppid, pgrp.
@@ -84,8 +89,6 @@ fi
 
 # shellcheck source=wrappers/common.sh
 source "${BASH_SOURCE[0]%/*}/common.sh"  # ablate: inline (deploy puts wrappers/common.sh here)
-
-
 
 # idx, cell and from_queue always describe the same (current or last) cell: idx is a line of
 # from_queue's file when the cell was stolen, else of ours. CUR_STARTED is empty between cells.
@@ -115,202 +118,19 @@ hb_write() {  # the heartbeat file, tmp + mv: readers never see half of it; its 
     && mv -f "$tmp" "$HB"
 }
 
-# ---- services beside the trainer (docs/ARCHITECTURE.md, "Services"): each in its own process
-# group (stopped as a whole: TERM, ABLATE_SVC_GRACE seconds, KILL), its log instance-local under
-# $ABLATE_CKPT_ROOT/.ablate-services/, its state in the heartbeat.
-read -ra SVC_NAMES <<<"${ABLATE_SERVICES-}"
-ABLATE_PORTS=
-declare -A SVC_PID=() SVC_STATE=() SVC_PORT=() SVC_GPU=() SVC_STARTS=() SVC_RC=()
-SVC_DIR=$ABLATE_CKPT_ROOT/.ablate-services
 # Why the running cell is being stopped, for the trainer to read on its TERM (README, "Stopping a
 # cell"): one JSON line {"reason", "t", "kill_after"} written before the TERM whenever this queue or
 # `ablate stop` sends it; removed before each cell starts.
 export ABLATE_STOP_FILE=$ABLATE_CKPT_ROOT/.ablate-stop/$ABLATE_HOST.$QUEUE
-STOP_GRACE=${ABLATE_STOP_GRACE:-120}
-[[ $STOP_GRACE =~ ^[0-9]+$ ]] || STOP_GRACE=120
-SVC_WHY=
-svc_layout() {  # this queue's ports (base + K) and each service's GPUs, from ABLATE_SVC_SLOTS
-  local entry rest k=0 i=0 name base
-  local -a per=()
-  for entry in ${ABLATE_SVC_SLOTS-}; do
-    rest=${entry#*:}
-    if [[ ${entry%%:*} == "${SLOT:--}" ]]; then
-      k=${rest%%:*}
-      IFS=/ read -ra per <<<"${rest#*:}"
-      break
-    fi
-  done
-  for name in "${SVC_NAMES[@]}"; do
-    base=ABLATE_SVC_${name}_PORT
-    SVC_PORT[$name]=$(( ${!base} + k ))
-    SVC_GPU[$name]=${per[i]-}
-    SVC_STATE[$name]=off SVC_STARTS[$name]=0
-    ABLATE_PORTS+="${ABLATE_PORTS:+ }$name=${SVC_PORT[$name]}"
-    i=$((i + 1))
-  done
-  export ABLATE_PORTS  # run_one fills the train template's {port} and {port_<name>} from it
-}
-svc_json() {  # REPLY = the services' JSON object for the heartbeat (null without services)
-  local name pid out=
-  REPLY=null
-  (( ${#SVC_NAMES[@]} )) || return 0
-  for name in "${SVC_NAMES[@]}"; do
-    pid=${SVC_PID[$name]:-null}
-    out+="${out:+, }\"$name\": {\"state\": \"${SVC_STATE[$name]}\", \"port\": ${SVC_PORT[$name]}, \"gpus\": \"${SVC_GPU[$name]}\", \"pid\": $pid, \"starts\": ${SVC_STARTS[$name]}}"
-  done
-  REPLY="{$out}"
-}
-svc_render() {  # svc_render NAME TEMPLATE: REPLY with {port} {gpu} {name} filled in
-  REPLY=${2//"{port}"/"${SVC_PORT[$1]}"}
-  REPLY=${REPLY//"{gpu}"/"${SVC_GPU[$1]}"}
-  REPLY=${REPLY//"{name}"/"$1"}
-}
-svc_log() { REPLY=$SVC_DIR/$QUEUE.$1.log; }
-http_ok() {  # http_ok URL: a 2xx answer within 5 s (curl, else bash's /dev/tcp for plain http)
-  if command -v curl >/dev/null 2>&1; then
-    curl -fsS -o /dev/null --max-time 5 -- "$1" 2>/dev/null
-    return
-  fi
-  [[ $1 =~ ^http://([^/:]+)(:([0-9]+))?(/.*)?$ ]] || return 1
-  timeout 5 bash -c 'exec 3<>"/dev/tcp/$1/$2" || exit 1
-    printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$3" "$1" >&3
-    read -r _ code _ <&3
-    [[ $code == 2?? ]]' ablate-http "${BASH_REMATCH[1]}" "${BASH_REMATCH[3]:-80}" "${BASH_REMATCH[4]:-/}" 2>/dev/null
-}
 pid_alive() {  # pid_alive PID: still running (not exited, not a zombie waiting for us)
   local st
   [[ -n $1 ]] && { read -r st </proc/$1/stat; } 2>/dev/null || return 1
   st=${st##*) }
   [[ ${st:0:1} != Z ]]
 }
-svc_alive() { pid_alive "${SVC_PID[$1]-}"; }
-svc_reap() {  # svc_reap NAME: its exit code in SVC_RC (a JSON number or null) once it is gone
-  local pid=${SVC_PID[$1]-}
-  SVC_RC[$1]=null
-  if [[ -n $pid ]]; then
-    wait "$pid" 2>/dev/null
-    SVC_RC[$1]=$?
-  fi
-}
-svc_start() {  # svc_start NAME: launched (state starting); its readiness is svc_wait's
-  local name=$1 cmd_var=ABLATE_SVC_${1}_CMD gpus=${SVC_GPU[$1]}
-  svc_render "$name" "${!cmd_var}"
-  local cmd=$REPLY
-  svc_log "$name"
-  local log=$REPLY
-  mkdir -p -- "$SVC_DIR" 2>/dev/null
-  now
-  printf '# ablate service %s start %s host=%s queue=%s port=%s gpus=%s\n# ablate cmd: %s\n' \
-    "$name" "$T" "$ABLATE_HOST" "$QUEUE" "${SVC_PORT[$name]}" "${gpus:-none}" "$cmd" >>"$log" 2>/dev/null
-  # setsid: a session and process group of its own (a background job here is never a group
-  # leader, so setsid execs in place and $! is the group's id).
-  setsid bash -c 'cd -- "$1" || exit 125
-    set +u
-    if [[ -n $2 ]]; then eval "$2" || { echo "ablate: env activation failed: $2"; exit 125; }; fi
-    if [[ $3 == 1 ]]; then export CUDA_VISIBLE_DEVICES=$4; fi
-    eval "$5"' ablate-service "$ABLATE_WORKDIR" "${ABLATE_ENV-}" "${SLOT:+1}" "$gpus" "$cmd" \
-    </dev/null >>"$log" 2>&1 &
-  SVC_PID[$name]=$!
-  SVC_STATE[$name]=starting
-  SVC_STARTS[$name]=$(( SVC_STARTS[$name] + 1 ))
-  ev service_start ", \"service\": \"$name\", \"pid\": $!, \"port\": ${SVC_PORT[$name]}, \"gpus\": \"$gpus\""
-}
-svc_wait() {  # svc_wait NAME: 0 once it answers; 1 (SVC_WHY) when it exits or its time-out passes
-  local name=$1 t_var=ABLATE_SVC_${1}_TIMEOUT http_var=ABLATE_SVC_${1}_HTTP r_var=ABLATE_SVC_${1}_READY
-  local until=$(( SECONDS + ${!t_var} )) url rcmd
-  svc_render "$name" "${!http_var-}"; url=$REPLY
-  svc_render "$name" "${!r_var-}"; rcmd=$REPLY
-  svc_log "$name"
-  local log=$REPLY
-  while :; do
-    if [[ -n $url ]]; then
-      http_ok "$url" && break
-    elif (cd -- "$ABLATE_WORKDIR" && timeout 30 bash -c "$rcmd") </dev/null >>"$log" 2>&1; then
-      break
-    fi
-    if ! svc_alive "$name"; then
-      svc_reap "$name"
-      SVC_WHY="exited (rc ${SVC_RC[$name]}) before it was ready"
-      return 1
-    fi
-    (( SECONDS < until )) || { SVC_WHY="not ready after ${!t_var}s"; return 1; }
-    sleep 1 &
-    wait $!
-  done
-  SVC_STATE[$name]=ready
-  ev service_ready ", \"service\": \"$name\", \"port\": ${SVC_PORT[$name]}"
-  say "service $name ready on port ${SVC_PORT[$name]}"
-  return 0
-}
-svc_stop() {  # svc_stop NAME: TERM its group, ABLATE_SVC_GRACE s, then KILL; state stopped
-  local name=$1 pid=${SVC_PID[$1]-} waited=0
-  [[ -n $pid ]] || return 0
-  kill -TERM -- "-$pid" 2>/dev/null
-  while svc_alive "$name" && (( waited++ < ${ABLATE_SVC_GRACE:-10} * 5 )); do sleep 0.2; done
-  kill -KILL -- "-$pid" 2>/dev/null
-  svc_reap "$name"
-  SVC_PID[$name]=
-  [[ ${SVC_STATE[$name]} == down || ${SVC_STATE[$name]} == failed ]] || SVC_STATE[$name]=stopped
-}
-svc_stop_all() {  # every running service of this queue (at exit, stop, or around a cell)
-  local name scope=${1-}
-  for name in "${SVC_NAMES[@]}"; do
-    local s_var=ABLATE_SVC_${name}_SCOPE
-    [[ -z $scope || ${!s_var} == "$scope" ]] || continue
-    svc_stop "$name"
-  done
-}
-svc_fail() {  # svc_fail NAME: the queue stops at line $idx, before its next cell, with the log's tail
-  local name=$1 tail_text='' line
-  svc_log "$name"
-  local log=$REPLY out=$ROOT/services/$ABLATE_HOST.$QUEUE.$name.log
-  SVC_STATE[$name]=failed
-  mkdir -p -- "$ROOT/services" 2>/dev/null
-  tail -n 100 -- "$log" >"$out.tmp.$$" 2>/dev/null && mv -f -- "$out.tmp.$$" "$out" 2>/dev/null
-  rm -f -- "$out.tmp.$$" 2>/dev/null
-  while IFS= read -r line; do
-    [[ $line == '# ablate '* ]] || tail_text+="${tail_text:+ | }$line"
-  done < <(tail -n 5 -- "$log" 2>/dev/null)
-  jstr "${tail_text:0:600}"
-  ev service_failed ", \"idx\": $idx, \"service\": \"$name\", \"reason\": \"$SVC_WHY\", \"tail\": $REPLY"
-  say "service $name $SVC_WHY; stopping the queue (log: $log)"
-  halt
-  ev queue_stop ", \"idx\": $idx, \"reason\": \"service_failed\", \"service\": \"$name\""
-  exit 4
-}
-SVC_FAILED=
-svc_up() {  # svc_up SCOPE: start every service of that scope not running and wait until it is
-  # ready; 1 (SVC_FAILED, SVC_WHY) when one is not
-  local name s_var
-  for name in "${SVC_NAMES[@]}"; do
-    s_var=ABLATE_SVC_${name}_SCOPE
-    [[ ${!s_var} == "$1" ]] || continue
-    svc_alive "$name" && [[ ${SVC_STATE[$name]} == ready ]] && continue
-    if [[ ${SVC_STATE[$name]} == ready ]]; then  # died between cells
-      svc_reap "$name"
-      ev service_down ", \"service\": \"$name\", \"rc\": ${SVC_RC[$name]}, \"cell\": null"
-      say "service $name exited (rc ${SVC_RC[$name]}) between cells; restarting it"
-    fi
-    svc_stop "$name"  # whatever is left of it
-    svc_start "$name"
-    transition
-    if ! svc_wait "$name"; then
-      SVC_FAILED=$name
-      return 1
-    fi
-    transition
-  done
-}
-svc_dead() {  # REPLY = the first service that was ready and is gone; 1 when all are up
-  local name
-  for name in "${SVC_NAMES[@]}"; do
-    if [[ ${SVC_STATE[$name]} == ready ]] && ! svc_alive "$name"; then
-      REPLY=$name
-      return 0
-    fi
-  done
-  return 1
-}
+
+# shellcheck source=wrappers/services.sh
+source "${BASH_SOURCE[0]%/*}/services.sh"  # ablate: inline (deploy puts wrappers/services.sh here)
 
 # A background ticker rewrites the heartbeat every ABLATE_HEARTBEAT_SECS. It is restarted at each
 # transition, so it always holds the current state and the heartbeat has one writer at a time.
@@ -320,7 +140,7 @@ ticker_start() {
     sp=
     trap '[[ -n $sp ]] && kill "$sp" 2>/dev/null; exit 0' TERM
     while :; do
-      sleep "${ABLATE_HEARTBEAT_SECS:-10}" &
+      sleep "$ABLATE_HEARTBEAT_SECS" &
       sp=$!
       wait "$sp"
       hb_write
@@ -352,7 +172,6 @@ halt() {  # halt [signalled]: the queue stops: its ticker and services, then the
 }
 
 CHILD=
-STOP_MARGIN=10  # seconds of Slurm's window kept for this shell's own ending (events, heartbeat)
 cut_cell() {  # the running cell as a JSON value (null between cells), for a stop's event
   if [[ -n $CUR_STARTED && -n $CUR_CELL ]]; then printf '"%s"' "$CUR_CELL"; else printf null; fi
 }
@@ -360,10 +179,24 @@ child_gone() {  # child_gone SECONDS: wait up to SECONDS for the running cell (r
   local n=0
   while pid_alive "$CHILD" && (( n++ < $1 * 5 )); do sleep 0.2; done
 }
-slurm_window() {  # REPLY = the seconds Slurm gives the job's processes after its first signal
-  REPLY=30
-  decide window && [[ $DECISION =~ ^[0-9]{1,7}$ ]] && REPLY=$DECISION
-  (( REPLY > STOP_MARGIN + 1 )) && REPLY=$(( REPLY - STOP_MARGIN )) || REPLY=1
+# What Slurm's signal makes of the queue is the runner's `stop-plan` (ablate/remote/stopping.py):
+# WHY (the queue_stop's reason: time_limit, preempted, slurm_signal), REQUEUE (ask Slurm for the
+# job again), WAIT (seconds the cut cell has to save: Slurm's time left or window, less a margin
+# for this shell's own ending), CUT (record the cut: no_progress?), CAPPED (max_restarts refused the
+# requeue). A runner that cannot answer: the spec's fallback wait, nothing requeued.
+WHY='' REQUEUE=0 WAIT=0 CUT=0 CAPPED=0
+PLAN='^why=(time_limit|preempted|slurm_signal) requeue=([01]) wait=([0-9]{1,7}) cut=([01]) capped=([01])'
+stop_plan() {  # stop_plan usr2|term
+  local running=0
+  [[ $(cut_cell) != null ]] && running=1
+  if decide stop-plan --signal "$1" --grace "$ABLATE_SLURM_GRACE" --max-restarts "$ABLATE_SLURM_MAX_RESTARTS" \
+      --resubmit "$ABLATE_SLURM_RESUBMIT" --running "$running" && [[ $DECISION =~ $PLAN ]]; then
+    WHY=${BASH_REMATCH[1]} REQUEUE=${BASH_REMATCH[2]} WAIT=${BASH_REMATCH[3]} CUT=${BASH_REMATCH[4]} CAPPED=${BASH_REMATCH[5]}
+    return 0
+  fi
+  WHY=time_limit REQUEUE=0 WAIT=$ABLATE_SLURM_FALLBACK_WAIT CUT=0 CAPPED=0
+  [[ $1 == term ]] && WHY=slurm_signal
+  say "the runner's process did not answer: the cell has ${WAIT}s, and the job is not requeued"
 }
 on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctrl-C, Slurm's TERM
   trap '' HUP INT TERM
@@ -371,9 +204,9 @@ on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctr
     # Slurm's TERM (scancel, a preemption without a user signal) reached every process of the job;
     # the job ends when this shell does, so it waits for the cell through the site's window
     # (GraceTime + KillWait), then kills what is left. The cut cell keeps its claim.
-    slurm_window
-    ev queue_stop ", \"idx\": ${CUR_IDX:-null}, \"cell\": $(cut_cell), \"reason\": \"slurm_signal\", \"kill_after\": $REPLY"
-    kill_cell slurm_signal "$REPLY" signalled
+    stop_plan term
+    ev queue_stop ", \"idx\": ${CUR_IDX:-null}, \"cell\": $(cut_cell), \"reason\": \"$WHY\", \"kill_after\": $WAIT"
+    kill_cell "$WHY" "$WAIT" signalled
     halt signalled
     exit "$1"
   fi
@@ -386,17 +219,9 @@ on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctr
   fi
   # It saves while this shell lives: the pane's end would HUP it (tmux). `ablate stop` said why in
   # ABLATE_STOP_FILE and KILLs the group after stop_grace; this shell waits no longer either.
-  [[ -n $CHILD ]] && child_gone "$STOP_GRACE"
+  [[ -n $CHILD ]] && child_gone "$ABLATE_STOP_GRACE"
   halt signalled
   exit "$1"
-}
-slurm_left() {  # REPLY = the seconds this job has left by squeue (%L); 1 when unknown
-  local t
-  REPLY=
-  t=$(squeue -h -j "$SLURM_SELF" -o %L 2>/dev/null) || return 1
-  [[ $t =~ ^(([0-9]+)-)?(([0-9]+):)?([0-9]+):([0-9]+)$ ]] || return 1
-  REPLY=$(( ((10#${BASH_REMATCH[2]:-0} * 24 + 10#${BASH_REMATCH[4]:-0}) * 60 + 10#${BASH_REMATCH[5]}) * 60 \
-            + 10#${BASH_REMATCH[6]} ))
 }
 elapsed() {  # elapsed T0: REPLY = the seconds since T0 (a `now` T), to the microsecond
   local us
@@ -407,11 +232,9 @@ elapsed() {  # elapsed T0: REPLY = the seconds since T0 (a `now` T), to the micr
 no_progress() {  # the cut cell's record (runner `cut`): when its checkpoint is what it was at its
   # last time-limit cut, by an earlier attempt, it has not moved in a whole job: its `end` says so
   # (no_progress, exit 124) and no attempt re-enters it; `ablate remediate` says what to do
-  local kind earlier fp
   decide cut --cell "$CUR_CELL" --attempt "$ATTEMPT" --ckpt-dir "$ABLATE_CKPT_ROOT/$CUR_CELL" \
-    --checkpoint "${ABLATE_CHECKPOINT-}" || return 1
-  read -r kind earlier fp <<<"$DECISION"
-  [[ $kind == stuck && $earlier =~ ^[0-9_]+\.[0-9]+$ && $fp =~ ^[0-9a-z]+$ ]] || return 1
+    --checkpoint "${ABLATE_CHECKPOINT-}" && [[ $DECISION =~ ^stuck\ ([0-9_]+\.[0-9]+)\ ([0-9a-z]+) ]] || return 1
+  local earlier=${BASH_REMATCH[1]} fp=${BASH_REMATCH[2]}
   write_tail "$CUR_CELL"
   elapsed "$CUR_STARTED"
   ev end ", \"idx\": $CUR_IDX, \"cell\": \"$CUR_CELL\", \"rc\": 124, \"dur\": $REPLY, \"reason\": \"no_progress\", \"since\": \"$earlier\", \"checkpoint\": \"$fp\"${FROM_Q:+, \"from_queue\": \"$FROM_Q\"}"
@@ -419,36 +242,20 @@ no_progress() {  # the cut cell's record (runner `cut`): when its checkpoint is 
 }
 on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or the job is preempted
   trap '' USR2 HUP INT TERM
-  local cell why=time_limit requeue=${ABLATE_SLURM_RESUBMIT:-0}
+  local cell how=resumable
   cell=$(cut_cell)
-  # The signal comes at most 60 s before `grace`: with more time left than that, the site's
-  # preemption sent it (PreemptParameters=send_user_signal), and Slurm's preemption decides what
-  # becomes of the job (requeue or cancel): one owner of retries, so we ask for nothing.
-  local left=${ABLATE_SLURM_GRACE:-120}
-  if [[ -n $ATTEMPT ]] && slurm_left; then
-    left=$REPLY
-    (( REPLY > ${ABLATE_SLURM_GRACE:-120} + 90 )) && why=preempted requeue=0
-  fi
-  # The cell is cut with TERM (the trainer saves what it resumes from) and keeps its claim: the
-  # next attempt of this queue re-enters it with {resume}=1. It has until a margin before Slurm's
-  # own end of the job (the time left, or the preemption's grace) to save and exit.
-  if [[ $why == preempted ]]; then
-    slurm_window
-  else
-    REPLY=$(( left > STOP_MARGIN + 1 ? left - STOP_MARGIN : 1 ))
-  fi
-  local wait=$REPLY cut=resumable
-  [[ -n $CHILD ]] && kill_cell "$why" "$wait"
+  # A preemption (the site's, with more time left than the grace) is Slurm's to requeue or cancel:
+  # one owner of retries. At the time limit the cell is cut with TERM (the trainer saves what it
+  # resumes from) and keeps its claim: the next attempt of this queue re-enters it with {resume}=1.
+  stop_plan usr2
+  [[ -n $CHILD ]] && kill_cell "$WHY" "$WAIT"
   # A cell whose checkpoint did not change between two time-limit cuts ends here (runner `cut`).
-  [[ $why == time_limit && $cell != null && -n $ATTEMPT ]] && no_progress && cut=stopped
-  if [[ $requeue == 1 && -n $ATTEMPT ]] && (( RESTARTS >= MAX_RESTARTS )); then
-    requeue=0
-    say "not requeued: this job has restarted $RESTARTS times (slurm.max_restarts $MAX_RESTARTS)"
-  fi
+  (( CUT )) && no_progress && how=stopped
+  (( CAPPED )) && say "not requeued: this job has restarted $RESTARTS times (slurm.max_restarts $ABLATE_SLURM_MAX_RESTARTS)"
   halt signalled
-  ev queue_stop ", \"idx\": $CUR_IDX, \"cell\": $cell, \"reason\": \"$why\", \"requeue\": $requeue, \"kill_after\": $wait"
-  say "${why/_/ } ${ATTEMPT:+(job $SLURM_SELF)}: stopped${CUR_CELL:+ (cut $CUR_CELL, $cut)}"
-  if [[ $why == preempted ]]; then
+  ev queue_stop ", \"idx\": $CUR_IDX, \"cell\": $cell, \"reason\": \"$WHY\", \"requeue\": $REQUEUE, \"kill_after\": $WAIT"
+  say "${WHY/_/ } ${ATTEMPT:+(job $SLURM_SELF)}: stopped${CUR_CELL:+ (cut $CUR_CELL, $how)}"
+  if [[ $WHY == preempted ]]; then
     # A preempted job that ends by itself within GraceTime is COMPLETED, not requeued (Slurm
     # 22.05, PreemptMode=REQUEUE): wait, idle, until Slurm ends it at the end of the grace time,
     # so that its PreemptMode (requeue or cancel) is what happens.
@@ -456,7 +263,7 @@ on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or t
     trap 'exit 0' TERM
     while :; do sleep 1; done
   fi
-  if [[ $requeue == 1 && -n $ATTEMPT ]]; then
+  if (( REQUEUE )); then
     # The same job again, later: its queue goes on from its launch line (published cells are
     # skipped, its claimed ones re-entered). Slurm ends this attempt now.
     say "asking Slurm to requeue job $SLURM_SELF"
@@ -502,7 +309,7 @@ runner_up() {  # the co-process answering decisions, started if it is not runnin
 }
 store_flush() {  # a sweep in a store: the runner's process sends this queue's last events and
   # heartbeat at our EOF; the session ends after that (a reader that finds it gone finds them too)
-  [[ -n $STORE && -n ${DECIDER_PID-} ]] || return 0
+  [[ -n $ABLATE_STORE && -n ${DECIDER_PID-} ]] || return 0
   local n=0
   [[ -n ${DECIDER[1]-} ]] && { eval "exec ${DECIDER[1]}>&-"; } 2>/dev/null
   while pid_alive "$DECIDER_PID" && (( n++ < 600 )); do sleep 0.1; done
@@ -540,22 +347,17 @@ safe_cell() {  # safe_cell NAME CFG TASK EPOCHS CAT: a decision's cell is what i
 # On a network FS a client's cache may still show a name the server no longer has (a claim that
 # remediate released) for the FS's lag: `mkdir` then fails with EEXIST and a stat finds it. Opening
 # a file inside asks the server, so a claim's proof is its readable owner.
-# Seconds a name with no owner is retried: above the longest cache a default mount keeps (NFS's
-# acdirmax, sshfs or FUSE set to 60 s), with margin, as doctor's cap. At 60 s, a claim remediate had
-# released could still look present when the wait ended; the takeover then wrote into a directory
-# the server no longer had, and the cell was skipped.
-CLAIM_WAIT=${ABLATE_CLAIM_WAIT:-150}
+# A name with no owner is retried for ABLATE_CLAIM_WAIT seconds, above the FS's longest lag
+# (ablate/remote/defaults.py says why).
 claim() {  # claim NAME IDX: 0 when this call created claims/NAME and owns it
   local waited=0 rc
-  if [[ -n $STORE ]]; then  # the store's conditional create: exactly one claimer gets it
-    while :; do
-      decide claim "$1" "$2"
-      rc=$?
-      (( rc < 2 )) && return "$rc"
-      say "the store did not take the claim of $1 (rc $rc); trying again"
-      sleep 5
-    done
-  fi
+  # Asked of the runner's process: a sweep kept in a store is claimed there (its conditional create:
+  # exactly one claimer gets it); `fs`: on the shared FS, here.
+  until decide claim "$1" "$2"; rc=$?; (( rc < 2 || rc == 125 )); do
+    say "the store did not take the claim of $1 (rc $rc); trying again"
+    sleep 5
+  done
+  [[ $rc == 0 && $DECISION == $'fs\n' ]] || return $(( rc != 0 ))
   until mkdir "$CLAIMS/$1" 2>/dev/null; do
     { : <"$CLAIMS/$1/owner"; } 2>/dev/null && return 1  # someone's claim
     if ! fs_up; then  # the FS is down: wait for it, then try again
@@ -566,7 +368,7 @@ claim() {  # claim NAME IDX: 0 when this call created claims/NAME and owns it
     # Still none after the FS's longest lag: that claimer ended in between (a queue stopped or
     # cancelled as it took its first cell), and nobody would ever run the cell: taken over, by one
     # claimer only (`own ... take`).
-    (( waited++ < CLAIM_WAIT )) || { own "$1" "$2" take; return; }
+    (( waited++ < ABLATE_CLAIM_WAIT )) || { own "$1" "$2" take; return; }
     sleep 1
   done
   own "$1" "$2" new
@@ -598,22 +400,18 @@ own() {
 # queue: it re-enters the cells its queue claimed, taking them over (`own`), so that only the
 # current attempt may publish (run_one checks the owner's attempt before its rename): a stale
 # attempt still running on a node cut off from the controller cannot publish over it.
-ATTEMPT=
-# This job as every Slurm verb it runs on itself must name it: in an array `A_i`, since a bare A is
-# the array's id, which names every task (the first task's own SLURM_JOB_ID is that id).
-SLURM_SELF=
-if [[ ${SLURM_JOB_ID-} =~ ^[0-9_]+$ ]]; then
-  ATTEMPT=$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}
-  [[ $ATTEMPT =~ ^[0-9_]+\.[0-9]+$ ]] || ATTEMPT=$SLURM_JOB_ID.0
-  SLURM_SELF=$SLURM_JOB_ID
-  if [[ ${SLURM_ARRAY_JOB_ID-} =~ ^[0-9]+$ && ${SLURM_ARRAY_TASK_ID-} =~ ^[0-9]+$ ]]; then
-    SLURM_SELF=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
-  fi
-fi
-export ABLATE_ATTEMPT=$ATTEMPT
-RESTARTS=${ATTEMPT##*.}  # this job's restarts so far (its attempt's count)
-MAX_RESTARTS=${ABLATE_SLURM_MAX_RESTARTS:-10}
-[[ $MAX_RESTARTS =~ ^[0-9]{1,6}$ ]] || MAX_RESTARTS=10
+ATTEMPT='' SLURM_SELF='' RESTARTS=0 TOO_OFTEN=0
+job_attempt() {  # the runner's `attempt` (ablate/remote/stopping.py), in a Slurm job: ATTEMPT
+  # (JOB.RESTARTS), SLURM_SELF (this job as every Slurm verb it runs on itself must name it: `A_i` in
+  # an array), RESTARTS, and TOO_OFTEN when that is more than slurm.max_restarts; none outside one
+  local rc att='^attempt=([0-9_]+\.[0-9]+) self=([0-9_]+) restarts=([0-9]{1,9}) stop=([01])'
+  decide attempt --max-restarts "$ABLATE_SLURM_MAX_RESTARTS"
+  rc=$?
+  (( rc == 1 )) && return 0  # not a Slurm job
+  [[ $rc == 0 && $DECISION =~ $att ]] || helper_failed $(( rc ? rc : 4 ))
+  ATTEMPT=${BASH_REMATCH[1]} SLURM_SELF=${BASH_REMATCH[2]} RESTARTS=${BASH_REMATCH[3]} TOO_OFTEN=${BASH_REMATCH[4]}
+  export ABLATE_ATTEMPT=$ATTEMPT
+}
 write_tail() {  # write_tail NAME: tails/NAME.log = the last 100 lines of the cell's log (tmp + mv)
   local log=$ABLATE_CKPT_ROOT/$1.log tmp=$TAILS/.$1.$ABLATE_HOST.$$.tmp
   if [[ -r $log ]]; then
@@ -634,12 +432,12 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
   STATE=running
   transition
   ev start ", \"idx\": $idx, \"cell\": \"$name\", \"resume\": $resume$extra"
-  [[ -n $STORE ]] && decide push  # in the store before the trainer starts, as on a shared FS
+  decide push  # a sweep in a store: in it before the trainer starts, as on a shared FS
   say "line $idx${from:+ of $from}: $name (resume=$resume)"
   local down=
   if ! svc_up cell; then  # a per-cell service that does not come up: the cell never trained
     ev end ", \"idx\": $idx, \"cell\": \"$name\", \"rc\": 4, \"dur\": 0, \"reason\": \"service_down\", \"service\": \"$SVC_FAILED\"$extra"
-    svc_fail "$SVC_FAILED"
+    svc_fail "$SVC_FAILED" "$idx"
   fi
   # In the background + wait, so a signal is handled now, not when the cell ends.
   # run_one asks this queue's runner process for its publish, over fds 3 and 4 opened for it alone
@@ -672,7 +470,7 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
   elapsed "$t0"
   dur=$REPLY
   ev end ", \"idx\": $idx, \"cell\": \"$name\", \"rc\": $rc, \"dur\": $dur$extra"
-  [[ -n $STORE ]] && decide push  # its tail and its end, before the next line
+  decide push  # (a store's) its tail and its end, before the next line
   say "line $idx${from:+ of $from}: $name exited $rc after ${dur}s"
   svc_stop_all cell
   CUR_STARTED=
@@ -687,7 +485,7 @@ stop_note() {  # stop_note REASON SECONDS: why the cell is stopped and when it i
 kill_cell() {  # kill_cell REASON [SECONDS [signalled]]: the running cell's processes (run_one, the
   # trainer): the reason written, TERM (unless `signalled`: Slurm sent it to them already), up to
   # SECONDS (default stop_grace) to save and exit, then KILL
-  local p wait=${2:-$STOP_GRACE}
+  local p wait=${2:-$ABLATE_STOP_GRACE}
   stop_note "$1" "$wait"
   if [[ ${3-} == signalled ]]; then
     :
@@ -721,14 +519,14 @@ stop_after_current() {  # stop_after_current IDX: `ablate stop --after-current` 
 # calibrate.py) run in the background, so that a signal is handled at once.
 CAL_EVENT='^, "rc": [0-9]{1,3}, "dur": [0-9]{1,9}(\.[0-9]{1,6})?(, "secs": [0-9]{1,9}\.[0-9]{3}(, "kept": true)?)?$'
 calibrate() {
-  [[ -n ${ABLATE_CALIBRATE-} && $STEAL != 0 ]] || return 0  # only the head deal uses it
+  [[ -n ${ABLATE_CALIBRATE-} && $ABLATE_STEAL != 0 ]] || return 0  # only the head deal uses it
   local f=$ROOT/calib/$ABLATE_HOST.${SLOT:--} out=$ABLATE_CKPT_ROOT/.calibrate.$QUEUE.$$ rc kind rest
   mkdir -p "$ROOT/calib" "$ABLATE_CKPT_ROOT" || return 0
   (
     export ABLATE_CALIBRATE ABLATE_CALIBRATE_TIMEOUT ABLATE_CALIBRATE_KEEP ABLATE_ENV ABLATE_WORKDIR \
       ABLATE_CKPT_ROOT ABLATE_PIN_GPU
     runner_exec calibrate "$ROOT" "$ABLATE_HOST" "$QUEUE" "${SLOT:--}" \
-      --secs "${ABLATE_CALIBRATE_WAIT:-${ABLATE_CALIBRATE_TIMEOUT:-600}}" --stop "$STOP_FILE"
+      --secs "${ABLATE_CALIBRATE_WAIT:-$ABLATE_CALIBRATE_TIMEOUT}" --stop "$STOP_FILE"
   ) </dev/null >"$out" &
   CHILD=$!
   wait "$CHILD"
@@ -747,17 +545,19 @@ calibrate() {
   rm -f -- "$out"
 }
 
-# A sweep in a store: the runner's process first (it claims this queue's own files in the copy,
-# before anything is written to them) and a fresh copy.
-[[ -n $STORE ]] && decide pull
+# The runner's process first: a sweep in a store then has a fresh copy (the process claims this
+# queue's own files in it before anything is written to them), and its thread sends the
+# calibration and pulls the others' meanwhile.
+decide pull
 svc_layout
+job_attempt
 hb_write
 ev queue_start ", \"start_index\": $START, \"slot\": ${SLOT:-null}, \"pid\": $$, \"pgid\": $PGID, \"run_queue\": \"$RQ_FILE\", \"spec\": \"$SPEC_FILE\"${ATTEMPT:+, \"attempt\": \"$ATTEMPT\", \"node\": \"${HOSTNAME-}\"}"
 ticker_start
 say "started at line $START (spec $SPEC_FILE)"
-if [[ -n $ATTEMPT ]] && (( RESTARTS > MAX_RESTARTS )); then  # Slurm restarted it once too often
+if (( TOO_OFTEN )); then  # Slurm restarted it once too often
   ev queue_stop ", \"idx\": $START, \"cell\": null, \"reason\": \"max_restarts\", \"restarts\": $RESTARTS"
-  say "not going on: this job has restarted $RESTARTS times, more than slurm.max_restarts ($MAX_RESTARTS); its cut cells wait for \`ablate remediate\`"
+  say "not going on: this job has restarted $RESTARTS times, more than slurm.max_restarts ($ABLATE_SLURM_MAX_RESTARTS); its cut cells wait for \`ablate remediate\`"
   halt
   exit 0
 fi
@@ -766,33 +566,30 @@ export ABLATE_QUEUE=$QUEUE ABLATE_EVENTS=$EVENTS ABLATE_GPU=$SLOT
 export ABLATE_RUN_QUEUE_VERSION=$RQ_FILE ABLATE_SPEC_VERSION=$SPEC_FILE
 # A slot is a GPU, except on Slurm, where the job's gres sets CUDA_VISIBLE_DEVICES and a slot only
 # numbers the host's queues.
-if [[ -n $SLOT && ${ABLATE_PIN_GPU:-1} != 0 ]]; then
+if [[ -n $SLOT && $ABLATE_PIN_GPU != 0 ]]; then
   export CUDA_VISIBLE_DEVICES=$SLOT
-elif [[ ${ABLATE_PIN_GPU:-1} == 0 ]]; then
+elif [[ $ABLATE_PIN_GPU == 0 ]]; then
   ABLATE_GPU=${CUDA_VISIBLE_DEVICES-}
 fi
 
-[[ -n $STORE ]] && runner_up  # its thread sends the calibration and pulls the others' meanwhile
 calibrate
 # ---- the walk (ablate/remote/walk.py, docs/ARCHITECTURE.md "run_queue"): each step asked of the
 # runner's process, a short script of what to do, done here in order. Its position is held here
 # and sent with each step: a runner process started again goes on from it.
 idx=$START
 DEFERRED=() AHEAD=()
-HEAD=1  # the shared head's deal: only with calibration and stealing on
-[[ $STEAL == 0 || -z ${ABLATE_CALIBRATE-} ]] && HEAD=0
-STEAL_ON=1
-[[ $STEAL == 0 ]] && STEAL_ON=0
+HEAD=$ABLATE_STEAL  # the shared head's deal: only with calibration and stealing on
+[[ -z ${ABLATE_CALIBRATE-} ]] && HEAD=0
 OUTCOME=-
 while :; do
   if [[ $OUTCOME != drained ]]; then
     NEXT=$idx
-    [[ -n $STORE ]] && decide pull  # the stop file as the store has it now
+    decide pull  # (a store's) the stop file as the store has it now
     [[ -e $STOP_FILE ]] && stop_after_current "$idx"  # before every line, re-entry and steal
-    svc_up queue || svc_fail "$SVC_FAILED"  # before the first claim; again after one died
+    svc_up queue || svc_fail "$SVC_FAILED" "$idx"  # before the first claim; again after one died
   fi
   decide next --at "$idx" --deferred "${DEFERRED[*]-}" --ahead "${AHEAD[*]-}" --head "$HEAD" \
-    --steal "$STEAL_ON" --outcome "$OUTCOME" || helper_failed "$?"
+    --steal "$ABLATE_STEAL" --outcome "$OUTCOME" || helper_failed "$?"
   OUTCOME=-
   mapfile -t STEPS <<<"$DECISION"
   for op in "${STEPS[@]}"; do

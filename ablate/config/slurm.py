@@ -45,6 +45,7 @@ from ablate.remote.slurmwin import time_seconds
 
 SLURM_KEYS = {"login", "partition", "account", "qos", "time", "gpus", "extra", "requeue", "grace", "resubmit",
               "array", "throttle", "max_restarts", "poll"}
+DEFAULT_GRACE = 120  # seconds before the time limit Slurm's USR2 tells the queue
 DEFAULT_MAX_RESTARTS = 10  # a day's sweep cut at a 4 h limit needs 6; a runaway stops within a 10th
 DEFAULT_POLL = 30  # seconds between `status --watch`'s questions to Slurm (what admins tolerate)
 # sbatch options ablate owns (the job's identity, output, requeue policy, signal, the script itself).
@@ -77,7 +78,7 @@ class SlurmSettings:
     gpus: int = 0
     extra: tuple[str, ...] = ()
     requeue: bool = True
-    grace: int = 120
+    grace: int = DEFAULT_GRACE
     resubmit: bool = True
     array: bool = False
     throttle: int | None = None
@@ -156,7 +157,7 @@ def parse_slurm(r: Reader, transport: str) -> SlurmSettings | None:
         if hits:
             raise s.err("extra", f"{x!r}: ablate sets {' / '.join(hits)} itself (use the slurm: keys "
                                  "partition, account, qos, time, gpus, requeue)")
-    grace = _value(s, "grace", 120)
+    grace = _value(s, "grace", DEFAULT_GRACE)
     if isinstance(grace, bool) or not isinstance(grace, int) or grace < 10:
         raise s.err("grace", f"must be at least 10 seconds (the queue needs time to cut its cell "
                              f"resumable), got {grace!r}")

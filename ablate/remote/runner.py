@@ -36,7 +36,6 @@ output is lines of space-separated words, every word a safe name or a number):
   when it gave up. The spec's ABLATE_CALIBRATE* values, ABLATE_ENV, ABLATE_WORKDIR,
   ABLATE_CKPT_ROOT, ABLATE_PIN_GPU and ABLATE_GPU come in its environment.
 
-- `window`: the seconds Slurm gives a signalled job's processes before its KILL (`slurmwin.py`).
 - `cut --cell NAME --attempt A --ckpt-dir DIR --checkpoint "ENTRY ..."`: a cell cut at the time
   limit, recorded in its claim: `stuck EARLIER FP` when its checkpoint is as an earlier attempt's
   time-limit cut left it, else `resumable FP` (`cuts.py`).
@@ -61,6 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from ablate.remote import grammar
+from ablate.remote.defaults import HEARTBEAT_SECS
 from ablate.remote.rules import (
     SILENT_REM,
     Candidate,
@@ -370,8 +370,7 @@ def deal_speeds(root: str, keys: Sequence[tuple[str, str]], est: Estimates) -> l
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="runner")
-    ap.add_argument("verb", choices=("line", "lines", "reentries", "deal", "drained", "calibrate", "window",
-                                         "cut"))
+    ap.add_argument("verb", choices=("line", "lines", "reentries", "deal", "drained", "calibrate", "cut"))
     ap.add_argument("root")
     ap.add_argument("host")
     ap.add_argument("queue")
@@ -424,7 +423,7 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
         print(f"runner: bad host/queue/slot {a.host!r} {a.queue!r} {a.slot!r}", file=sys.stderr)
         return 2
     hb = os.environ.get("ABLATE_HEARTBEAT_SECS", "")
-    hb_secs = int(hb) if re.fullmatch(r"[0-9]{1,6}", hb) else 10
+    hb_secs = int(hb) if re.fullmatch(r"[0-9]{1,6}", hb) else HEARTBEAT_SECS
     sweep = Sweep(a.root, grammar.task_epochs(os.environ.get("ABLATE_TASK_EPOCHS", "")))
     if a.verb in ("line", "lines"):
         rows, size = own_rows(os.path.join(a.root, "queues", f"{a.queue}.txt"), sweep.tasks)
@@ -447,10 +446,6 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
         return 0
     if a.verb == "calibrate":
         return calibration(a, slot, hb_secs, out)
-    if a.verb == "window":  # Slurm's window from its first signal to its KILL (run_queue's on_signal)
-        from ablate.remote import slurmwin
-
-        return slurmwin.verb(out)
     if a.verb == "cut":  # a cell cut at the time limit: did it move since its last cut?
         from ablate.remote import cuts
 

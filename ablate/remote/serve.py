@@ -6,10 +6,11 @@ answers one request per line of its stdin, `ID<TAB>VERB<TAB>OPTION<TAB>...`, by 
 `.done RC ID`, until EOF (its queue's shell has ended: only it holds the pipe). Verbs: the decisions
 of `ablate/remote/runner.py` (run with ROOT HOST QUEUE SLOT), `next` (the walk's step,
 `ablate/remote/walk.py`), `publish` (run_one's, asked over the fds run_queue gives it:
-`ablate/remote/publish.py`) and, for a sweep kept in an object store, `pull`, `claim` and `commit`
-(`ablate/remote/storeside.py`, whose thread sends what the queue writes as it writes it). So no
-decision and no publish costs a Python start. A reader skips
-answers with another ID: those of a run_one killed while it waited.
+`ablate/remote/publish.py`), the stop path's `attempt` and `stop-plan` (`ablate/remote/stopping.py`)
+and the store's `pull`, `push`, `claim` and `commit` (`ablate/remote/storeside.py`, whose thread
+sends what the queue writes as it writes it; without a store `pull` and `push` do nothing and
+`claim` answers `fs`, so run_queue asks them alike). So no decision and no publish costs a Python
+start. A reader skips answers with another ID: those of a run_one killed while it waited.
 
     python3 runner.<sha12>.pyz VERB ROOT HOST QUEUE SLOT|- [options]
 
@@ -31,6 +32,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, BinaryIO, TextIO
 
+from ablate.remote import stopping
 from ablate.remote.runner import FsDown, run
 
 if TYPE_CHECKING:
@@ -74,6 +76,8 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
             rc = answer(args, rows.append, publish=True)
         elif args[:1] and args[0] in STORE_VERBS:
             rc = store_verb(agent, args, rows.append)
+        elif args[:1] and args[0] in stopping.VERBS:
+            rc = answer(args, rows.append, step=stop_verb)
         elif args[:1] == ["next"]:
             if agent is not None and store_verb(agent, ["pull", "1"], rows.append) != 0:
                 rc = 3
@@ -92,7 +96,9 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
 # A sweep kept in an object store (ABLATE_STORE): what run_queue and run_one ask of the queue's store
 # side (`ablate/remote/storeside.py`) — `pull` [FRESH], `push`, `claim` NAME IDX, `commit` NAME STAGING
 # STARTED, `config` CFG WORKDIR. rc 0 done, 1 refused (claimed by another; not published: its reason;
-# no such config in the store), 2 no store, 3 the store could not be reached (waited out).
+# no such config in the store), 2 no store (`commit`, `config`), 3 the store could not be reached
+# (waited out). Without a store `pull` and `push` have nothing to do (rc 0) and `claim` answers `fs`
+# (rc 0: run_queue claims on the shared FS), so run_queue asks them whatever the spec says.
 STORE_VERBS = ("pull", "push", "claim", "commit", "config")
 
 
@@ -104,11 +110,16 @@ def store_agent(base: Sequence[str]) -> Agent | None:
 
 
 def store_verb(agent: Agent | None, args: Sequence[str], out: Callable[[str], None]) -> int:
-    from ablate.remote.objstore import StoreError
-
     if agent is None:
+        if args[0] in ("pull", "push"):
+            return 0
+        if args[0] == "claim":
+            out("fs")
+            return 0
         print(f"runner: {args[0]}: the run spec names no store (ABLATE_STORE)", file=sys.stderr)
         return 2
+    from ablate.remote.objstore import StoreError
+
     try:
         if args[0] == "push":
             agent.push()
@@ -117,13 +128,12 @@ def store_verb(agent: Agent | None, args: Sequence[str], out: Callable[[str], No
             agent.pull(fresh=float(args[1]) if len(args) > 1 else 0.0)
             return 0
         if args[0] == "claim" and len(args) == 3 and args[2].isdigit():
-            won = agent.claim(args[1], int(args[2]), os.environ.get("ABLATE_ATTEMPT", ""),
-                              socket.gethostname())
+            won = agent.claim(args[1], int(args[2]), attempt(), socket.gethostname())
             return 0 if won else 1
         if args[0] == "config" and len(args) == 3:
             return 0 if agent.fetch_config(args[1], args[2]) else 1
         if args[0] == "commit" and len(args) == 4:
-            return agent.commit(args[1], args[2], args[3], os.environ.get("ABLATE_ATTEMPT", ""), out)
+            return agent.commit(args[1], args[2], args[3], attempt(), out)
     except StoreError as e:
         print(f"runner: the store could not be reached: {e}", file=sys.stderr)
         return 3
@@ -132,6 +142,18 @@ def store_verb(agent: Agent | None, args: Sequence[str], out: Callable[[str], No
         return 3
     print(f"runner: bad store request {list(args)!r}", file=sys.stderr)
     return 2
+
+
+def attempt() -> str:
+    """This Slurm job's attempt, as run_queue's (`stopping.job_of`): "" outside a job. From the
+    job's own variables: this process may start before run_queue exports ABLATE_ATTEMPT."""
+    job = stopping.job_of(os.environ)
+    return job.attempt if job is not None else ""
+
+
+def stop_verb(argv: Sequence[str], out: Callable[[str], None]) -> int:
+    """`attempt` and `stop-plan` (`stopping.py`), over this process's environment: the job's."""
+    return stopping.verb(argv, os.environ, out)
 
 
 def step(base: Sequence[str], walk: list[Walk], argv: Sequence[str], out: Callable[[str], None]) -> int:
@@ -169,9 +191,9 @@ def step(base: Sequence[str], walk: list[Walk], argv: Sequence[str], out: Callab
 
 def answer(argv: Sequence[str], out: Callable[[str], None], publish: bool = False,
            step: Callable[[Sequence[str], Callable[[str], None]], int] | None = None) -> int:
-    """One decision's rc (with `publish`, run_one's publish: argv its arguments; with `step`, the
-    walk's): run()'s, 2 for bad arguments, 3 when the FS could not be read, 4 when it failed (its
-    traceback on stderr)."""
+    """One decision's rc (with `publish`, run_one's publish: argv its arguments; with `step`, a verb
+    of its own: the walk's step, the stop path's): run()'s, 2 for bad arguments, 3 when the FS could
+    not be read, 4 when it failed (its traceback on stderr)."""
     try:
         if step is not None:
             return step(argv, out)
@@ -203,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc = store_verb(agent, [args[0], *args[5:]], rows.append)
         if agent is not None:
             agent.push()
+    elif args[:1] and args[0] in stopping.VERBS and len(args) >= 5:  # VERB ROOT HOST QUEUE SLOT ARGS...
+        rc = answer([args[0], *args[5:]], rows.append, step=stop_verb)
     else:
         rc = answer(args, rows.append)
     sys.stdout.write("".join(r + "\n" for r in rows))

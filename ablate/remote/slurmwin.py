@@ -1,8 +1,8 @@
 """How long Slurm lets a job's processes run after it first signals them. Stdlib only.
 
-Asked by run_queue (runner verb `window`) when Slurm signals its job, so that the trainer gets the
-site's whole window to save before anything is killed, and the queue's shell (the batch step: its
-end kills what is left) outlives the trainer:
+Asked by the stop path's plan (`stopping.py`, run_queue's runner verb `stop-plan`) when Slurm signals
+its job, so that the trainer gets the site's whole window to save before anything is killed, and the
+queue's shell (the batch step: its end kills what is left) outlives the trainer:
 
 - `scancel` and a time limit: TERM, then KILL after `KillWait` (`scontrol show config`);
 - a preemption: the job's end moves `GraceTime` ahead (the partition's, `scontrol show partition`,
@@ -16,12 +16,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 KILL_WAIT = 30  # Slurm's default KillWait, when the config cannot be read
 _KILL_WAIT = re.compile(r"^KillWait\s*=\s*(\d+)", re.M)
 _GRACE = re.compile(r"\bGraceTime=(\d+)")
-# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (parsed here alone: squeue's %L,
+# sacctmgr's GraceTime, the profile's `slurm.time`).
 _TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
 
 Run = Callable[[Sequence[str]], str | None]
@@ -63,7 +64,8 @@ def qos_grace(text: str | None) -> int:
         return 0
 
 
-def _run(argv: Sequence[str]) -> str | None:
+def ask(argv: Sequence[str]) -> str | None:
+    """A Slurm command's stdout; None when it failed, timed out or is not there."""
     try:
         r = subprocess.run(list(argv), capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
@@ -71,10 +73,10 @@ def _run(argv: Sequence[str]) -> str | None:
     return r.stdout if r.returncode == 0 else None
 
 
-def window(env: dict[str, str] | None = None, run: Run = _run) -> int:
+def window(env: Mapping[str, str] | None = None, run: Run = ask) -> int:
     """Seconds from Slurm's first signal to its KILL, at most: the largest GraceTime that applies
     (partition, QOS) plus KillWait."""
-    env = dict(os.environ) if env is None else env
+    env = os.environ if env is None else env
     grace = 0
     partition = env.get("SLURM_JOB_PARTITION", "").split(",")[0]
     if re.fullmatch(r"[A-Za-z0-9._-]+", partition):
@@ -84,8 +86,3 @@ def window(env: dict[str, str] | None = None, run: Run = _run) -> int:
         grace = max(grace, qos_grace(run(["sacctmgr", "-n", "-P", "show", "qos", qos, "format=GraceTime"])))
     return grace + kill_wait(run(["scontrol", "show", "config"]))
 
-
-def verb(out: Callable[[str], None]) -> int:
-    """The runner's `window`: prints the seconds."""
-    out(str(window()))
-    return 0

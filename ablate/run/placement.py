@@ -28,8 +28,10 @@ from typing import Any
 
 from ablate import resources as packaged
 from ablate.config.project import Host, Project
-from ablate.config.settings import DEFAULT_MONITOR
+from ablate.config.slurm import DEFAULT_GRACE, DEFAULT_MAX_RESTARTS
+from ablate.remote.defaults import CLAIM_WAIT
 from ablate.remote.layout import SweepLayout
+from ablate.remote.stopping import FALLBACK_WAIT
 from ablate.transport import SharedFS
 from ablate.transport.base import CreateImmutable, Read
 from ablate.util.fmt import Log
@@ -43,16 +45,18 @@ def sha12(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:12]
 
 
-# A wrapper's line that deploy replaces with wrappers/common.sh (with the shellcheck directive before it).
-_INLINE = re.compile(rb"^# shellcheck source=wrappers/common\.sh\n"
-                     rb"[^\n]*/common\.sh\"  # ablate: inline[^\n]*\n", re.M)
+# A wrapper's line that deploy replaces with the bash file it names, wrappers/common.sh (what both
+# wrappers share) or wrappers/services.sh (run_queue's services), with the shellcheck directive before it.
+_INLINE = re.compile(rb"^# shellcheck source=wrappers/(common|services)\.sh\n"
+                     rb"[^\n]*/\1\.sh\"  # ablate: inline[^\n]*\n", re.M)
 
 
 def packaged_wrappers() -> dict[str, bytes]:
     """kind -> bytes of the wrappers as deployed: the package's (`ablate.wrappers`), each with the
-    shared `common.sh` put in place of its `# ablate: inline` line (one file, parsed whole)."""
-    common = packaged.read("ablate.wrappers", "common.sh")
-    return {kind: _INLINE.sub(lambda _m: common, packaged.read("ablate.wrappers", f"{kind}.sh"))
+    bash files it names (`common.sh`, `services.sh`) put in place of their `# ablate: inline` lines
+    (one file, parsed whole)."""
+    parts = {name.encode(): packaged.read("ablate.wrappers", f"{name}.sh") for name in ("common", "services")}
+    return {kind: _INLINE.sub(lambda m: parts[m.group(1)], packaged.read("ablate.wrappers", f"{kind}.sh"))
             for kind in WRAPPERS}
 
 
@@ -63,9 +67,9 @@ def packaged_learn() -> bytes:
 
 # ablate/remote/ modules in the runner zipapp, stdlib only at import (objstore imports boto3 when a
 # store is opened: only a storage host's runner does)
-RUNNER_MODULES = ("artifacts.py", "calibrate.py", "cuts.py", "grammar.py", "layout.py", "learn.py",
-                  "mirror.py", "objstore.py", "publish.py", "rules.py", "runner.py", "serve.py",
-                  "slurmwin.py", "storeside.py", "walk.py")
+RUNNER_MODULES = ("artifacts.py", "calibrate.py", "cuts.py", "defaults.py", "grammar.py", "layout.py",
+                  "learn.py", "mirror.py", "objstore.py", "publish.py", "rules.py", "runner.py", "serve.py",
+                  "slurmwin.py", "stopping.py", "storeside.py", "walk.py")
 # run_one's publish where it runs as a Python start of its own: without the decisions' modules
 _RUNNER_MAIN = b"""import sys
 
@@ -124,24 +128,29 @@ def render_spec(project: Project, host: Host, run_one_path: str, runner_path: st
         "ABLATE_CALIBRATE_TIMEOUT": str(project.calibrate.timeout),
         "ABLATE_CALIBRATE_KEEP": "1" if project.calibrate.keep else "0",
         **service_spec(project, host),
-        **slurm_spec(host),
+        **stop_spec(project, host),
         **store_spec(project, host),
-        # run_queue's default is the same: a spec without stop_grace stays byte for byte what it was
-        **({"ABLATE_STOP_GRACE": str(max(1, math.ceil(project.monitor.stop_grace)))}
-           if project.monitor.stop_grace != DEFAULT_MONITOR.stop_grace else {}),
     }
     head = f"# ablate run spec: sweep {project.sweep}, host {host.name}. Content-addressed; never edited.\n"
     return (head + "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())).encode()
 
 
-def slurm_spec(host: Host) -> dict[str, str]:
-    """A Slurm host's queues: no GPU pinning (the job's gres is), and what the time limit's
-    signal does (run_queue's `on_time_limit`)."""
-    slurm = host.profile.slurm
-    if host.transport != "slurm" or slurm is None:
-        return {}
-    return {"ABLATE_PIN_GPU": "0", "ABLATE_SLURM_RESUBMIT": "1" if slurm.resubmit and slurm.requeue else "0",
-            "ABLATE_SLURM_GRACE": str(slurm.grace), "ABLATE_SLURM_MAX_RESTARTS": str(slurm.max_restarts)}
+def stop_spec(project: Project, host: Host) -> dict[str, str]:
+    """What run_queue computes its waits and its stop path with, in every spec, each from its one
+    definition here in Python (the wrapper keeps no copy): the cell's stop grace, the claim wait,
+    GPU pinning (a Slurm host's job's gres pins them instead), and what Slurm's signals do (the
+    runner's `stop-plan`, `ablate/remote/stopping.py`: on another host only a USR2 sent by hand
+    reads them)."""
+    slurm = host.profile.slurm if host.transport == "slurm" else None
+    resubmit, grace, restarts = ((slurm.resubmit and slurm.requeue, slurm.grace, slurm.max_restarts)
+                                 if slurm is not None else (False, DEFAULT_GRACE, DEFAULT_MAX_RESTARTS))
+    return {"ABLATE_STOP_GRACE": str(max(1, math.ceil(project.monitor.stop_grace))),
+            "ABLATE_CLAIM_WAIT": str(CLAIM_WAIT),
+            "ABLATE_PIN_GPU": "1" if host.pins_gpus else "0",
+            "ABLATE_SLURM_RESUBMIT": "1" if resubmit else "0",
+            "ABLATE_SLURM_GRACE": str(grace),
+            "ABLATE_SLURM_MAX_RESTARTS": str(restarts),
+            "ABLATE_SLURM_FALLBACK_WAIT": str(FALLBACK_WAIT)}
 
 
 def store_spec(project: Project, host: Host) -> dict[str, str]:

@@ -413,7 +413,7 @@ def _claimed(state: SweepState, name: str, tail: Tail | None, hung_after: float,
         hb = next((h for h in state.snap.heartbeats.values() if h.cell == name), None)
         if hb is not None and hb.state == "running" and state.live(hb.host, hb.queue):
             return CellState(name, "running", f"running on {hb.host}", hb.host, hb.queue)
-        if reached is not None:  # run_queue takes an ownerless claim over (ABLATE_CLAIM_WAIT)
+        if reached is not None:  # run_queue takes it over after ABLATE_CLAIM_WAIT (remote/defaults.py)
             host, qn = reached
             return CellState(name, "queued", f"its claim has no owner (its runner died while claiming); "
                              f"queue {qn} on {host}, live, takes it over when it gets there", host, qn)
