@@ -106,3 +106,33 @@ def test_a_shared_fs_hosts_spec_has_no_store_keys(local_project: LocalProject, t
     spec = _spec(Path(project.sweep_root()), project, "h1")
     assert spec["ABLATE_ROOT"] == project.sweep_root(project.hosts["h1"])
     assert not any(k.startswith("ABLATE_STORE") for k in spec)
+
+
+def test_every_number_the_wrappers_wait_by_is_in_every_spec_and_nowhere_in_the_bash(
+        local_project: LocalProject, tmp_path: Path) -> None:
+    """Each default is defined once, in Python: every spec carries the numbers run_queue and run_one
+    check for (their one definition's values), and no wrapper holds a numeric fallback of its own."""
+    import re
+
+    from ablate.config.slurm import DEFAULT_GRACE, DEFAULT_MAX_RESTARTS
+    from ablate.remote.defaults import CLAIM_WAIT, HEARTBEAT_SECS
+    from ablate.remote.objstore import FS_WAIT
+
+    loop = re.search(r"^for v in (.*?); do$", (REPO / "wrappers" / "run_queue.sh").read_text(), re.M | re.S)
+    assert loop is not None  # run_queue's check of its spec's numbers
+    checked = set(re.findall(r"\bABLATE_[A-Z_]+\b", loop.group(1))) - {"ABLATE_SERVICES", "ABLATE_SVC_GRACE"}
+    assert "ABLATE_FS_WAIT" in (REPO / "wrappers" / "run_one.sh").read_text()  # run_one checks it too
+    for path in (REPO / "wrappers").glob("*.sh"):
+        assert not re.findall(r"\$\{ABLATE_[A-Z_]+:-[0-9]", path.read_text()), path.name
+    project = load_project(local_project.root)
+    spec = _spec(Path(project.sweep_root()), project, "h1")
+    assert {"ABLATE_STOP_GRACE", "ABLATE_CLAIM_WAIT", "ABLATE_FS_WAIT", "ABLATE_SLURM_GRACE",
+            "ABLATE_SLURM_MAX_RESTARTS", "ABLATE_HEARTBEAT_SECS"} <= checked
+    missing = {k for k in checked if not re.fullmatch(r"[0-9]{1,7}", spec.get(k, ""))}
+    assert not missing, missing
+    assert (spec["ABLATE_CLAIM_WAIT"], spec["ABLATE_FS_WAIT"], spec["ABLATE_HEARTBEAT_SECS"]) == (
+        str(CLAIM_WAIT), str(int(FS_WAIT)), str(project.heartbeat_secs))
+    local_project.write_config(heartbeat_secs=None)  # absent: the one default
+    assert load_project(local_project.root).heartbeat_secs == HEARTBEAT_SECS
+    assert (spec["ABLATE_SLURM_GRACE"], spec["ABLATE_SLURM_MAX_RESTARTS"], spec["ABLATE_STOP_GRACE"]) == (
+        str(DEFAULT_GRACE), str(DEFAULT_MAX_RESTARTS), "120")

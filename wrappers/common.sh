@@ -6,10 +6,10 @@
 now() { T=${EPOCHREALTIME/,/.}; }  # some locales print a decimal comma
 # A network FS's outage (sshfs, NFS): calls block, then fail (EIO) until its server is back. No
 # line of the sweep's record may be lost to it: wait for the FS (a file made and removed: a real
-# round trip, never a cached stat), at most ABLATE_FS_WAIT seconds (default 900), then write again.
+# round trip, never a cached stat), at most ABLATE_FS_WAIT seconds (the run spec's: remote/objstore.py FS_WAIT), then write again.
 fs_up() { local p=$ABLATE_ROOT/.up.$ABLATE_HOST.$BASHPID; { : >"$p" && rm -f -- "$p"; } 2>/dev/null; }
 fs_wait() {
-  local until=$((SECONDS + ${ABLATE_FS_WAIT:-900}))
+  local until=$((SECONDS + ABLATE_FS_WAIT))
   until fs_up; do
     (( SECONDS < until )) || return 1
     sleep 2

@@ -20,6 +20,7 @@ fi
 SPEC=$1 NAME=$2 CFG=$3 TASK=$4 EPOCHS=$5 CAT=$6 RESUME=$7
 # shellcheck source=/dev/null
 source "$SPEC" || { echo "run_one: cannot read the run spec $SPEC" >&2; exit 125; }
+[[ ${ABLATE_FS_WAIT-} =~ ^[0-9]{1,7}$ ]] || { echo "run_one: the run spec $SPEC has no ABLATE_FS_WAIT: deploy again" >&2; exit 125; }
 
 QUEUE=${ABLATE_QUEUE:--}
 EVENTS=${ABLATE_EVENTS:-$ABLATE_ROOT/events/$ABLATE_HOST.$QUEUE.jsonl}

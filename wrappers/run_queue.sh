@@ -34,7 +34,7 @@ source "$SPEC" || { echo "run_queue: cannot read the run spec $SPEC" >&2; exit 2
 ABLATE_CLAIM_WAIT=${CLAIM_WAIT_ENV:-${ABLATE_CLAIM_WAIT-}}
 # The spec's numbers, each written by `ablate deploy` from its one definition in Python (docs/
 # ARCHITECTURE.md, "Run spec"): this shell keeps no copy of them, and runs nothing without them.
-for v in ABLATE_HEARTBEAT_SECS ABLATE_STEAL ABLATE_PIN_GPU ABLATE_STOP_GRACE ABLATE_CLAIM_WAIT \
+for v in ABLATE_HEARTBEAT_SECS ABLATE_STEAL ABLATE_PIN_GPU ABLATE_STOP_GRACE ABLATE_CLAIM_WAIT ABLATE_FS_WAIT \
     ABLATE_CALIBRATE_TIMEOUT ABLATE_SLURM_GRACE ABLATE_SLURM_MAX_RESTARTS ABLATE_SLURM_RESUBMIT \
     ABLATE_SLURM_FALLBACK_WAIT ${ABLATE_SERVICES:+ABLATE_SVC_GRACE}; do
   [[ ${!v-} =~ ^[0-9]{1,7}$ ]] || { echo "run_queue: the run spec $SPEC has no $v (got '${!v-}'): deploy again" >&2; exit 2; }
@@ -70,7 +70,7 @@ mkdir -p "$ROOT/events" "$ROOT/heartbeats" "$CLAIMS" "$FINAL" "$TAILS" || {
   echo "run_queue: cannot create directories under $ROOT" >&2
   exit 2
 }
-export ABLATE_TASK_EPOCHS=${ABLATE_TASK_EPOCHS-} ABLATE_HEARTBEAT_SECS  # for the decisions
+export ABLATE_TASK_EPOCHS=${ABLATE_TASK_EPOCHS-} ABLATE_HEARTBEAT_SECS ABLATE_FS_WAIT  # for the decisions
 
 # The process group is what `ablate stop` kills: fields after "(comm)" in /proc/PID/stat are
 # state, ppid, pgrp.

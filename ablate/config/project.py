@@ -35,6 +35,7 @@ from ablate.config.slurm import SlurmSettings, parse_slurm
 from ablate.config.storage import SAFE_PATH, local_path, one_place, parse_place
 from ablate.errors import ConfigError
 from ablate.remote.artifacts import PICKS
+from ablate.remote.defaults import HEARTBEAT_SECS
 from ablate.remote.layout import SweepLayout
 
 CONFIG_NAME = "ablate.yaml"
@@ -409,7 +410,7 @@ def load_project(directory: Path | str = ".") -> Project:
         ssh_config=r.text("ssh_config"),
         resources=resources_,
         candidates=tuple(candidates),
-        heartbeat_secs=r.whole("heartbeat_secs", 10) or 10,
+        heartbeat_secs=r.whole("heartbeat_secs", HEARTBEAT_SECS) or HEARTBEAT_SECS,
         costs=parse_costs(r, tasks),
         monitor=parse_monitor(r),
         report=parse_report(r, artifacts.metrics_keys),

@@ -31,6 +31,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+# Seconds an outage is waited out before a write gives up: a shared FS's (wrappers/common.sh
+# `fs_wait`, which reads it from the run spec: ablate/run/placement.py) and a store's alike; env
+# ABLATE_FS_WAIT in the runner's process. Defined here: the boot program ships this module alone.
+FS_WAIT = 900.0
+
 SCHEME = "s3://"
 # The codes that say "the condition did not hold": 412 PreconditionFailed, and 409
 # ConditionalRequestConflict (AWS: a concurrent conditional write to the same key; retry it).
@@ -119,7 +124,7 @@ def _status(e: BaseException) -> int:
 class Store:
     """One bucket and prefix. `endpoint`: a non-AWS endpoint's URL (R2, B2, MinIO, GCS's XML API),
     reached path-style. `wait`: seconds an unreachable store is waited out (default ABLATE_FS_WAIT,
-    else 900). `attempts`: botocore's attempts per request before that wait takes over."""
+    else FS_WAIT). `attempts`: botocore's attempts per request before that wait takes over."""
 
     def __init__(self, url: str, endpoint: str | None = None, *, wait: float | None = None,
                  attempts: int = 5, timeout: float = 30.0) -> None:
@@ -131,9 +136,9 @@ class Store:
         self.endpoint = endpoint or None
         if wait is None:
             try:
-                wait = float(os.environ.get("ABLATE_FS_WAIT", "900"))
+                wait = float(os.environ.get("ABLATE_FS_WAIT", FS_WAIT))
             except ValueError:
-                wait = 900.0
+                wait = FS_WAIT
         self.wait = wait
         self.requests: dict[str, int] = {}  # per operation, for the benchmarks and `--verbose`
         self.last_date: float | None = None  # the store's `Date` at the last listing (its clock)

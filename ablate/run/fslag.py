@@ -54,6 +54,7 @@ from typing import Any
 
 from ablate.config.project import Project
 from ablate.errors import AblateError
+from ablate.remote.defaults import CLAIM_WAIT
 from ablate.remote.layout import SweepLayout
 from ablate.sweep.lock import whoami
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport
@@ -62,7 +63,7 @@ from ablate.util.fmt import Log
 # Seconds a reader waits for a write before the pair is "> cap" (env ABLATE_FS_LAG_CAP): above the
 # longest cache a default mount keeps (NFS `acdirmax` / `acregmax` 60 s, sshfs or FUSE set to 60 s),
 # with margin. Only a lagging pair waits it: a reader reports each write the moment it sees it.
-CAP = 150.0
+CAP = float(CLAIM_WAIT)  # run_queue's wait for a claim's owner covers the same lag
 CAP_ENV = "ABLATE_FS_LAG_CAP"
 NEAR = 0.75  # a lag above this share of the cap warns: a slower moment would fail doctor
 POLL = 0.05  # seconds between a reader's looks

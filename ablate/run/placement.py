@@ -31,6 +31,7 @@ from ablate.config.project import Host, Project
 from ablate.config.slurm import DEFAULT_GRACE, DEFAULT_MAX_RESTARTS
 from ablate.remote.defaults import CLAIM_WAIT
 from ablate.remote.layout import SweepLayout
+from ablate.remote.objstore import FS_WAIT
 from ablate.remote.stopping import FALLBACK_WAIT
 from ablate.transport import SharedFS
 from ablate.transport.base import CreateImmutable, Read
@@ -146,6 +147,7 @@ def stop_spec(project: Project, host: Host) -> dict[str, str]:
                                  if slurm is not None else (False, DEFAULT_GRACE, DEFAULT_MAX_RESTARTS))
     return {"ABLATE_STOP_GRACE": str(max(1, math.ceil(project.monitor.stop_grace))),
             "ABLATE_CLAIM_WAIT": str(CLAIM_WAIT),
+            "ABLATE_FS_WAIT": str(int(FS_WAIT)),
             "ABLATE_PIN_GPU": "1" if host.pins_gpus else "0",
             "ABLATE_SLURM_RESUBMIT": "1" if resubmit else "0",
             "ABLATE_SLURM_GRACE": str(grace),
