@@ -166,6 +166,21 @@ def test_no_module_is_over_about_500_lines() -> None:
     assert not long, f"split these: {long}"
 
 
+# The wrappers keep the processes' life; what they decide is the runner's Python (issue 42: the Slurm
+# adapter and run_queue's stop path had regrown 500 lines of decisions in bash). A wrapper past its
+# size here is a decision that belongs in ablate/remote/, with a millisecond test.
+WRAPPER_LINES = {"run_queue.sh": 700, "slurm_sessions.sh": 250, "run_one.sh": 250, "services.sh": 250,
+                 "common.sh": 120}
+
+
+def test_the_wrappers_stay_within_their_sizes() -> None:
+    wrappers = PACKAGE.parent / "wrappers"
+    sizes = {p.name: len(p.read_text().splitlines()) for p in wrappers.glob("*.sh")}
+    assert set(sizes) == set(WRAPPER_LINES), "a new wrapper file: give it a size here"
+    over = {name: n for name, n in sizes.items() if n > WRAPPER_LINES[name]}
+    assert not over, f"move their decisions into the runner's Python: {over}"
+
+
 # --------------------------------------------------------------------------- commands
 
 CLI = PACKAGE / "cli.py"
