@@ -6,6 +6,9 @@ path for an uninstalled checkout."""
 
 from __future__ import annotations
 
+import io
+import zipfile
+from collections.abc import Sequence
 from importlib import resources
 
 from ablate.errors import AblateError
@@ -28,3 +31,21 @@ def listing(package: str, suffix: str) -> dict[str, bytes]:
         raise AblateError(f"package data {package} is not installed with ablate ({e}); "
                           "reinstall it: pip install .") from e
     return {e.name: e.read_bytes() for e in entries if e.name.endswith(suffix) and e.is_file()}
+
+
+def zipapp(main: bytes, modules: Sequence[str], *, deflate: bool) -> bytes:
+    """A zipapp of `__main__.py` (`main`) and the named `ablate/remote/` modules under their package
+    names, so `python3 X.pyz` runs the very code the controller imports; byte-for-byte the same for
+    the same sources (fixed dates and modes; `deflate=False` stores them, independent of zlib's
+    version too): its content names it."""
+    how = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
+    files = {"__main__.py": main, "ablate/__init__.py": b"", "ablate/remote/__init__.py": b"",
+             **{f"ablate/remote/{name}": read("ablate.remote", name) for name in modules}}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", how) as z:
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = how
+            info.external_attr = 0o444 << 16
+            z.writestr(info, data)
+    return buf.getvalue()

@@ -14,14 +14,12 @@ store), and a storage host's spec names the paths of its own copy of the sweep o
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import posixpath
 import re
 import shlex
 import time
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,20 +86,7 @@ def packaged_runner() -> bytes:
     """The zipapp run_queue asks its decisions of (`ablate/remote/runner.py` with the modules it
     imports, under their own package names, so `python3 runner.<sha12>.pyz` runs the very code the
     controller imports). Byte-for-byte the same for the same sources: its name is its content."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        def put(name: str, data: bytes) -> None:
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o444 << 16
-            z.writestr(info, data)
-
-        put("__main__.py", _RUNNER_MAIN)
-        put("ablate/__init__.py", b"")
-        put("ablate/remote/__init__.py", b"")
-        for name in RUNNER_MODULES:
-            put(f"ablate/remote/{name}", packaged.read("ablate.remote", name))
-    return buf.getvalue()
+    return packaged.zipapp(_RUNNER_MAIN, RUNNER_MODULES, deflate=True)
 
 
 def render_spec(project: Project, host: Host, run_one_path: str, runner_path: str = "") -> bytes:

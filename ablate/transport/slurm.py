@@ -53,9 +53,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import io
 import threading
-import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from ablate import resources as packaged
@@ -80,15 +78,7 @@ def decisions_pyz() -> bytes:
     """The zipapp the adapter starts for its decisions (`python -S .adapter.<sha12>.pyz serve ...`):
     the modules under their package names, stored (no zlib: byte-for-byte the same for the same
     sources on every controller)."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
-        files = {"__main__.py": _MAIN, "ablate/__init__.py": b"", "ablate/remote/__init__.py": b"",
-                 **{f"ablate/remote/{n}": packaged.read("ablate.remote", n) for n in DECISIONS}}
-        for name, data in files.items():
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o444 << 16
-            z.writestr(info, data)
-    return buf.getvalue()
+    return packaged.zipapp(_MAIN, DECISIONS, deflate=False)
 
 
 PYZ = decisions_pyz()
