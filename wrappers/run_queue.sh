@@ -352,9 +352,10 @@ safe_cell() {  # safe_cell NAME CFG TASK EPOCHS CAT: a decision's cell is what i
 claim() {  # claim NAME IDX: 0 when this call created claims/NAME and owns it
   local waited=0 rc
   # Asked of the runner's process: a sweep kept in a store is claimed there (its conditional create:
-  # exactly one claimer gets it); `fs`: on the shared FS, here.
-  until decide claim "$1" "$2"; rc=$?; (( rc < 2 || rc == 125 )); do
-    say "the store did not take the claim of $1 (rc $rc); trying again"
+  # exactly one claimer gets it); `fs`: on the shared FS, here. No answer (the store unreachable,
+  # the runner's process gone) is never "someone's claim": asked again, never a cell passed over.
+  until decide claim "$1" "$2"; rc=$?; (( rc < 2 )); do
+    say "the runner did not answer the claim of $1 (rc $rc); trying again"
     sleep 5
   done
   [[ $rc == 0 && $DECISION == $'fs\n' ]] || return $(( rc != 0 ))
