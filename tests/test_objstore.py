@@ -16,7 +16,7 @@ import pytest
 
 from ablate.remote.mirror import WALK, Mirror
 from ablate.remote.objstore import Store, StoreDown, parse_url
-from tests.helpers.s3 import S3, FaultProxy
+from tests.helpers.s3 import CREDS, S3, FaultProxy
 
 
 def store(s3: S3) -> Store:
@@ -68,7 +68,9 @@ def test_racing_creates_one_winner_and_appends_all_kept(s3: S3) -> None:
     assert ev is not None and sorted(ev.data.splitlines(keepends=True)) == sorted(lines)
 
 
-def test_unreachable_store_waits_then_says_so() -> None:
+def test_unreachable_store_waits_then_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in CREDS.items():  # credentials, so what is tested is the unreachable endpoint
+        monkeypatch.setenv(k, v)
     st = Store("s3://sweep-bucket/x", "http://127.0.0.1:9", wait=1, attempts=1)
     t0 = time.monotonic()
     with pytest.raises(StoreDown, match="did not answer"):
