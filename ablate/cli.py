@@ -144,7 +144,7 @@ def init(app: App, profile: str) -> None:
 @pass_app
 def doctor(app: App, hosts: str | None, as_json: bool) -> None:
     """Preflight per host: SSH, tmux, shared FS really shared, budget, GPUs, drift.  Example: ablate doctor"""
-    from ablate.run.doctor import doctor as do_doctor
+    from ablate.doctor.command import doctor as do_doctor
 
     report = do_doctor(app.project(), _hosts(hosts), log=app.log)
     app.emit(report, as_json)

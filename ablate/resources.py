@@ -1,6 +1,6 @@
 """The one way to read files shipped inside the package: the wrappers (`ablate.wrappers`, from the
 top-level `wrappers/`), the profiles (`ablate.profiles`, from `profiles/`), the report's assets and
-the host-side package `ablate.remote`. setup.cfg maps `wrappers/` and `profiles/` into the package,
+the host-side modules of `ablate.remote`. setup.cfg maps `wrappers/` and `profiles/` into the package,
 so ablate must be installed (`pip install .` or `-e .`) for them to be found; there is no second
 path for an uninstalled checkout."""
 
@@ -33,14 +33,32 @@ def listing(package: str, suffix: str) -> dict[str, bytes]:
     return {e.name: e.read_bytes() for e in entries if e.name.endswith(suffix) and e.is_file()}
 
 
+def module(name: str) -> bytes:
+    """The source of the installed module `name` (dotted: "ablate.remote.queue.runner")."""
+    package, _, leaf = name.rpartition(".")
+    return read(package, f"{leaf}.py")
+
+
+def module_files(modules: Sequence[str]) -> dict[str, bytes]:
+    """Path -> source of the named modules (dotted), each under its package's path, with an empty
+    `__init__.py` for every package on the way: what runs them anywhere with only the stdlib."""
+    files: dict[str, bytes] = {}
+    for name in modules:
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            files.setdefault("/".join(parts[:i]) + "/__init__.py", b"")
+    for name in modules:
+        files["/".join(name.split(".")) + ".py"] = module(name)
+    return dict(sorted(files.items()))
+
+
 def zipapp(main: bytes, modules: Sequence[str], *, deflate: bool) -> bytes:
-    """A zipapp of `__main__.py` (`main`) and the named `ablate/remote/` modules under their package
-    names, so `python3 X.pyz` runs the very code the controller imports; byte-for-byte the same for
-    the same sources (fixed dates and modes; `deflate=False` stores them, independent of zlib's
+    """A zipapp of `__main__.py` (`main`) and the named modules (dotted) under their package paths,
+    so `python3 X.pyz` runs the very code the controller imports; byte-for-byte the same for the
+    same sources (fixed dates and modes; `deflate=False` stores them, independent of zlib's
     version too): its content names it."""
     how = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
-    files = {"__main__.py": main, "ablate/__init__.py": b"", "ablate/remote/__init__.py": b"",
-             **{f"ablate/remote/{name}": read("ablate.remote", name) for name in modules}}
+    files = {"__main__.py": main, **module_files(modules)}
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", how) as z:
         for name, data in files.items():

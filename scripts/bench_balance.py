@@ -36,17 +36,18 @@ the exact world); a queue file lists its cells longest declared cost first, as `
                 knows nothing of speeds: at t=0 the hosts take cells in host order (a random order)
   static plan   `ablate.plan.balance.balance` (the real planner) on the declared costs and speeds
   plan+steal    the static plan, and a host whose queue drains steals by run_queue's rule
-                (ablate.remote.rules.pick_steal, min-max below) on the declared figures (estimates.tsv as
-                written at launch): with t(c, h) = cost(c) / declared_speed(h), for every other host j with
-                a not-started cell, remaining_j = max(0, t(current_j, j) - elapsed_j) + sum(t(c, j) of j's
-                not-started cells); hosts by remaining, largest first; from the first that has a not-started
-                cell c with t(c, me) <= its finish there, counted at its place (max(0, t(current_j, j) -
-                elapsed_j) + sum(t(., j) of j's not-started cells up to and including c)), the one that
-                minimises max(remaining_j - t(c, j), t(c, me)), the later of the victim's new finish and the
-                thief's (ties: the later place, which the victim reaches last); run it and repeat; with no
-                steal the host stops for good. (Declared units are taken as seconds when the elapsed time is
-                subtracted, as the runner does: the most favourable reading, since a guessed task is right
-                on average.) The runner also puts a higher `priority=` first; the sweeps here have none.
+                (ablate.remote.queue.rules.pick_steal, min-max below) on the declared figures (estimates.tsv
+                as written at launch): with t(c, h) = cost(c) / declared_speed(h), for every other host j
+                with a not-started cell, remaining_j = max(0, t(current_j, j) - elapsed_j) + sum(t(c, j) of
+                j's not-started cells); hosts by remaining, largest first; from the first that has a
+                not-started cell c with t(c, me) <= its finish there, counted at its place (max(0,
+                t(current_j, j) - elapsed_j) + sum(t(., j) of j's not-started cells up to and including c)),
+                the one that minimises max(remaining_j - t(c, j), t(c, me)), the later of the victim's new
+                finish and the thief's (ties: the later place, which the victim reaches last); run it and
+                repeat; with no steal the host stops for good. (Declared units are taken as seconds when the
+                elapsed time is subtracted, as the runner does: the most favourable reading, since a guessed
+                task is right on average.) The runner also puts a higher `priority=` first; the sweeps here
+                have none.
 Variants and references, in the same run:
   first fit           the same victims in the same order; the candidate is the FIRST of j's
                       not-started cells (queue order) that finishes here before it would there, at
@@ -125,15 +126,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (it puts this checkout on sys.path)
 
-from benchlib import measured_line, p90, write_section  # noqa: E402
+from benchlib import mean, measured_line, p90, publish
 
-from ablate.plan.balance import balance  # noqa: E402  (after the sys.path lines above)
-from ablate.remote.learn import Observation, learn_rates  # noqa: E402
-from ablate.remote.rules import Candidate, HeadCell, Victim, deal_first, pick_steal  # noqa: E402
+from ablate.plan.balance import balance
+from ablate.plan.balance import lower_bound as work_bound
+from ablate.remote.queue.learn import Observation, learn_rates
+from ablate.remote.queue.rules import Candidate, HeadCell, Victim, deal_first, pick_steal
 
 LARGE_P, LARGE, SMALL = 0.3, (4.0, 8.0), (0.8, 1.6)
 SPEED = (0.5, 1.5)
@@ -145,7 +145,7 @@ SMALL_MEAN = sum(SMALL) / 2
 
 
 # =========================================================================== learned figures
-# ablate/remote/learn.py (stdlib only, shipped to the instances): learn_rates, Rates, DECLARED.
+# ablate/remote/queue/learn.py (stdlib only, shipped to the instances): learn_rates, Rates, DECLARED.
 
 
 # =========================================================================== worlds
@@ -201,9 +201,12 @@ def misspecified_sweep(rng: random.Random) -> Sweep:
 
 
 def lower_bound(sw: Sweep, sigma: float, d: list[list[float]]) -> float:
-    """No schedule of the sweep at this sigma ends before this (the module docstring)."""
+    """No schedule of the sweep at this sigma ends before this (the module docstring). Without an
+    overhead it is the planner's bound (`ablate.plan.balance.lower_bound`, the one `ablate plan` and
+    `ablate report` divide by) on the true work and speeds; with one, a cell's time is not its work
+    over the speed, a case production never bounds: the fractional relaxation below."""
     work = [e * sw.scale[t] * math.exp(sigma * z) for e, t, z in zip(sw.est, sw.task, sw.z, strict=True)]
-    flat = max(sum(work) / sum(sw.speeds), max(work) / max(sw.speeds))
+    flat = work_bound(work, sw.speeds)
     if sw.overhead == 0.0:  # d[i][h] = work_i / v_h: that is the relaxation's optimum
         return flat
     longest = max(min(row) for row in d)
@@ -239,7 +242,10 @@ def lower_bound(sw: Sweep, sigma: float, d: list[list[float]]) -> float:
 
 
 Durations = list[list[float]]
-Policy = Callable[[Sweep, Durations], float]  # (sweep, true d[cell][host]) -> makespan
+# (sweep, true d[cell][host]) -> makespan. The policies simulate the runners, so their makespans are
+# the simulation's own (when its last cell ends); production computes a makespan only from a real
+# sweep's events (ablate.report.timeline), which a simulation has none of.
+Policy = Callable[[Sweep, Durations], float]
 
 
 # =========================================================================== policies
@@ -341,7 +347,7 @@ def rule_first_fit(me: int, now: float, t: Estimate, pending: list[list[int]],
 
 def rule_min_max(me: int, now: float, t: Estimate, pending: list[list[int]],
                  current: Current) -> tuple[int, int] | None:
-    """run_queue's steal pick itself (`ablate.remote.rules.pick_steal`, the function a draining
+    """run_queue's steal pick itself (`ablate.remote.queue.rules.pick_steal`, the function a draining
     runner's decision runs) on the simulated machines: each other machine with a not-started cell is
     a victim (its remaining time: its current cell's time left, then its cells in queue order), each
     of its cells a candidate (its time here; when it would end there, at its place; its time there);
@@ -526,7 +532,7 @@ def with_stealing(rule: StealRule, knowledge: Knowledge = "declared", longest: b
                     + sum(t(c, i) for c in first[i]) for i, cur in enumerate(current)]
             free[j] = now
             live = [i for i in range(m) if i not in stopped]
-            # run_queue's deal itself (ablate.remote.rules.deal_first): the shared head has no owner
+            # run_queue's deal itself (ablate.remote.queue.rules.deal_first): the shared head has no owner
             cells = [HeadCell(0, str(c), -1, k, 0) for k, c in enumerate(head)]
             return deal_first(cells, [free[i] for i in live], lambda k, r: t(head[k], live[r]),
                               live.index(j), gate)
@@ -868,10 +874,6 @@ def run_parallel(sweeps: list[Sweep], sigmas: Sequence[float], jobs: int, extra:
     return {p: {s: [x for part in parts for x in part[p][s]] for s in sigmas} for p in names}
 
 
-def mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs)
-
-
 def table(res: Results, sigmas: Sequence[float]) -> list[str]:
     head = "| policy | " + " | ".join(f"sigma={s:g} mean | sigma={s:g} p90" for s in sigmas) + " |"
     rows = [head, "|:--|" + "--:|--:|" * len(sigmas)]
@@ -998,9 +1000,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         cmd = (f"python3 scripts/bench_balance.py --sweeps {args.sweeps} --seed {args.seed} "
                f"--sigmas {args.sigmas}" + (" --candidates" if args.candidates else ""))
-        path = write_section("bench_balance", section(cmd, n, args.seed, rows_exact, notes_exact,
-                                                      rows_mis, notes_mis))
-        print(f"wrote {path.relative_to(REPO)}")
+        publish("bench_balance", section(cmd, n, args.seed, rows_exact, notes_exact, rows_mis, notes_mis),
+                True, echo=False)
     return 0
 
 

@@ -8,7 +8,7 @@ has `ConnectTimeout --connect-timeout`. Each repetition makes two fresh sweeps (
 trivial cell per host) and times, one right after the other so that any noise hits them all:
 
   launch_first  `ablate launch --all` on sweep A, first contact: no SSH connection open and no
-                host agent running (ablate/remote/agent.py; the bench ends them, as a reboot would)
+                host agent running (ablate/remote/host/agent.py; the bench ends them, as a reboot would)
   parallel      `parallel -j0 ssh -F CFG -o ControlMaster=no -o ControlPath=none {} true ::: HOSTS`
                 (new connections every time, never ablate's sockets)
   first         `ablate status` on sweep B, first contact (it starts the agents, as any first
@@ -73,15 +73,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (it puts this checkout on sys.path)
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+from benchlib import (
+    REPO,
+    CpuGroups,
+    ablate_version,
+    host_queue,
+    measured_line,
+    median,
+    publish,
+    ratio,
+    write_project,
+)
 
-from benchlib import CpuGroups, ablate_version, measured_line, median, publish  # noqa: E402
-
-from tests.testbed import Testbed, missing_requirement  # noqa: E402  (after the sys.path lines above)
+from tests.testbed import Testbed, missing_requirement
 
 # -S: no `site`, so none of this machine's .pth hooks (a sandbox's CA hook that imports certifi, the
 # editable install's finder: ~40 ms a start, the `python -c pass` rows) that an ablate installed by
@@ -210,26 +216,20 @@ class Bench:
 
 
 def project(tb: Testbed, base: Path, sweep: str, ssh_config: Path) -> Path:
-    proj = base / sweep
-    (proj / "profiles").mkdir(parents=True)
-    (proj / "queues").mkdir()
-    (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
-        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt",
-        # the interpreter itself, as `python3` is on a conda or system install; on this machine
-        # `python3` on PATH is a pyenv shim, a bash script that costs ~0.15 s of CPU per start
-        "python": sys.executable}))
-    for i, host in enumerate(tb.hosts):
-        cfg = proj / "configs" / f"{sweep}c{i}.yaml"
-        for where in (cfg, tb.shared_dir / "bench" / sweep / "configs" / cfg.name):  # workdir on the FS
-            where.parent.mkdir(parents=True, exist_ok=True)
-            where.write_text(f"seed: {i}\n")
-        (proj / "queues" / f"q{i}.txt").write_text(f"# ablate: host={host}\nconfigs/{cfg.name} t\n")
-    (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "tb", "sweep": sweep, "workdir": f"{tb.shared_path}/bench/{sweep}", "train": TRAIN,
-        "artifacts": {"checkpoint": "ckpt.bin"}, "tasks": {"t": {"epochs": 1}},
-        "heartbeat_secs": 1, "ssh_config": str(ssh_config),
-        "hosts": {h: {} for h in tb.hosts}}, sort_keys=False))
-    return proj
+    """One queue of one trivial cell per host."""
+    work = tb.shared_dir / "bench" / sweep  # the workdir, as this machine sees it
+    return write_project(
+        base / sweep, sweep, profile="tb", profile_settings={
+            "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt",
+            # the interpreter itself, as `python3` is on a conda or system install; on this machine
+            # `python3` on PATH is a pyenv shim, a bash script that costs ~0.15 s of CPU per start
+            "python": sys.executable},
+        configs={f"{sweep}c{i}": f"seed: {i}\n" for i in range(len(tb.hosts))},
+        work=work, workdir=f"{tb.shared_path}/bench/{sweep}",
+        queues={f"q{i}": host_queue(host, [f"configs/{sweep}c{i}.yaml t"])
+                for i, host in enumerate(tb.hosts)},
+        train=TRAIN, artifacts={"checkpoint": "ckpt.bin"}, tasks={"t": {"epochs": 1}},
+        heartbeat_secs=1, ssh_config=str(ssh_config), hosts={h: {} for h in tb.hosts})
 
 
 def _pids_mentioning(text: str) -> list[int]:
@@ -306,7 +306,7 @@ def unblackhole(tb: Testbed, host: str) -> None:
 
 
 def end_agents(tb: Testbed) -> None:
-    """End the host agents ablate started (ablate/remote/agent.py): the next "cold" command finds
+    """End the host agents ablate started (ablate/remote/host/agent.py): the next "cold" command finds
     nothing running on the instances, as after a reboot."""
     for host in tb.hosts:
         for pid in subprocess.run(["ip", "netns", "pids", tb.netns(host)], capture_output=True,
@@ -551,10 +551,6 @@ def dead(bench: Bench, tb: Testbed, proj: Path, size: Size) -> None:
     close_masters(cold)
 
 
-def fmt_ratio(x: float) -> str:
-    return f"{x:.2f}x"
-
-
 def tables(sizes: list[Size]) -> list[str]:
     out = ["| hosts | command | median (s) | min-max (s) | x parallel | target | result "
            "| CPU-s, command (median) | CPU-s, instances (median) |",
@@ -563,18 +559,18 @@ def tables(sizes: list[Size]) -> list[str]:
         par = s.med("parallel")
         for k in KEYS:
             xs = s.times[k] or [float("nan")]
-            ratio = s.med(k) / par
+            vs_par = ratio(s.med(k), par)
             failed = s.failed.get(k, 0)
             if k in TARGET:
                 limits = [1.0, TARGET[k]] if TARGET[k] < 1.0 else [1.0]
                 target = " and ".join(f"<= {t:g}x" for t in sorted(set(limits), reverse=True))
-                result = "PASS" if not failed and all(ratio <= t for t in limits) else "FAIL"
+                result = "PASS" if not failed and all(vs_par <= t for t in limits) else "FAIL"
             else:
                 target, result = "-", "-"
             if failed:
                 result += f" ({failed} run(s) failed)"
             out.append(f"| {s.n} | {LABELS[k]} | {s.med(k):.3f} | {min(xs):.3f}-{max(xs):.3f} | "
-                       f"{fmt_ratio(ratio)} | {target} | {result} | {s.cpu_med(k, 0):.3f} | "
+                       f"{vs_par:.2f}x | {target} | {result} | {s.cpu_med(k, 0):.3f} | "
                        f"{s.cpu_med(k, 1):.3f} |")
     out += ["", "| hosts | status with one host dead | wall (s) | exit | over healthy (s) | "
             "ConnectTimeout (s) | about | ssh runs to it | target | result |",

@@ -29,7 +29,7 @@ runner has nothing of its own, and differs only in the figures the deal is made 
                     before it stops (run_queue never leaves a line of its own file behind)
 
 The `run_queue with calibrate` row is what run_queue does (its "shared head" and "calibration"): the
-deal and the steal pick are the very functions its decisions run (`ablate/remote/rules.py`'s
+deal and the steal pick are the very functions its decisions run (`ablate/remote/queue/rules.py`'s
 `deal_first` and `pick_steal`, through bench_balance); the rows after it are the same with a
 benchmark that costs more (a benchmark of a few seconds against cells of minutes is about 1 %; one
 as long as a small cell, 100 %).
@@ -58,10 +58,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (it puts this checkout on sys.path)
 
 import bench_balance as bb
-from benchlib import ablate_version, measured_line, p90, publish
+from benchlib import ablate_version, mean, measured_line, p90, publish
 
 TARGET = (1.08, 1.15)  # issue 13: mean and p90 of makespan / lower bound at sigma = 0.3
 BUCKETS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # ended cells per host, lower edges
@@ -180,7 +180,7 @@ def run(sweeps: Sequence[bb.Sweep], sigma: float) -> Part:
     small = []
     for sw in sweeps:
         d = sw.durations(sigma)
-        lb = bb.lower_bound(sw, sigma, d)
+        lb = bb.lower_bound(sw, sigma, d)  # bench_balance's: the planner's bound, or its relaxation
         for row in ROWS:
             seen = measured_sweep(sw, row.calibrate[1]) if row.calibrate and row.everywhere else sw
             ratios[row.label].append(policy(row)(seen, d) / lb)
@@ -197,10 +197,6 @@ def run_parallel(sweeps: list[bb.Sweep], sigma: float, jobs: int) -> Part:
         parts = pool.starmap(run, [(sweeps[a:b], sigma) for a, b in itertools.pairwise(bounds)])
     return ({row.label: [x for p in parts for x in p[0][row.label]] for row in ROWS},
             [x for p in parts for x in p[1]], [x for p in parts for x in p[2]])
-
-
-def mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else float("nan")
 
 
 def tables(part: Part) -> list[str]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What a draining runner pays to learn before a steal: the learning step (`ablate/remote/learn.py`,
+"""What a draining runner pays to learn before a steal: the learning step (`ablate/remote/queue/learn.py`,
 run as `python3 learn.py ROOT`: the fit the runner's `drained` decision makes before its pick)
 against a bare `python3 -c pass`, side by side, on sweeps whose events hold N ended cells.
 
@@ -19,16 +19,14 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (it puts this checkout on sys.path)
 
-from benchlib import ablate_version, measured_line, median, publish  # noqa: E402
+from benchlib import ablate_version, alternate, measured_line, publish
 
-from ablate.run.deploy import packaged_learn  # noqa: E402
+from ablate.run.deploy import packaged_learn
 
 RUNNERS = 8
 
@@ -54,13 +52,13 @@ def sweep(root: Path, cells: int) -> int:
     return size
 
 
-def timed(argv: list[str]) -> float:
-    t = time.perf_counter()
-    p = subprocess.run(argv, capture_output=True)
-    took = time.perf_counter() - t
-    if p.returncode not in (0,):
-        raise SystemExit(f"{argv} exited {p.returncode}: {p.stderr.decode(errors='replace')[-300:]}")
-    return took
+def command(argv: list[str]) -> Callable[[int], Callable[[], None]]:
+    """A way for `alternate`: run `argv`, which must exit 0."""
+    def run() -> None:
+        p = subprocess.run(argv, capture_output=True)
+        if p.returncode != 0:
+            raise SystemExit(f"{argv} exited {p.returncode}: {p.stderr.decode(errors='replace')[-300:]}")
+    return lambda _r: run
 
 
 def main() -> None:
@@ -84,11 +82,9 @@ def main() -> None:
         for n in sizes:
             root = Path(d) / f"s{n}"
             size = sweep(root, n)
-            learn, bare = [], []
-            for _ in range(args.reps):
-                learn.append(timed([sys.executable, str(helper), str(root)]))
-                bare.append(timed([sys.executable, "-c", "pass"]))
-            ml, mb = median(learn) * 1000, median(bare) * 1000
+            got = alternate({"helper": command([sys.executable, str(helper), str(root)]),
+                             "bare": command([sys.executable, "-c", "pass"])}, args.reps)
+            ml, mb = got["helper"].median * 1000, got["bare"].median * 1000
             lines.append(f"| {n} | {size / 1024:.0f} KiB | {ml:.0f} | {mb:.0f} | {ml - mb:.0f} |")
     lines += ["", "It runs only when a queue has drained its own lines, once per steal; nothing of it "
               "is on a cell's path."]

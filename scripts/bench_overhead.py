@@ -33,16 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (it puts this checkout on sys.path)
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+from benchlib import measured_line, median, publish, write_project
 
-from benchlib import measured_line, median, write_section  # noqa: E402
-
-from ablate.config.project import load_project  # noqa: E402  (after the sys.path lines above)
-from ablate.run.deploy import deploy  # noqa: E402
+from ablate.config.project import load_project
+from ablate.run.deploy import deploy
 
 TRAIN = "mkdir -p {ckpt_dir} && cat {cfg} > {ckpt_dir}/ckpt.bin"
 BARE_LOOP = r"""
@@ -58,17 +54,10 @@ done
 
 
 def make_project(base: Path, sweep: str, n: int) -> tuple[Path, list[str]]:
-    proj = base / sweep
-    (proj / "configs").mkdir(parents=True)
-    cfgs = []
-    for i in range(n):
-        rel = f"configs/c{i:05d}.yaml"
-        (proj / rel).write_text(f"seed: {i}\nlr: 0.1\n")
-        cfgs.append(rel)
-    (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "local", "sweep": sweep, "train": TRAIN, "artifacts": {"checkpoint": "ckpt.bin"},
-        "tasks": {"t": {"epochs": 1}}, "hosts": {"h1": {}}}, sort_keys=False))
-    return proj, cfgs
+    configs = {f"c{i:05d}": f"seed: {i}\nlr: 0.1\n" for i in range(n)}
+    proj = write_project(base / sweep, sweep, train=TRAIN, artifacts={"checkpoint": "ckpt.bin"},
+                         tasks={"t": {"epochs": 1}}, hosts={"h1": {}}, configs=configs)
+    return proj, [f"configs/{c}.yaml" for c in configs]
 
 
 def wrapped(base: Path, rep: int, n: int) -> list[float]:
@@ -151,21 +140,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{n} cells x {reps} repetitions, median per cell")
     print("\n".join(rows))
     print(verdict)
-    if not args.no_write:
-        path = write_section("bench_overhead", [
-            "## Per-cell overhead of the wrappers (local FS)", "",
-            measured_line(f"python3 scripts/bench_overhead.py --cells {n} --reps {reps}"), "",
-            f"{n} cells of a tiny command (`{TRAIN}`) run by the real `run_queue.sh` / `run_one.sh` "
-            "(deployed by `ablate.run.deploy`, the real run spec; claims, events, heartbeat, copy + size + "
-            "sha256 checks, MANIFEST.json, rename) against the same command run bare from a bash loop "
-            "(`bash -c` per cell). Both on this machine's disk; bare and wrapped runs alternate, "
-            f"{reps} repetitions each, a fresh sweep each; median over repetitions of each run's "
-            "median per-cell time (wrapped: the gap between consecutive `end` events). CPU: user + "
-            "sys time of every process the run started, per cell (less sensitive to other load "
-            "than wall time: each cell forks ~30 short processes, which wait for a CPU on a "
-            "busy machine).", "",
-            *rows, "", f"- {verdict}", ""])
-        print(f"wrote {path.relative_to(REPO)}")
+    publish("bench_overhead", [
+        "## Per-cell overhead of the wrappers (local FS)", "",
+        measured_line(f"python3 scripts/bench_overhead.py --cells {n} --reps {reps}"), "",
+        f"{n} cells of a tiny command (`{TRAIN}`) run by the real `run_queue.sh` / `run_one.sh` "
+        "(deployed by `ablate.run.deploy`, the real run spec; claims, events, heartbeat, copy + size + "
+        "sha256 checks, MANIFEST.json, rename) against the same command run bare from a bash loop "
+        "(`bash -c` per cell). Both on this machine's disk; bare and wrapped runs alternate, "
+        f"{reps} repetitions each, a fresh sweep each; median over repetitions of each run's "
+        "median per-cell time (wrapped: the gap between consecutive `end` events). CPU: user + "
+        "sys time of every process the run started, per cell (less sensitive to other load "
+        "than wall time: each cell forks ~30 short processes, which wait for a CPU on a "
+        "busy machine).", "",
+        *rows, "", f"- {verdict}", ""], not args.no_write, echo=False)
     return 0
 
 

@@ -46,15 +46,13 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (it puts this checkout on sys.path)
 
-from benchlib import measured_line, median, write_section  # noqa: E402
+from benchlib import alternate, measured_line, publish, write_project
 
-from ablate.config.project import load_project  # noqa: E402
-from ablate.remote import artifacts, verify  # noqa: E402  (after the sys.path lines above)
-from ablate.results.reconcile import reconcile  # noqa: E402
+from ablate.config.project import load_project
+from ablate.remote.checkpoints import artifacts, verify
+from ablate.results.reconcile import reconcile
 
 
 @dataclass
@@ -107,22 +105,19 @@ def make_dataset(base: Path, label: str, n: int, mb: float, fmt: str, shards: in
     ckpt = "model.pth" if fmt == "torch" else "model.safetensors"
     if shards > 1:
         ckpt = "model*.safetensors*"
-    proj = base / label
-    (proj / "configs").mkdir(parents=True)
-    (proj / "queues").mkdir()
-    (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "local", "sweep": label, "train": "true {cfg} {ckpt_dir}",
-        "artifacts": {"checkpoint": ckpt, "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
-        "tasks": {"t": {"epochs": 1}}, "hosts": {"h1": {}}}, sort_keys=False))
+    names = [f"{label}{i:05d}" for i in range(n)]
+    proj = write_project(base / label, label, train="true {cfg} {ckpt_dir}",
+                         artifacts={"checkpoint": ckpt, "metrics": "metrics.json",
+                                    "metrics_keys": ["val_loss"]},
+                         tasks={"t": {"epochs": 1}}, hosts={"h1": {}},
+                         configs={name: f"seed: {i}\n" for i, name in enumerate(names)},
+                         queues={"q": [f"configs/{name}.yaml t 1" for name in names]})
     project = load_project(proj)
     final = Path(project.sweep_root(project.host("h1"))) / "final_ckpts"
     rng = np.random.default_rng(7)
-    lines, files = [], []
-    for i in range(n):
-        name = f"{label}{i:05d}"
+    files = []
+    for i, name in enumerate(names):
         cfg = f"configs/{name}.yaml"
-        (proj / cfg).write_text(f"seed: {i}\n")
-        lines.append(f"{cfg} t 1\n")
         d = final / name
         d.mkdir(parents=True)
         if shards > 1:
@@ -139,7 +134,6 @@ def make_dataset(base: Path, label: str, n: int, mb: float, fmt: str, shards: in
             "name": name, "cfg": cfg, "task": "t", "epochs": 1, "cat": "configs",
             "cfg_sha256": sha(proj / cfg), "host": "h1", "queue": "q", "artifacts": arts}))
         files += [*(d / f for f in ckpt_files), d / "metrics.json", d / f"{name}.log", d / "MANIFEST.json"]
-    (proj / "queues" / "q.txt").write_text("".join(lines))
     for f in files:  # on disk, so "cold" means the disk and not dirty pages
         with f.open("rb") as fh:
             os.fsync(fh.fileno())
@@ -178,28 +172,34 @@ def run_reconcile(ds: Dataset) -> None:
         raise SystemExit(f"bench_reconcile: {ds.label}: checked {report.checkpoint_checks}")
 
 
-def timed(fn: Callable[[], None]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def measure(ds: Dataset, reps: int) -> dict[str, float]:
-    """median seconds of cat / reconcile, cold and warm; and of sha256 alone (warm, one process)."""
-    keys = ("cat cold", "reconcile cold", "cat warm", "reconcile warm", "sha256 warm")
-    got: dict[str, list[float]] = {k: [] for k in keys}
+    """median seconds of cat / reconcile, cold (every file evicted first) and warm (every file read
+    once first); and of sha256 alone (warm, one process)."""
     set_verify(ds)
-    for r in range(reps):
-        for what, fn in (("cat", lambda: cat(ds.files)), ("reconcile", lambda: run_reconcile(ds))):
-            evict(ds.files)
-            got[f"{what} cold"].append(timed(fn))
-        for what, fn in (("cat", lambda: cat(ds.files)), ("reconcile", lambda: run_reconcile(ds))):
-            cat(ds.files)  # warm-up
-            got[f"{what} warm"].append(timed(fn))
-        got["sha256 warm"].append(timed(lambda: [artifacts.sha256_file(f) for f in ds.files]))
-        done = ", ".join(f"{k} {v[-1]:.2f}s" for k, v in got.items())
-        print(f"{ds.label} rep {r}: {done}", file=sys.stderr)
-    return {k: median(v) for k, v in got.items()}
+
+    def way(fn: Callable[[], object], before: Callable[[list[Path]], None] | None = None,
+            ) -> Callable[[int], Callable[[], object]]:
+        def prepare(_r: int) -> Callable[[], object]:
+            if before is not None:
+                before(ds.files)
+            return fn
+        return prepare
+
+    last: dict[str, float] = {}
+
+    def progress(w: str, r: int, secs: float) -> None:
+        last[w] = secs
+        if w == "sha256 warm":  # the round's last
+            print(f"{ds.label} rep {r}: " + ", ".join(f"{k} {v:.2f}s" for k, v in last.items()),
+                  file=sys.stderr)
+
+    got = alternate({"cat cold": way(lambda: cat(ds.files), evict),
+                     "reconcile cold": way(lambda: run_reconcile(ds), evict),
+                     "cat warm": way(lambda: cat(ds.files), cat),
+                     "reconcile warm": way(lambda: run_reconcile(ds), cat),
+                     "sha256 warm": way(lambda: [artifacts.sha256_file(f) for f in ds.files])},
+                    reps, after=progress)
+    return {k: v.median for k, v in got.items()}
 
 
 def num(x: float) -> str:
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 else args.large_format)
         heading = f"## Reconcile throughput (`ablate reconcile --fs`, large checkpoints: {what})"
         about = ("`reconcile(project, fs=True)` (size, sha256 and a load of every artifact by "
-                 "`ablate.remote.verify`, in its thread pool; every cell verified)")
+                 "`ablate.remote.checkpoints.verify`, in its thread pool; every cell verified)")
         if args.torch_file_mb > 0 and args.large <= 0 and args.small <= 0:
             kind = "torch_structure"
             cmd = (f"python3 scripts/bench_reconcile.py --small 0 --large 0 --torch-file-mb "
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                      "in one read, on two threads; data.pkl read to STOP by stubs; every storage against "
                      "its record; torch never imported), then by default (the same, then "
                      "torch.load(weights_only=True, mmap=True); torch imported once before measuring)")
-        path = write_section(f"bench_reconcile_{kind}", [
+        publish(f"bench_reconcile_{kind}", [
             heading, "",
             measured_line(cmd), "",
             "Real checkpoints written by the real libraries into result dirs as run_one publishes them "
@@ -307,8 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{about} against `cat` of the same files to /dev/null. "
             "Cold: each file evicted with posix_fadvise(DONTNEED) first (the page cache cannot be "
             f"dropped here); warm: read once first. cat and reconcile alternate; median of {reps}.", "",
-            *lines, "", *(f"- {n}" for n in notes), ""])
-        print(f"wrote {path.relative_to(REPO)}")
+            *lines, "", *(f"- {n}" for n in notes), ""], True, echo=False)
     return 0
 
 

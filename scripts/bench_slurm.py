@@ -78,14 +78,12 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (it puts this checkout on sys.path)
 
-from benchlib import ablate_version, measured_line, median, publish  # noqa: E402
+from benchlib import REPO, ablate_version, measured_line, median, publish, ratio, write_project
 
-from tests.helpers import fault_train  # noqa: E402  (after the sys.path lines above)
-from tests.slurmbed import SlurmBed, missing_requirement  # noqa: E402
+from tests.helpers import fault_train
+from tests.slurmbed import SlurmBed, missing_requirement
 
 ABLATE = [sys.executable, "-m", "ablate"]
 SLOTS = 3  # ablate's queues, the array's %3 throttle, the bed's nodes (one CPU each)
@@ -138,13 +136,15 @@ class Sweep:
         rng = random.Random(seed)
         return Sweep({f"c{i:02d}e{(e := rng.choice(EPOCH_CHOICES))}": e for i in range(n)}, step_time)
 
-    def config(self, i: int) -> str:
-        return yaml.safe_dump({"lr": 0.1, "hidden": 4, "seed": i, "step_time": self.step_time})
+    def configs(self) -> dict[str, str]:
+        """Each cell's config (name -> its text)."""
+        return {c: yaml.safe_dump({"lr": 0.1, "hidden": 4, "seed": i, "step_time": self.step_time})
+                for i, c in enumerate(self.cells)}
 
     def write_configs(self, base: Path) -> None:
         (base / "configs").mkdir(parents=True, exist_ok=True)
-        for i, c in enumerate(self.cells):
-            (base / "configs" / f"{c}.yaml").write_text(self.config(i))
+        for c, body in self.configs().items():
+            (base / "configs" / f"{c}.yaml").write_text(body)
 
     @property
     def total_epochs(self) -> int:
@@ -291,28 +291,23 @@ class Bench:
         name = f"ba{uuid.uuid4().hex[:6]}"
         run = Run("ablate", faults, rep, name)
         shared = self.sb.shared_dir
-        proj = self.tmp / name
-        (proj / "profiles").mkdir(parents=True)
         work = shared / "work" / name
         work.mkdir(parents=True)
         shutil.copyfile(fault_train.__file__, work / "fault_train.py")
         scratch = shared / "scratch" / name
-        self.sweep.write_configs(work)
-        self.sweep.write_configs(proj)
-        (proj / "profiles" / "cluster.yaml").write_text(yaml.safe_dump({
-            "transport": "slurm", "shared_fs": str(shared / "fs"), "ckpt_root": str(scratch),
-            "python": sys.executable, "slurm": {"time": TIME_LIMIT, "grace": 30}}))
         by_epochs = sorted(set(self.sweep.cells.values()))
-        (proj / "ablate.yaml").write_text(yaml.safe_dump({
-            "profile": "cluster", "sweep": name, "workdir": str(work),
-            "train": f"{sys.executable} fault_train.py --config {{cfg}} --epochs {{epochs}} "
-                     "--out {ckpt_dir} --resume {resume} --name {name}",
-            "artifacts": {"checkpoint": fault_train.CKPT, "metrics": "metrics.json",
-                          "metrics_keys": ["val_loss"]},
-            "tasks": {"t": {"epochs": max(by_epochs), "cost_per_epoch": self.sweep.step_time}},
-            "cells": [{"glob": f"configs/*e{e}.yaml", "task": "t", "epochs": e} for e in by_epochs],
-            "heartbeat_secs": 1,
-            "hosts": {"cluster": {"queues": SLOTS}}}, sort_keys=False))
+        proj = write_project(
+            self.tmp / name, name, profile="cluster", profile_settings={
+                "transport": "slurm", "shared_fs": str(shared / "fs"), "ckpt_root": str(scratch),
+                "python": sys.executable, "slurm": {"time": TIME_LIMIT, "grace": 30}},
+            configs=self.sweep.configs(), work=work,
+            train=f"{sys.executable} fault_train.py --config {{cfg}} --epochs {{epochs}} "
+                  "--out {ckpt_dir} --resume {resume} --name {name}",
+            artifacts={"checkpoint": fault_train.CKPT, "metrics": "metrics.json",
+                       "metrics_keys": ["val_loss"]},
+            tasks={"t": {"epochs": max(by_epochs), "cost_per_epoch": self.sweep.step_time}},
+            cells=[{"glob": f"configs/*e{e}.yaml", "task": "t", "epochs": e} for e in by_epochs],
+            heartbeat_secs=1, hosts={"cluster": {"queues": SLOTS}})
         root = shared / "fs" / "ablate" / name
         self.out_dirs = {c: scratch / c for c in self.sweep.cells}
         manifests = [root / "final_ckpts" / c / "MANIFEST.json" for c in self.sweep.cells]
@@ -348,6 +343,10 @@ class Bench:
                 from None
         self.wait(run, t0, done, self.out_dirs, fault)
         if not run.timed_out:
+            # Not the makespan `ablate report` computes from the events (ablate.report.timeline: the
+            # first cell's start to the last `end`): the array writes no events, so both ways are
+            # timed alike, from the first submit command to the last result written (the module
+            # docstring), and the submit, the queueing and the publishing count.
             run.makespan = max(m.stat().st_mtime for m in manifests) - t0
         tally(run, self.sweep, self.out_dirs)
         run.steals = sum(f.read_text().count('"ev": "steal"') for f in (root / "events").glob("*.jsonl"))
@@ -459,7 +458,8 @@ def _f(x: float, nd: int = 1) -> str:
 
 
 def _ratio(a: float, b: float) -> str:
-    return "-" if a != a or b != b or b == 0 else f"{a / b:.2f}x"
+    x = ratio(a, b)
+    return "-" if x != x else f"{x:.2f}x"
 
 
 def _each(runs: list[Run], key: str, nd: int = 1) -> str:

@@ -45,13 +45,13 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (it puts this checkout on sys.path)
 
-from scripts.benchlib import ablate_version, measured_line, median, publish  # noqa: E402
-from tests import slurmbed  # noqa: E402
-from tests.helpers import fault_train  # noqa: E402
-from tests.slurmbed import SlurmBed  # noqa: E402
+from benchlib import REPO, ablate_version, measured_line, median, publish, wait_until, write_project
+
+from tests import slurmbed
+from tests.helpers import fault_train
+from tests.slurmbed import SlurmBed
 
 OLD = "9ef7ea7"
 COUNTED = ("squeue", "sacct", "sinfo", "sbatch", "scontrol", "sacctmgr")
@@ -90,28 +90,24 @@ def project(sb: SlurmBed, tmp: Path) -> tuple[Path, Path]:
     """A project of 5 queues of 2 cells, every cell hanging after its first epoch. (proj, sweep root)"""
     sweep = f"r{uuid.uuid4().hex[:6]}"
     shared = sb.shared_dir
-    proj, work = tmp / "proj", shared / "work" / sweep
-    (proj / "profiles").mkdir(parents=True)
+    work = shared / "work" / sweep
     (work / "faults").mkdir(parents=True)
     shutil.copyfile(fault_train.__file__, work / "fault_train.py")
-    (proj / "profiles" / "cluster.yaml").write_text(yaml.safe_dump({
-        "transport": "slurm", "shared_fs": str(shared / "fs"), "ckpt_root": str(shared / "scratch" / sweep),
-        "python": sys.executable, "slurm": {"time": "30:00", "grace": 30}}))
     for i in range(10):
-        body = yaml.safe_dump({"lr": 0.1, "hidden": 4, "seed": i, "step_time": 0.1})
-        for base in (proj, work):
-            (base / "configs").mkdir(exist_ok=True)
-            (base / "configs" / f"c{i}.yaml").write_text(body)
         (work / "faults" / f"c{i}.hang").write_text("1\n")
-    (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "cluster", "sweep": sweep, "workdir": str(work),
-        "train": f"{sys.executable} fault_train.py --config {{cfg}} --epochs {{epochs}} --out {{ckpt_dir}} "
-                 "--resume {resume} --name {name}",
-        "artifacts": {"checkpoint": fault_train.CKPT, "metrics": "metrics.json",
-                      "metrics_keys": ["val_loss"]},
-        "tasks": {"t": {"epochs": 3, "cost_per_epoch": 1.0}},
-        "cells": [{"glob": "configs/*.yaml", "task": "t"}], "heartbeat_secs": 1,
-        "hosts": {"cluster": {"queues": 5}}}, sort_keys=False))
+    proj = write_project(
+        tmp / "proj", sweep, profile="cluster", profile_settings={
+            "transport": "slurm", "shared_fs": str(shared / "fs"),
+            "ckpt_root": str(shared / "scratch" / sweep),
+            "python": sys.executable, "slurm": {"time": "30:00", "grace": 30}},
+        configs={f"c{i}": yaml.safe_dump({"lr": 0.1, "hidden": 4, "seed": i, "step_time": 0.1})
+                 for i in range(10)},
+        work=work,
+        train=f"{sys.executable} fault_train.py --config {{cfg}} --epochs {{epochs}} --out {{ckpt_dir}} "
+              "--resume {resume} --name {name}",
+        artifacts={"checkpoint": fault_train.CKPT, "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
+        tasks={"t": {"epochs": 3, "cost_per_epoch": 1.0}},
+        cells=[{"glob": "configs/*.yaml", "task": "t"}], heartbeat_secs=1, hosts={"cluster": {"queues": 5}})
     return proj, shared / "fs" / "ablate" / sweep
 
 
@@ -186,10 +182,7 @@ def main() -> None:
         def running() -> int:
             return sum(1 for j in sb.squeue() if j["state"] == "RUNNING")
 
-        deadline = time.monotonic() + 120
-        while running() < 3:
-            assert time.monotonic() < deadline, sb.squeue()
-            time.sleep(0.5)
+        assert wait_until(lambda: running() >= 3, 120), sb.squeue()
         queue = sorted(p.stem for p in (proj / "queues").glob("*.txt"))[-1]
         subprocess.run([sys.executable, "-m", "ablate", "-C", str(proj), "stop", queue, "--host", "cluster"],
                        env=env, check=True, capture_output=True, timeout=300)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Upload and verify of one large checkpoint through ablate's object store (`ablate/remote/objstore.py`)
+"""Upload and verify of one large checkpoint through ablate's object store (`ablate/remote/store/client.py`)
 against boto3 alone and `aws s3 cp`, side by side, on the same endpoint in one run.
 
 One file of random bytes (`--size`, default 2 GB) is written once to a temporary directory and its
@@ -9,7 +9,7 @@ an order that rotates each repetition:
 - boto3: `client.upload_file` with the default TransferConfig;
 - aws: `aws s3 cp FILE s3://...` (when the AWS CLI is installed), a process of its own;
 - ablate: `Store.upload` then `Store.head`, the size checked: what a publish does per file
-  (ablate/remote/storeside.py) before its commit;
+  (ablate/remote/store/queue_side.py) before its commit;
 - ablate, read back: the same upload, then `Store.download` and its sha256 compared with the file's.
 
 Each upload goes to a key of its own and is deleted after its repetition. The figures are medians;
@@ -42,14 +42,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (it puts this checkout on sys.path)
 
-from benchlib import ablate_version, measured_line, median, publish  # noqa: E402
+from benchlib import ablate_version, alternate, measured_line, median, publish, ratio
 
-from ablate.config.project import parse_size  # noqa: E402
-from ablate.remote.objstore import Store  # noqa: E402
+from ablate.config.project import parse_size
+from ablate.remote.store.client import Store
 
 FAKE = {"AWS_ACCESS_KEY_ID": "AKIABENCHSTORE000001", "AWS_SECRET_ACCESS_KEY": "bench-store-secret-0123456789",
         "AWS_DEFAULT_REGION": "us-east-1"}
@@ -103,12 +101,6 @@ def sha256(path: Path) -> str:
         while block := f.read(CHUNK):
             h.update(block)
     return h.hexdigest()
-
-
-def timed(fn: Callable[[], None]) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def main() -> None:
@@ -191,16 +183,14 @@ def run(args: argparse.Namespace, size: int, work: Path, endpoint: str, bucket: 
                                                            "ablate_read_back": ablate_read_back}
     if aws:
         ways["aws"] = aws_cp
-    figures: dict[str, list[float]] = {w: [] for w in ways}
-    names = list(ways)
-    for rep in range(args.reps):
-        order = names[rep % len(names):] + names[:rep % len(names)]
-        for w in order:
-            key = f"{w}/{rep}"
-            figures[w].append(timed(ways[w](key)))
-            store.delete(key)
-            print(f"rep {rep + 1}: {w} {figures[w][-1]:.2f} s", file=sys.stderr)
-    return figures
+
+    def done(w: str, rep: int, secs: float) -> None:
+        store.delete(f"{w}/{rep}")
+        print(f"rep {rep + 1}: {w} {secs:.2f} s", file=sys.stderr)
+
+    got = alternate({w: lambda rep, w=w: ways[w](f"{w}/{rep}") for w in ways}, args.reps, rotate=True,
+                    after=done)
+    return {w: list(x.secs) for w, x in got.items()}
 
 
 MOTO_NOTE = ("moto measures the client's work and the local HTTP path, not a network. Its read-back row is "
@@ -222,7 +212,7 @@ def report(args: argparse.Namespace, size: int, figures: dict[str, list[float]],
     cmd = f"python3 scripts/bench_store.py --size {args.size} --reps {args.reps}"
     cmd += f" --endpoint {args.endpoint} --bucket {args.bucket}" if args.endpoint else ""
     lines = ["## Object store: upload and verify", "",
-             measured_line(cmd) + f" ablate {ablate_version(('ablate/remote/objstore.py',))}.", "",
+             measured_line(cmd) + f" ablate {ablate_version(('ablate/remote/store/client.py',))}.", "",
              f"One file of {size / 1e6:.0f} MB of random bytes uploaded to {where}, each way {args.reps} "
              "times, the ways' order rotating each repetition; medians. vs boto3 = boto3's time / this "
              "way's (the target: ablate ≥ 0.5).", "",
@@ -231,17 +221,17 @@ def report(args: argparse.Namespace, size: int, figures: dict[str, list[float]],
         if w in med:
             runs = ", ".join(f"{x:.2f}" for x in figures[w])
             lines.append(f"| {ROWS[w]} | {med[w]:.2f} | {size / 1e6 / med[w]:.0f} | "
-                         f"{med['boto3'] / med[w]:.2f} | {runs} |")
-    ratio = med["boto3"] / med["ablate"]
-    lines += ["", f"ablate's upload and verify at {ratio:.0%} of boto3 alone"
-              + (f", {med['aws'] / med['ablate']:.0%} of `aws s3 cp`" if "aws" in med else "")
-              + f": target ≥ 50 %, {'met' if ratio >= 0.5 else 'missed'}."]
+                         f"{ratio(med['boto3'], med[w]):.2f} | {runs} |")
+    vs_boto3 = ratio(med["boto3"], med["ablate"])
+    lines += ["", f"ablate's upload and verify at {vs_boto3:.0%} of boto3 alone"
+              + (f", {ratio(med['aws'], med['ablate']):.0%} of `aws s3 cp`" if "aws" in med else "")
+              + f": target ≥ 50 %, {'met' if vs_boto3 >= 0.5 else 'missed'}."]
     if not args.endpoint:
         lines += ["", MOTO_NOTE]
     if args.json:
         Path(args.json).write_text(json.dumps({"size": size, "reps": args.reps, "endpoint": args.endpoint,
                                                "seconds": figures, "median": med,
-                                               "ratio_vs_boto3": ratio}, indent=1) + "\n")
+                                               "ratio_vs_boto3": vs_boto3}, indent=1) + "\n")
     publish("bench_store", lines, not args.no_write)
 
 

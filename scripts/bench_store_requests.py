@@ -34,36 +34,27 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (it puts this checkout on sys.path)
 
-from benchlib import measured_line, write_section  # noqa: E402
+from benchlib import measured_line, publish, write_project
 
-from ablate.config.project import load_project  # noqa: E402
-from ablate.remote.objstore import Store  # noqa: E402
-from ablate.run.deploy import deploy  # noqa: E402
-from tests.helpers.s3 import CREDS, FaultProxy, moto_s3  # noqa: E402
+from ablate.config.project import load_project
+from ablate.remote.store.client import Store
+from ablate.run.deploy import deploy
+from tests.helpers.s3 import CREDS, FaultProxy, moto_s3
 
 PRICE = {"PUT": 0.005 / 1000, "LIST": 0.005 / 1000, "GET": 0.0004 / 1000, "HEAD": 0.0004 / 1000,
          "DELETE": 0.0}
 
 
 def project(base: Path, n: int, hb: int, sleep: float) -> Path:
-    proj = base / "proj"
-    (proj / "configs").mkdir(parents=True)
-    for i in range(n):
-        (proj / "configs" / f"c{i}.yaml").write_text(yaml.safe_dump({"seed": i}))
-    train = f"sleep {sleep} && mkdir -p {{ckpt_dir}} && cat {{cfg}} > {{ckpt_dir}}/m.bin"
-    (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "local", "sweep": "bench", "train": train,
-        "artifacts": {"checkpoint": "m.bin"}, "tasks": {"t": {"epochs": 1, "cost_per_epoch": 1.0}},
-        "budget": {"ckpt_size": "1MB", "scratch": "1MB"}, "heartbeat_secs": hb,
-        "hosts": {"h1": {"speed": 1.0}}}, sort_keys=False))
-    lines = "".join(f"configs/c{i}.yaml t 1\n" for i in range(n))
-    (proj / "queues").mkdir()
-    (proj / "queues" / "q1.txt").write_text(lines)
-    return proj
+    return write_project(
+        base / "proj", "bench",
+        train=f"sleep {sleep} && mkdir -p {{ckpt_dir}} && cat {{cfg}} > {{ckpt_dir}}/m.bin",
+        artifacts={"checkpoint": "m.bin"}, tasks={"t": {"epochs": 1, "cost_per_epoch": 1.0}},
+        configs={f"c{i}": yaml.safe_dump({"seed": i}) for i in range(n)},
+        queues={"q1": [f"configs/c{i}.yaml t 1" for i in range(n)]},
+        budget={"ckpt_size": "1MB", "scratch": "1MB"}, heartbeat_secs=hb, hosts={"h1": {"speed": 1.0}})
 
 
 def run_queue(proj: Path, inst: Path, url: str, endpoint: str) -> None:
@@ -181,9 +172,7 @@ def main() -> None:
         "$0.0004 per 1,000; DELETE free. Storage of the results and transfer out to the controller "
         "(`ablate pull`) are the same as on any bucket and not counted here.",
     ]
-    if not a.no_write:
-        write_section("bench-store-requests", lines)
-    print("\n".join(lines))
+    publish("bench-store-requests", lines, not a.no_write)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ events actually written:
     work of a cell  = dur * speed of the host that ran it
     lower bound     = max(sum(work) / sum(speeds), max(work) / max(speeds))
     makespan        = last `end` - first `queue_start`
+(the last `end` and the lower bound as `ablate report` computes them: ablate.report.timeline, over
+the hosts that ran a queue)
 so the wrappers' per-cell overhead and the launch fan-out (the spread of the `queue_start`s, shown)
 count against the policy; "plan's own ratio" is the plan's makespan / lower bound on the declared
 costs, before any noise.
@@ -77,19 +79,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (it puts this checkout on sys.path)
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+from benchlib import (
+    ablate_version,
+    measured_line,
+    median,
+    publish,
+    read_events,
+    timeline,
+    wait_until,
+    write_project,
+)
 
-from benchlib import ablate_version, measured_line, median, write_section  # noqa: E402
-
-from ablate.config.project import load_project  # noqa: E402  (after the sys.path lines above)
-from ablate.plan.planner import plan  # noqa: E402
-from ablate.run.launch import launch_all  # noqa: E402
-from ablate.transport import close_all  # noqa: E402
-from tests.testbed import Testbed, missing_requirement  # noqa: E402
+from ablate.config.project import load_project
+from ablate.plan.planner import plan
+from ablate.run.launch import launch_all
+from ablate.transport import close_all
+from tests.testbed import Testbed, missing_requirement
 
 EMU = '''"""Emulated training: sleep cost * exp(sigma * z) / speed of this host, write a real checkpoint."""
 import json, math, os, socket, sys, time
@@ -124,37 +131,44 @@ def cell_specs(n: int, scale: float, seed: int) -> list[CellSpec]:
 
 def make_project(tb: Testbed, base: Path, sweep: str, cells: list[CellSpec], speeds: dict[str, float],
                  sigma: float, steal: bool) -> Path:
-    proj = base / sweep
-    (proj / "profiles").mkdir(parents=True)
-    (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
-        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt/{sweep}"}))
     work = tb.shared_dir / "bench" / sweep  # the instances see it at shared_path/bench/<sweep>
     work.mkdir(parents=True)
     (work / "emu.py").write_text(EMU)
     (work / "speeds.json").write_text(json.dumps({tb.hostname(h): s for h, s in speeds.items()}))
-    for i, c in enumerate(cells):
-        body = json.dumps({"cost": c.cost, "z": c.z, "sigma": sigma, "seed": i})
-        for where in (proj, work):
-            (where / "configs" / f"{c.name}.yaml").parent.mkdir(parents=True, exist_ok=True)
-            (where / "configs" / f"{c.name}.yaml").write_text(body + "\n")
     ssh_config = tb.write_ssh_config(base / f"{sweep}.ssh_config", extra="\nHost *\n  ConnectTimeout 5\n")
-    (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "tb", "sweep": sweep, "workdir": f"{tb.shared_path}/bench/{sweep}",
-        "train": f"{sys.executable} emu.py {{cfg}} {{ckpt_dir}}",
-        "artifacts": {"checkpoint": "model.safetensors"},
-        "tasks": {"t": {"epochs": 1, "cost_per_epoch": 1.0}},
-        "cells": [{"glob": "configs/*.yaml", "task": "t"}],
-        "costs": [{"glob": f"configs/{c.name}.yaml", "cost": c.cost} for c in cells],
-        "heartbeat_secs": 1, "steal": steal, "ssh_config": str(ssh_config),
-        "hosts": {h: {"speed": s} for h, s in speeds.items()}}, sort_keys=False))
-    return proj
+    return write_project(
+        base / sweep, sweep, profile="tb", profile_settings={
+            "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt/{sweep}"},
+        configs={c.name: json.dumps({"cost": c.cost, "z": c.z, "sigma": sigma, "seed": i}) + "\n"
+                 for i, c in enumerate(cells)},
+        work=work, workdir=f"{tb.shared_path}/bench/{sweep}",
+        train=f"{sys.executable} emu.py {{cfg}} {{ckpt_dir}}", artifacts={"checkpoint": "model.safetensors"},
+        tasks={"t": {"epochs": 1, "cost_per_epoch": 1.0}}, cells=[{"glob": "configs/*.yaml", "task": "t"}],
+        costs=[{"glob": f"configs/{c.name}.yaml", "cost": c.cost} for c in cells],
+        heartbeat_secs=1, steal=steal, ssh_config=str(ssh_config),
+        hosts={h: {"speed": s} for h, s in speeds.items()})
 
 
-def read_events(root: Path) -> list[dict[str, Any]]:
-    out = []
-    for f in sorted((root / "events").glob("*.jsonl")):
-        out += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-    return out
+def ended_queues(root: Path) -> set[str]:
+    return {e["queue"] for e in read_events(root) if e["ev"] in ("queue_end", "queue_stop")}
+
+
+def spans(root: Path, speeds: dict[str, float]) -> tuple[float, float, float]:
+    """(makespan, lower bound, launch spread) of an ended sweep. The last cell's end and the lower
+    bound are what `ablate report` computes (benchlib.timeline: `ablate.report.timeline` over the
+    events; the bound `ablate.plan.balance.lower_bound` of each cell's `dur` x its host's speed, over
+    the hosts that ran a queue, said on stderr when one did not). The makespan counts from the first
+    `queue_start` rather than the timeline's first cell start, so the launch fan-out and each
+    runner's start-up count against the policy; the spread is from the first `queue_start` to the
+    last."""
+    tl = timeline(root, speeds)
+    idle = sorted(set(speeds) - {lane.host for lane in tl.lanes})
+    if idle:
+        print(f"bench_testbed: {root.name}: {', '.join(idle)} ran no queue; the lower bound is over the "
+              "other hosts' speeds", file=sys.stderr)
+    starts = [e["t"] for e in read_events(root) if e["ev"] == "queue_start"]
+    bound = tl.lower_bound if tl.lower_bound is not None else float("nan")
+    return tl.t0 + tl.makespan - min(starts), bound, max(starts) - min(starts)
 
 
 @dataclass
@@ -184,28 +198,19 @@ def run_sweep(tb: Testbed, base: Path, sweep: str, cells: list[CellSpec], speeds
     close_all()
     root = tb.shared_dir / "ablate" / sweep
     expected = sum(c.cost * math.exp(sigma * c.z) for c in cells) / sum(speeds.values())
-    deadline = time.monotonic() + 120 + 10 * expected
-    while True:
-        evs = read_events(root)
-        ended = {e["queue"] for e in evs if e["ev"] in ("queue_end", "queue_stop")}
-        if queues <= ended:
-            break
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench_testbed: {sweep}: queues {sorted(queues - ended)} did not end in time")
-        time.sleep(0.2)
+    if not wait_until(lambda: queues <= ended_queues(root), 120 + 10 * expected, every=0.2):
+        raise SystemExit(f"bench_testbed: {sweep}: queues {sorted(queues - ended_queues(root))} did not "
+                         "end in time")
+    evs = read_events(root)
     ends = [e for e in evs if e["ev"] == "end"]
     failed = [e for e in ends if e["rc"] != 0]
     names = {e["cell"] for e in ends if e["rc"] == 0}
     if failed or names != {c.name for c in cells} or len(ends) != len(cells):
         raise SystemExit(f"bench_testbed: {sweep}: every cell must run once with rc 0; got "
                          f"{len(ends)} ends, {len(failed)} failed, {len(names)} distinct")
-    work = [e["dur"] * speeds[e["host"]] for e in ends]
-    lb = max(sum(work) / sum(speeds.values()), max(work) / max(speeds.values()))
-    starts = [e["t"] for e in evs if e["ev"] == "queue_start"]
-    t0 = min(starts)
-    makespan = max(e["t"] for e in ends) - t0
+    makespan, bound, spread = spans(root, speeds)
     steals = sum(1 for e in evs if e["ev"] == "steal")
-    return Run(makespan, lb, steals, max(starts) - t0, planned.makespan / planned.lower_bound)
+    return Run(makespan, bound, steals, spread, planned.makespan / planned.lower_bound)
 
 
 def table(runs: dict[str, list[Run]]) -> list[str]:
@@ -381,23 +386,21 @@ def run_ablate_peer(tb: Testbed, base: Path, name: str, world: World, timeout: f
     from an earlier sweep (True) or measured by this one (False)."""
     work = peer_workdir(tb, name, world)
     proj = base / name
-    (proj / "profiles").mkdir(parents=True)
     shutil.copytree(work / "configs", proj / "configs")
-    (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
-        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt/{name}",
-        "python": sys.executable}))
     ssh_config = tb.write_ssh_config(base / f"{name}.ssh_config", extra="\nHost *\n  ConnectTimeout 5\n")
     kinds = sorted({(c.task, c.epochs) for c in world.cells})
-    (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "tb", "sweep": name, "workdir": f"{tb.shared_path}/bench/{name}",
-        "train": f"{sys.executable} train.py {{cfg}} {{ckpt_dir}}",
-        "artifacts": {"checkpoint": "model.pt"},
-        "tasks": {t: {"epochs": 1, "cost_per_epoch": u} for t, u in TASK_UNITS.items()},
-        "cells": [{"glob": f"configs/*-{t}-e{e}.yaml", "task": t, "epochs": e} for t, e in kinds],
-        "steal": True, "ssh_config": str(ssh_config),
+    write_project(
+        proj, name, profile="tb", profile_settings={
+            "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt/{name}",
+            "python": sys.executable},
+        workdir=f"{tb.shared_path}/bench/{name}", train=f"{sys.executable} train.py {{cfg}} {{ckpt_dir}}",
+        artifacts={"checkpoint": "model.pt"},
+        tasks={t: {"epochs": 1, "cost_per_epoch": u} for t, u in TASK_UNITS.items()},
+        cells=[{"glob": f"configs/*-{t}-e{e}.yaml", "task": t, "epochs": e} for t, e in kinds],
+        steal=True, ssh_config=str(ssh_config),
         **({"calibrate": f"{sys.executable} train.py --calibrate {calibrate:g}{' --light' if light else ''}"}
            if calibrate else {}),
-        "hosts": {h: {"speed": s} for h, s in world.declared.items()}}, sort_keys=False))
+        hosts={h: {"speed": s} for h, s in world.declared.items()})
     project = load_project(proj)
     planned = plan(project)
     queues = {q.queue for q in planned.queues if q.cells}
@@ -407,24 +410,23 @@ def run_ablate_peer(tb: Testbed, base: Path, name: str, world: World, timeout: f
         for h, v in world.true.items():
             (root / "calib" / f"{h}.-").write_text(f"{round(calibrate * 1000 / v)}\n")
     waiting = {c.name: root / "final_ckpts" / c.name / "MANIFEST.json" for c in world.cells}
+
+    def published() -> bool:
+        for c in [c for c, m in waiting.items() if m.exists()]:
+            del waiting[c]
+        return not waiting
+
     cpu0, t0, t0_wall = busy_cpu(), time.monotonic(), time.time()
     results = launch_all(project)
     launch = time.monotonic() - t0
     bad = [r for r in results if r.status != "launched" and r.queue in queues]
     if bad:
         raise SystemExit(f"bench_testbed: {name}: launch --all failed: {bad}")
-    deadline = t0 + timeout
-    while waiting:
-        waiting = {c: m for c, m in waiting.items() if not m.exists()}
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench_testbed: {name}: {sorted(waiting)} not published in {timeout:g}s")
-        if waiting:
-            time.sleep(POLL)
+    if not wait_until(published, t0 + timeout - time.monotonic(), every=POLL):
+        raise SystemExit(f"bench_testbed: {name}: {sorted(waiting)} not published in {timeout:g}s")
     wall, cpu = time.monotonic() - t0, busy_cpu() - cpu0
-    while not queues <= {e["queue"] for e in read_events(root) if e["ev"] in ("queue_end", "queue_stop")}:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench_testbed: {name}: queues did not end in {timeout:g}s")
-        time.sleep(0.2)
+    if not wait_until(lambda: queues <= ended_queues(root), t0 + timeout - time.monotonic(), every=0.2):
+        raise SystemExit(f"bench_testbed: {name}: queues did not end in {timeout:g}s")
     close_all()
     keep(dest, name, [p for p in root.iterdir() if p.name != "final_ckpts"]
          + [work / "runs.log", work / "times.log"]
@@ -435,7 +437,7 @@ def run_ablate_peer(tb: Testbed, base: Path, name: str, world: World, timeout: f
         raise SystemExit(f"bench_testbed: {name}: every cell must end once with rc 0; ends: "
                          f"{[(e['cell'], e['rc']) for e in ends]}")
     runs = trainer_runs(work, world, f"ablate {name}", t0_wall)
-    first = min(e["t"] for e in evs if e["ev"] == "queue_start")
+    makespan, _, _ = spans(root, world.declared)
     steals = [f"{e['t'] - t0_wall:.1f} s {e['host']} took {e['cell']} from {e['from_host']} (est "
               f"{e['est']:.1f} s, by {e.get('by', '?')})"
               for e in sorted((e for e in evs if e["ev"] == "steal"), key=lambda e: e["t"])]
@@ -446,16 +448,16 @@ def run_ablate_peer(tb: Testbed, base: Path, name: str, world: World, timeout: f
                          f"events {calib}")
     calibrated = ", ".join(f"{e['host']} {e.get('secs', 'failed')} s{' (kept)' if e.get('kept') else ''}"
                            for e in calib)
-    return Side("ablate", max(e["t"] for e in ends) - first, wall, launch, runs, cpu, steals,
+    return Side("ablate", makespan, wall, launch, runs, cpu, steals,
                 learned_figures(world, ends), calibrated)
 
 
 def learned_figures(world: World, ends: list[dict[str, Any]]) -> str:
-    """What this sweep's learning (ablate.remote.learn) makes of all its ended cells: per host the
+    """What this sweep's learning (ablate.remote.queue.learn) makes of all its ended cells: per host the
     learned speed / the true one on the same scale (the median of true / declared pinned to 1, as
     learn pins its own) and the learned fixed seconds per cell."""
     try:
-        from ablate.remote.learn import learn_rates
+        from ablate.remote.queue.learn import learn_rates
 
         cells = {c.name: c for c in world.cells}
         rates = learn_rates([(e["host"], cells[e["cell"]].task, cells[e["cell"]].units, e["dur"])
@@ -495,6 +497,8 @@ def run_parallel_peer(tb: Testbed, base: Path, name: str, world: World, timeout:
         raise SystemExit(f"bench_testbed: parallel {name}: no published checkpoint for {missing}")
     runs = trainer_runs(work, world, f"parallel {name}", t0_wall)
     starts = [float(r[2]) for r in rows]
+    # GNU parallel writes no events: its makespan is its joblog's (first job start to last job end),
+    # which `ablate report`'s timeline cannot compute.
     makespan = max(float(r[2]) + float(r[3]) for r in rows) - min(starts)
     return Side("parallel", makespan, wall, min(starts) - t0_wall, runs, cpu)
 
@@ -709,14 +713,11 @@ def run_peer(args: argparse.Namespace) -> int:
         "step; parallel: the copy, the job's end, the next ssh and login shell); CPU = the machine's "
         "busy CPU seconds during the side (niced work excluded, other users' not).", "",
         *peer_notes(worlds, pairs, nexts), ""]
-    print("\n".join(lines))
-    if not args.no_write:
-        key = "bench_testbed_peer"
-        if args.calibrate:
-            key += "_measured" if args.measured_before else "_next" if args.next_sweep else "_calibrate"
-            key += "_light" if args.light else ""
-        path = write_section(key, lines)
-        print(f"wrote {path.relative_to(REPO)}")
+    key = "bench_testbed_peer"
+    if args.calibrate:
+        key += "_measured" if args.measured_before else "_next" if args.next_sweep else "_calibrate"
+        key += "_light" if args.light else ""
+    publish(key, lines, not args.no_write)
     return 0
 
 
@@ -814,7 +815,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = (f"sudo python3 scripts/bench_testbed.py --cells {args.cells} --scale {args.scale:g} "
                f"--sigma {args.sigma:g} --seed {args.seed} --speeds {args.speeds} --reps {args.reps} "
                f"--policies {args.policies}")
-        path = write_section("bench_testbed", [
+        publish("bench_testbed", [
             "## Real makespan on the test bed (plan, launch --all, stealing)", "",
             measured_line(cmd), "",
             f"{args.cells} cells on {len(speed_list)} test-bed instances (tests/testbed.py) of emulated "
@@ -825,8 +826,8 @@ def main(argv: list[str] | None = None) -> int:
             "Work of a cell = its `end` event's `dur` x its host's speed; lower bound = "
             "max(sum(work) / sum(speeds), max(work) / fastest speed); makespan = last `end` - first "
             f"`queue_start`. Median of {args.reps} repetitions; repetition r draws its cells with seed "
-            f"{args.seed} + r, the same for both policies.", "", *rows, "", f"- {verdict}", ""])
-        print(f"wrote {path.relative_to(REPO)}")
+            f"{args.seed} + r, the same for both policies.", "", *rows, "", f"- {verdict}", ""],
+            True, echo=False)
     return 0
 
 

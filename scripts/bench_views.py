@@ -21,20 +21,17 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (it puts this checkout on sys.path)
 
-from benchlib import measured_line, median, write_section  # noqa: E402
+from benchlib import REPO, host_queue, measured_line, median, publish, ratio, wait_until, write_project
 
-from tests.helpers import fault_train  # noqa: E402  (after the sys.path lines above)
-from tests.testbed import Testbed, missing_requirement  # noqa: E402
+from tests.helpers import fault_train
+from tests.testbed import Testbed, missing_requirement
 
 # `status --json` in this process with every host command counted; prints {"secs", "round_trips", "ok"}.
 COUNTED = r"""
@@ -74,31 +71,26 @@ def status_once(proj: Path, pythonpath: Path) -> dict[str, Any]:
 
 
 def make_sweep(tb: Testbed, base: Path) -> Path:
-    name, proj, work = "bviews", base / "proj", tb.shared_dir / "work" / "bviews"
-    (proj / "profiles").mkdir(parents=True)
-    (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
-        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt/{name}",
-        "python": sys.executable}))
+    name, work = "bviews", tb.shared_dir / "work" / "bviews"
     work.mkdir(parents=True)
     (work / "train.py").write_text(Path(fault_train.__file__).read_text())
-    (proj / "queues").mkdir()
-    for i, h in enumerate(tb.hosts):
-        for c in (f"c{2 * i}", f"c{2 * i + 1}"):
-            for where in (proj, work):
-                (where / "configs").mkdir(exist_ok=True)
-                (where / "configs" / f"{c}.yaml").write_text(yaml.safe_dump({"seed": i}))
-        (proj / "queues" / f"{h}.txt").write_text(
-            f"# ablate: host={h}\nconfigs/c{2 * i}.yaml recon\nconfigs/c{2 * i + 1}.yaml recon\n")
+    cells = {h: [f"c{2 * i}", f"c{2 * i + 1}"] for i, h in enumerate(tb.hosts)}
+    proj = base / "proj"
+    proj.mkdir()
     ssh_config = proj / "ssh_config"
     tb.write_ssh_config(ssh_config)
-    (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "tb", "sweep": name, "workdir": f"{tb.shared_path}/work/{name}",
-        "train": (f"{sys.executable} train.py --config {{cfg}} --epochs {{epochs}} --out {{ckpt_dir}} "
-                  "--resume {resume} --name {name}"),
-        "artifacts": {"checkpoint": fault_train.CKPT}, "tasks": {"recon": {"epochs": 1, "cost_per_epoch": 1}},
-        "budget": {"ckpt_size": "1MB", "scratch": "1MB"}, "heartbeat_secs": 1, "steal": False,
-        "ssh_config": str(ssh_config), "hosts": {h: {} for h in tb.hosts}}, sort_keys=False))
-    return proj
+    return write_project(
+        proj, name, profile="tb", profile_settings={
+            "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt/{name}",
+            "python": sys.executable},
+        configs={c: yaml.safe_dump({"seed": i}) for i, cs in enumerate(cells.values()) for c in cs},
+        work=work, workdir=f"{tb.shared_path}/work/{name}",
+        queues={h: host_queue(h, (f"configs/{c}.yaml recon" for c in cs)) for h, cs in cells.items()},
+        train=(f"{sys.executable} train.py --config {{cfg}} --epochs {{epochs}} --out {{ckpt_dir}} "
+               "--resume {resume} --name {name}"),
+        artifacts={"checkpoint": fault_train.CKPT}, tasks={"recon": {"epochs": 1, "cost_per_epoch": 1}},
+        budget={"ckpt_size": "1MB", "scratch": "1MB"}, heartbeat_secs=1, steal=False,
+        ssh_config=str(ssh_config), hosts={h: {} for h in tb.hosts})
 
 
 def cli(proj: Path, *args: str) -> None:
@@ -125,11 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         proj = make_sweep(tb, Path(tmp))
         cli(proj, "deploy")
         cli(proj, "launch", "--all")
-        deadline = time.monotonic() + 300
-        while not status_once(proj, REPO)["ok"]:
-            if time.monotonic() > deadline:
-                raise SystemExit("bench_views: the sweep did not drain in 300 s")
-            time.sleep(1)
+        if not wait_until(lambda: status_once(proj, REPO)["ok"], 300, every=1):
+            raise SystemExit("bench_views: the sweep did not drain in 300 s")
         for path in variants.values():
             status_once(proj, path)  # warm-up: connections, agents
         for _ in range(a.reps):
@@ -146,10 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in variants:
         trips = sorted({r["round_trips"] for r in got[k]})
         lines.append(f"| {k} | {'/'.join(map(str, trips))} | {median([r['secs'] for r in got[k]]):.2f} s |")
-    lines += ["", f"Ratio (this / old): {new / old:.2f}x wall time."]
-    print("\n".join(lines))
-    if not a.no_write:
-        print(f"wrote {write_section('bench-views', lines)}")
+    lines += ["", f"Ratio (this / old): {ratio(new, old):.2f}x wall time."]
+    publish("bench-views", lines, not a.no_write)
     return 0
 
 

@@ -37,11 +37,12 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (it puts this checkout on sys.path)
 
-from tests.helpers import fault_train  # noqa: E402  (after the sys.path line above)
-from tests.testbed import Testbed, missing_requirement  # noqa: E402
+from benchlib import REPO, host_queue, wait_until, write_project
+
+from tests.helpers import fault_train
+from tests.testbed import Testbed, missing_requirement
 
 CELLS_PER_HOST = 4
 EPOCHS = 3
@@ -83,11 +84,8 @@ def ablate(proj: Path, *args: str, check: bool = True, timeout: float = 300) -> 
 
 
 def poll(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.5)
+    if not wait_until(cond, timeout):
+        raise RuntimeError(f"{what}: not within {timeout:.0f} s")
 
 
 def make_sweep(tb: Testbed, base: Path, name: str) -> tuple[Path, list[str]]:
@@ -95,32 +93,25 @@ def make_sweep(tb: Testbed, base: Path, name: str) -> tuple[Path, list[str]]:
     queues = {h: [f"c{CELLS_PER_HOST * i + k}" for k in range(CELLS_PER_HOST)]
               for i, h in enumerate(tb.hosts)}
     cells = [c for cs in queues.values() for c in cs]
-    (proj / "profiles").mkdir(parents=True)
-    (proj / "profiles" / "tb.yaml").write_text(yaml.safe_dump({
-        "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt/{name}"}))
     (work / "faults").mkdir(parents=True)
     shutil.copyfile(fault_train.__file__, work / "train.py")
-    for i, c in enumerate(cells):
-        body = yaml.safe_dump({"lr": 0.1, "hidden": 8, "seed": i, "step_time": 0.3})
-        for where in (proj, work):
-            (where / "configs" / f"{c}.yaml").parent.mkdir(parents=True, exist_ok=True)
-            (where / "configs" / f"{c}.yaml").write_text(body)
     (work / "faults" / f"{CRASHER}.oom").write_text("1\n")
+    proj.mkdir(parents=True)
     ssh_config = proj / "ssh_config"
     tb.write_ssh_config(ssh_config, extra="\nHost *\n  ConnectTimeout 5\n")
-    (proj / "ablate.yaml").write_text(yaml.safe_dump({
-        "profile": "tb", "sweep": name, "workdir": f"{tb.shared_path}/work/{name}",
-        "train": (f"{sys.executable} train.py --config {{cfg}} --epochs {{epochs}} --out {{ckpt_dir}} "
-                  "--resume {resume} --name {name}"),
-        "artifacts": {"checkpoint": fault_train.CKPT, "metrics": "metrics.json",
-                      "metrics_keys": ["val_loss"]},
-        "tasks": {"recon": {"epochs": EPOCHS, "cost_per_epoch": 1.0}},
-        "budget": {"ckpt_size": "1MB", "scratch": "1MB"}, "heartbeat_secs": 1, "steal": True,
-        "ssh_config": str(ssh_config), "hosts": {h: {"speed": 1.0} for h in tb.hosts}}, sort_keys=False))
-    (proj / "queues").mkdir()
-    for h, cs in queues.items():
-        (proj / "queues" / f"{h}.txt").write_text(
-            "".join(f"{ln}\n" for ln in [f"# ablate: host={h}", *(f"configs/{c}.yaml recon" for c in cs)]))
+    write_project(
+        proj, name, profile="tb", profile_settings={
+            "transport": "ssh", "shared_fs": tb.shared_path, "ckpt_root": f"{tb.local_path}/ckpt/{name}"},
+        configs={c: yaml.safe_dump({"lr": 0.1, "hidden": 8, "seed": i, "step_time": 0.3})
+                 for i, c in enumerate(cells)},
+        work=work, workdir=f"{tb.shared_path}/work/{name}",
+        queues={h: host_queue(h, (f"configs/{c}.yaml recon" for c in cs)) for h, cs in queues.items()},
+        train=(f"{sys.executable} train.py --config {{cfg}} --epochs {{epochs}} --out {{ckpt_dir}} "
+               "--resume {resume} --name {name}"),
+        artifacts={"checkpoint": fault_train.CKPT, "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
+        tasks={"recon": {"epochs": EPOCHS, "cost_per_epoch": 1.0}},
+        budget={"ckpt_size": "1MB", "scratch": "1MB"}, heartbeat_secs=1, steal=True,
+        ssh_config=str(ssh_config), hosts={h: {"speed": 1.0} for h in tb.hosts})
     return proj, cells
 
 

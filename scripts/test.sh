@@ -1,38 +1,94 @@
 #!/usr/bin/env bash
-# Install everything the tests need on a fresh machine, then lint, type-check and test.
+# Install what the tests need on a fresh machine, then lint, type-check and test.
+#
+#   bash scripts/test.sh              everything, as CI runs it (apt-get, then the three tiers at once)
+#   bash scripts/test.sh unit         the tests that need neither root, tmux nor a test bed: Python
+#                                     packages only, no apt-get (under a minute once they are installed)
+#   bash scripts/test.sh tmux         the tests that run real tmux (and the other apt-installed tools)
+#   bash scripts/test.sh bed          the tests on the namespace test beds (root: sshd instances,
+#                                     sshfs, a Slurm cluster)
+#   bash scripts/test.sh PYTEST_ARGS  pytest with them, after the full install (`tests/test_walk.py`)
+#
+# The tiers are marks (tests/helpers/tiers.py); a unit-tier test finds the apt-installed tools
+# stubbed out on its PATH in every run, so one that needs them fails until it is marked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
-# openssh-server, iproute2 and rsync run the multi-host SSH test bed (tests/testbed.py), sshfs its
-# network-FS mode (tests/testbed_storage.py); slurmd, slurmctld, slurm-client and munge the Slurm
-# cluster bed (tests/slurmbed.py: its own munged and key, the system's are left alone), slurmdbd and
-# mariadb-server its accounting (`sacct`: its own MariaDB datadir, no system service is used);
-# chromium opens `ablate report`'s page headless (tests/test_report.py); parallel (GNU) is what
-# scripts/bench_fanout.py compares the fan-out against (tests/test_bench_fanout.py); shellcheck
-# lints the wrappers.
-if ! { command -v tmux && [ -x /usr/sbin/sshd ] && command -v ip && command -v rsync && command -v ps \
-       && [ -x /usr/bin/chromium ] && command -v parallel && command -v sshfs \
-       && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/slurmctld ] && command -v sbatch \
-       && [ -x /usr/sbin/munged ] && [ -x /usr/sbin/slurmdbd ] && [ -x /usr/sbin/mariadbd ] \
-       && command -v shellcheck; } >/dev/null; then
-  $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux openssh-server iproute2 rsync procps \
-    chromium parallel sshfs slurmd slurmctld slurm-client munge slurmdbd mariadb-server shellcheck >/dev/null
-fi
-# torch is pinned: 2.13.0 is the CPU build; an unpinned torch would pull gigabytes of CUDA.
-python3 -m pip install -q torch==2.13.0 -e '.[test]'
-python3 -m ruff check ablate tests scripts
-python3 -m mypy ablate
-shellcheck -x -S warning wrappers/*.sh
-# Without arguments: the suite in two pytest-xdist workers, each session test bed (the SSH
-# instances, the slow network FS, the Slurm cluster: tests/conftest.py) one group built once in one
-# worker, so the beds' waits overlap; then the host agent's timing tests (tests/test_ssh_agent.py)
-# alone: they time a silent agent's seconds-long window, which the other worker's load stretches.
-# With arguments: pytest with them, one test at a time (`bash scripts/test.sh tests/test_walk.py`).
-if [ $# -eq 0 ]; then
-  python3 -m pytest -q -n 2 --dist loadgroup --ignore=tests/test_ssh_agent.py
-  python3 -m pytest -q tests/test_ssh_agent.py
-else
-  python3 -m pytest -q "$@"
-fi
+tier=${1-all}
+
+apt_tools() {
+  # openssh-server, iproute2 and rsync run the multi-host SSH test bed (tests/testbed.py), sshfs its
+  # network-FS mode (tests/testbed_storage.py); slurmd, slurmctld, slurm-client and munge the Slurm
+  # cluster bed (tests/slurmbed.py: its own munged and key, the system's are left alone), slurmdbd
+  # and mariadb-server its accounting (`sacct`: its own MariaDB datadir, no system service is used);
+  # chromium opens `ablate report`'s page headless (tests/test_report.py); parallel (GNU) is what
+  # scripts/bench_fanout.py compares the fan-out against (tests/test_bench_fanout.py); shellcheck
+  # lints the wrappers.
+  if ! { command -v tmux && [ -x /usr/sbin/sshd ] && command -v ip && command -v rsync && command -v ps \
+         && [ -x /usr/bin/chromium ] && command -v parallel && command -v sshfs \
+         && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/slurmctld ] && command -v sbatch \
+         && [ -x /usr/sbin/munged ] && [ -x /usr/sbin/slurmdbd ] && [ -x /usr/sbin/mariadbd ] \
+         && command -v shellcheck; } >/dev/null; then
+    $SUDO apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux openssh-server iproute2 rsync \
+      procps chromium parallel sshfs slurmd slurmctld slurm-client munge slurmdbd mariadb-server \
+      shellcheck >/dev/null
+  fi
+}
+
+# torch is pinned: 2.13.0 is the CPU build; an unpinned torch would pull gigabytes of CUDA. Skipped
+# when this checkout is already installed with everything the tests import.
+python_packages() {
+  if ! python3 - 2>/dev/null <<'PY'
+import importlib.metadata as md, pathlib, sys
+import ablate, torch, pytest, xdist, ruff, mypy, moto, transformers, lightning, accelerate, peft  # noqa
+here = pathlib.Path.cwd().resolve()
+sys.exit(torch.__version__.split("+")[0] != "2.13.0" or pathlib.Path(ablate.__file__).resolve().parents[1] != here)
+PY
+  then
+    python3 -m pip install -q torch==2.13.0 -e '.[test]'
+  fi
+}
+
+lint() {
+  python3 -m ruff check ablate tests scripts
+  python3 -m mypy ablate
+}
+
+case $tier in
+  unit)
+    python_packages
+    lint
+    python3 -m pytest -q -n 2 -m unit --ignore=tests/test_ssh_agent.py
+    python3 -m pytest -q -m unit tests/test_ssh_agent.py
+    ;;
+  tmux)
+    apt_tools
+    python_packages
+    python3 -m pytest -q -n 2 -m "tmux and not bed" --ignore=tests/test_ssh_agent.py
+    python3 -m pytest -q -m "tmux and not bed" tests/test_ssh_agent.py
+    ;;
+  bed)
+    apt_tools
+    python_packages
+    python3 -m pytest -q -n 2 --dist loadgroup -m bed
+    ;;
+  all)
+    apt_tools
+    python_packages
+    lint
+    shellcheck -x -S warning wrappers/*.sh
+    # The suite in two pytest-xdist workers, each session test bed (the SSH instances, the slow
+    # network FS, the Slurm cluster: tests/helpers/tiers.py) one group built once in one worker, so
+    # the beds' waits overlap; then the host agent's timing tests (tests/test_ssh_agent.py) alone:
+    # they time a silent agent's seconds-long window, which the other worker's load stretches.
+    python3 -m pytest -q -n 2 --dist loadgroup --ignore=tests/test_ssh_agent.py
+    python3 -m pytest -q tests/test_ssh_agent.py
+    ;;
+  *)
+    apt_tools
+    python_packages
+    python3 -m pytest -q "$@"
+    ;;
+esac

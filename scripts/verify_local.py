@@ -17,10 +17,10 @@ import os
 import sys
 
 try:
-    from ablate.remote import verify
+    from ablate.remote.checkpoints import verify
 except ImportError:  # run from a checkout without installing: the package sits beside scripts/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from ablate.remote import verify
+    from ablate.remote.checkpoints import verify
 
 
 def main(argv: list[str] | None = None) -> int:

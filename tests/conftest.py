@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests import slurmbed
+from tests.helpers import tiers
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
 from tests.helpers.runners import Runners
@@ -20,27 +21,24 @@ from tests.helpers.s3 import CREDS, S3, moto_s3
 from tests.helpers.testbed_projects import LIVE_BEDS, session_bed
 from tests.testbed import Testbed
 
-# The session test beds, by the fixture a test asks for: under pytest-xdist (`scripts/test.sh` runs
-# `-n 2 --dist loadgroup`) each group runs in one worker, so a bed is built once, and the groups
-# that mostly wait (the Slurm cluster, the slow network FS, the SSH beds) run side by side. The
-# module overrides of `testbed` (tests/helpers/testbed_projects.py: sshfs_testbed) ask for both
-# SSH beds, hence one group for the two.
-BED_GROUPS = (("slurm_cluster", "slurm"), ("testbed_slowfs", "slowfs"), ("testbed_sshfs", "ssh"),
-              ("testbed", "ssh"), ("testbed_nofs", "nofs"))
+
+def pytest_configure(config: pytest.Config) -> None:
+    for tier, what in (("unit", "needs no root, no tmux, no bed, nothing from apt-get"),
+                       ("tmux", "runs real tmux or another apt-installed tool; no root, no bed"),
+                       ("bed", "runs on a namespace test bed (root)")):
+        config.addinivalue_line("markers", f"{tier}: the {tier} tier: {what} (tests/helpers/tiers.py)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        group = next((g for fixture, g in BED_GROUPS if fixture in names), None)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    tiers.classify(items)
 
 
 @pytest.fixture(autouse=True)
-def _isolate(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def _isolate(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+             request: pytest.FixtureRequest) -> Iterator[str]:
     """Each test gets its own tmux socket (killed afterwards) and a throw-away HOME (an exit-3 crash
-    log lands under it: XDG_STATE_HOME is unset)."""
+    log lands under it: XDG_STATE_HOME is unset). A unit-tier test finds every apt-installed tool
+    stubbed out on its PATH (tests/helpers/tiers.py)."""
     socket = f"ablate-test-{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv("ABLATE_TMUX_SOCKET", socket)
     home = tmp_path_factory.mktemp("home")
@@ -48,8 +46,12 @@ def _isolate(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "120")
+    if request.node.get_closest_marker("unit"):  # the tools apt-get installs are not there for it
+        stubs = tiers.stub_dir(tmp_path_factory.getbasetemp())
+        monkeypatch.setenv("PATH", f"{stubs}{os.pathsep}{os.environ.get('PATH', '')}")
     yield socket
-    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+    if not request.node.get_closest_marker("unit"):
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from ablate.config.project import load_project
-from ablate.remote import verify
-from ablate.remote.artifacts import sha256_file
+from ablate.remote.checkpoints import verify
+from ablate.remote.checkpoints.artifacts import sha256_file
 from ablate.run.launch import launch
 from tests.helpers import framework_train
 from tests.helpers.cli import Cli
@@ -54,6 +54,7 @@ def recorded(final: Path) -> list[str]:
     return [e["file"] for e in entries]
 
 
+@pytest.mark.tmux
 def test_hf_sharded_checkpoint_verified_pulled_and_a_damaged_shard_caught(
         local_project: LocalProject, cli: Cli) -> None:
     lp = local_project
@@ -87,6 +88,7 @@ def test_hf_sharded_checkpoint_verified_pulled_and_a_damaged_shard_caught(
     assert "names shard" in json.dumps(problems)
 
 
+@pytest.mark.tmux
 @pytest.mark.parametrize(("style", "checkpoint", "pick", "want"), [
     ("lightning", "epoch=*.ckpt", "newest", ["epoch=2-step=30.ckpt"]),
     ("deepspeed", ["global_step*", "latest"], "newest",
@@ -106,6 +108,7 @@ def test_framework_layouts_publish_exactly_the_files_named(
     assert rec["complete"] and rec["verified"] == 1
 
 
+@pytest.mark.tmux
 def test_a_glob_that_matches_nothing_is_a_sync_failure_naming_it(local_project: LocalProject,
                                                                 cli: Cli) -> None:
     lp = local_project

@@ -13,6 +13,8 @@ import pytest
 
 from tests.testbed import missing_requirement
 
+pytestmark = pytest.mark.bed  # tests/helpers/tiers.py
+
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_fanout.py"
 
 

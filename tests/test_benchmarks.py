@@ -117,6 +117,7 @@ def test_bench_reconcile_verifies_real_checkpoints_and_compares_with_cat() -> No
     assert "large files, cold: reconcile at" in out and "of the cat rate, the disk's limit (target" in out
 
 
+@pytest.mark.bed
 def test_bench_testbed_plans_launches_and_measures() -> None:
     reason = missing_requirement()
     if reason:
@@ -170,6 +171,7 @@ def test_bench_testbed_peer_mode_draws_its_world_and_tabulates_without_a_bed(
     assert "MISSED" in bt.peer_verdicts(pairs[1:2], "")[0] and bt.peer_verdicts([], "x") == []
 
 
+@pytest.mark.bed
 def test_bench_slurm_runs_the_sweep_both_ways_on_the_slurm_bed() -> None:
     reason = slurmbed.missing_requirement()
     if reason:

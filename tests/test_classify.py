@@ -43,6 +43,7 @@ def drained(p: LocalProject, host: str, queue: str) -> None:
     wait_for(done, timeout=60, interval=0.1)
 
 
+@pytest.mark.tmux
 def test_each_failure_state_from_a_real_sweep(local_project: LocalProject,
                                               cli: Cli) -> None:
     p = local_project
@@ -107,6 +108,7 @@ def test_each_failure_state_from_a_real_sweep(local_project: LocalProject,
     assert got["state"] == "stale" and "changed since the result was made" in got["reason"]
 
 
+@pytest.mark.tmux
 def test_hung_then_stopped_is_interrupted_and_its_queue_rest_never_ran(
         local_project: LocalProject, cli: Cli) -> None:
     p = local_project
@@ -133,6 +135,7 @@ def test_hung_then_stopped_is_interrupted_and_its_queue_rest_never_ran(
     assert got2["after"]["state"] == "never_ran" and "stopped before reaching it" in got2["after"]["reason"]
 
 
+@pytest.mark.tmux
 def test_a_claim_with_no_owner_is_queued_while_a_live_queue_reaches_it_else_interrupted(
         local_project: LocalProject, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     """A runner that ended between its claim's mkdir and its owner leaves an ownerless claim. While a
@@ -162,6 +165,7 @@ def test_a_claim_with_no_owner_is_queued_while_a_live_queue_reaches_it_else_inte
     assert [e["cell"] for e in evs if e["ev"] == "start"] == ["slow", "orphan"]
 
 
+@pytest.mark.tmux
 def test_lost_needs_both_signals(local_project: LocalProject, cli: Cli) -> None:
     """A real snapshot of a running cell, classified as the controller would see it with its host
     unreachable: fresh heartbeat = a dropped link (running); stale heartbeat too = lost."""
@@ -194,6 +198,7 @@ def test_lost_needs_both_signals(local_project: LocalProject, cli: Cli) -> None:
     cli.json(p, "stop", "q1", "--host", "h1")
 
 
+@pytest.mark.tmux
 def test_sync_failure_is_classified(local_project: LocalProject, cli: Cli,
                                     tmp_path: Path) -> None:
     """final_ckpts/ read-only (a bind mount: permissions do not stop root) -> rc 3 + sync_failed."""

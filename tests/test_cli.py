@@ -82,6 +82,7 @@ def test_version_and_help(cli: Cli) -> None:
     assert code == 0 and "Example:" in out
 
 
+@pytest.mark.tmux
 def test_whole_flow_through_the_cli_with_its_exit_codes(
     local_project: LocalProject, cli: Cli
 ) -> None:

@@ -100,6 +100,7 @@ def test_errors_on_stderr_data_on_stdout(local_project: LocalProject,
     assert code == 0 and json.loads(out)["roster"] == 1 and err == ""
 
 
+@pytest.mark.tmux
 def test_plain_progress_is_one_line_per_step_on_stderr_never_on_stdout_and_q_silences_it(
         done_sweep: LocalProject, cli: Cli) -> None:
     code, out, err = cli(done_sweep, "pull", "--json")
@@ -121,6 +122,7 @@ def test_plain_progress_is_one_line_per_step_on_stderr_never_on_stdout_and_q_sil
         assert code == 0 and err == "" and out, args  # -q: no progress; the result still printed
 
 
+@pytest.mark.tmux
 def test_launch_all_reports_each_queue_started(local_project: LocalProject,
                                                cli: Cli) -> None:
     for q, host in (("q1", "h1"), ("q2", "h2")):
@@ -134,6 +136,7 @@ def test_launch_all_reports_each_queue_started(local_project: LocalProject,
     assert any(" h1: tmux " in ln and " runs q1 " in ln for ln in started), err
 
 
+@pytest.mark.tmux
 def test_progress_bars_on_a_terminal_with_rates_and_no_colour_under_no_color(
         done_sweep: LocalProject, pane: Pane) -> None:
     root = done_sweep.root

@@ -19,8 +19,8 @@ from ablate.errors import CheckFailed
 from ablate.plan import cost
 from ablate.plan.cost import glob_match, learn, load_model, write_estimates
 from ablate.plan.planner import plan
-from ablate.remote.learn import learn_rates, learned_text
-from ablate.remote.probe import snapshot
+from ablate.remote.host.probe import snapshot
+from ablate.remote.queue.learn import learn_rates, learned_text
 from ablate.run.append import append
 from ablate.run.launch import launch, launch_all
 from ablate.run.stop import stop
@@ -48,7 +48,7 @@ def estimates(lp: LocalProject) -> tuple[list[str], dict[tuple[str, str], int], 
     hosts = {(f[1], f[2]): int(f[3]) for f in split if f[0] == "host"}
     cells = {f[1]: int(f[2]) for f in split if f[0] == "cell"}
     assert all(r.startswith(("#", "host\t", "over\t", "cell\t", "cost\t")) for r in rows)
-    # Each cell's task and declared units, for the runners' learning (ablate/remote/learn.py).
+    # Each cell's task and declared units, for the runners' learning (ablate/remote/queue/learn.py).
     costs = {f[1]: (f[2], float(f[3])) for f in split if f[0] == "cost"}
     assert set(costs) == set(cells) and all(units > 0 for _, units in costs.values()), rows
     return rows[0].split(), hosts, cells
@@ -328,6 +328,7 @@ def _tmux() -> None:
     require_tmux()
 
 
+@pytest.mark.tmux
 def test_eta_in_plan_and_status_before_and_after_history(
         _tmux: None, local_project: LocalProject, cli: Cli) -> None:
     lp = local_project
@@ -427,6 +428,7 @@ def _gpu_project(lp: LocalProject, ckpt_size: int, scratch: int) -> None:
         budget={"ckpt_size": ckpt_size, "scratch": scratch})
 
 
+@pytest.mark.tmux
 def test_two_slot_host_runs_two_queues_each_pinned_to_its_gpu(_tmux: None,
                                                                local_project: LocalProject) -> None:
     lp = local_project
@@ -454,6 +456,7 @@ def test_two_slot_host_runs_two_queues_each_pinned_to_its_gpu(_tmux: None,
         assert [e["slot"] for e in events(lp, "g", q) if e["ev"] == "queue_start"] == [slot]
 
 
+@pytest.mark.tmux
 def test_disk_budget_is_per_host_over_its_slot_queues(_tmux: None, local_project: LocalProject) -> None:
     lp = local_project
     free = shutil.disk_usage(lp.root).free

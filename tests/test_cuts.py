@@ -1,4 +1,5 @@
-"""A cell cut at Slurm's time limit (`ablate/remote/cuts.py`, the runner's verb `cut`): stopped when
+"""A cell cut at Slurm's time limit
+(`ablate/remote/slurm/time_limit_cuts.py`, the runner's verb `cut`): stopped when
 its checkpoint did not change between two time-limit cuts of different attempts; only the files its
 `artifacts.checkpoint` names count; the record lives in its claim."""
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ablate.remote import cuts, runner
+from ablate.remote.queue import runner
+from ablate.remote.slurm import time_limit_cuts
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ def test_a_checkpoint_unchanged_between_two_time_limit_cuts_is_stuck(tmp_path: P
     (cell / "trace.jsonl").write_text("a log that grows without progress\n")  # not the checkpoint
     rc, out = cut(tmp_path, "7.1")
     assert rc == 0 and out[0].split()[:2] == ["stuck", "7.0"], out
-    record = (tmp_path / "root" / "claims" / "c1" / cuts.RECORD).read_text().splitlines()
+    record = (tmp_path / "root" / "claims" / "c1" / time_limit_cuts.RECORD).read_text().splitlines()
     assert [r.split()[:2] for r in record] == [["time_limit", "7.0"], ["time_limit", "7.1"]]
 
 
@@ -49,8 +51,8 @@ def test_a_checkpoint_that_moved_is_resumable_and_none_twice_is_stuck(tmp_path: 
     os.utime(ckpt, ns=(1, 1))  # rewritten (a new mtime) counts as moved too
     assert cut(tmp_path, "7.2")[1][0].startswith("resumable")
     ckpt.unlink()  # a trainer that never saves: no checkpoint at both cuts
-    assert cut(tmp_path, "7.3")[1] == [f"resumable {cuts.NONE}"]
-    assert cut(tmp_path, "7.4")[1] == [f"stuck 7.3 {cuts.NONE}"]
+    assert cut(tmp_path, "7.3")[1] == [f"resumable {time_limit_cuts.NONE}"]
+    assert cut(tmp_path, "7.4")[1] == [f"stuck 7.3 {time_limit_cuts.NONE}"]
 
 
 def test_the_same_attempt_twice_is_not_stuck_and_bad_arguments_are_refused(tmp_path: Path,

@@ -22,6 +22,8 @@ from tests.helpers.project import LocalProject
 from tests.helpers.tmux import require_tmux
 from tests.helpers.wait import wait_for
 
+pytestmark = pytest.mark.tmux  # tests/helpers/tiers.py
+
 
 @pytest.fixture(autouse=True)
 def _tmux() -> None:

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.cli import Cli
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.tmux
 def test_demo_catches_the_broken_cell_then_verifies_everything(tmp_path: Path, cli: Cli) -> None:
     code, out, err = cli(None, "demo", "--dir", str(tmp_path / "d"), "--cells", "9")
     assert code == 0, out + err
@@ -38,6 +41,7 @@ def test_demo_refuses_an_existing_project(tmp_path: Path, cli: Cli) -> None:
     assert (tmp_path / "ablate.yaml").read_text() == "sweep: x\n"
 
 
+@pytest.mark.tmux
 def test_installed_package_runs_the_demo_from_another_directory(tmp_path: Path) -> None:
     """`pip install .` into a fresh venv: the wrappers and profiles must ship inside the package."""
     venv = tmp_path / "venv"

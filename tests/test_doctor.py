@@ -14,14 +14,16 @@ import pytest
 import yaml
 
 from ablate.config.project import load_project
+from ablate.doctor.command import DoctorReport, doctor
 from ablate.errors import CheckFailed
-from ablate.run.doctor import DoctorReport, doctor
 from ablate.run.launch import launch
 from ablate.transport import close_all, host_transport
 from ablate.transport.ssh import SSHHost
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
 from tests.testbed import Testbed
+
+pytestmark = pytest.mark.tmux  # tests/helpers/tiers.py
 
 CHECKS = ["reachable", "bash", "tmux", "env", "shared_fs", "deployed", "disk", "inodes", "gpu",
           "workdir", "commit"]

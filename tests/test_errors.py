@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+import ablate.doctor.command
 import ablate.monitor.status
-import ablate.run.doctor
 from ablate.errors import FSError
 from ablate.transport.base import SharedFS
 from ablate.transport.local import LocalFS
@@ -136,7 +136,7 @@ def test_a_json_result_already_printed_gets_no_second_object(
         def ok(self) -> bool:
             raise RuntimeError("verdict lost")
 
-    monkeypatch.setattr(ablate.run.doctor, "doctor", lambda *args, **kwargs: Report())
+    monkeypatch.setattr(ablate.doctor.command, "doctor", lambda *args, **kwargs: Report())
     code, out, err = cli(local_project, "doctor", "--json")
     assert code == 3
     assert json.loads(out) == {"hosts": {"h1": {"ok": True}}}  # the one object, nothing after it
@@ -204,7 +204,8 @@ def test_a_failed_shared_fs_operation_is_one_line_exit_1_never_a_traceback(
     assert not state_dir.exists()  # an FS failure is no crash: no traceback log
 
 
-@pytest.fixture(params=["local", "ssh"])
+@pytest.fixture(params=["local", pytest.param("ssh", marks=[pytest.mark.bed,  # on the SSH test bed
+                                                             pytest.mark.xdist_group("ssh")])])
 def fs_under_test(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[SharedFS, str, Path, str]:
     """(the FS, its root as the FS sees it, the same directory on this machine, the `via` it names);
     ssh: through a real sshd of the test bed, onto the directory every instance shares."""

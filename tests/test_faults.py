@@ -789,7 +789,7 @@ def test_14_default_nfs_like_caches_pass_doctor_and_the_sweep_holds(
     `acdirmax=60`): doctor passes with its default cap and records a lag of tens of seconds, and a
     sweep with a crashed cell, its remediation and the release gate holds on it (nothing lost,
     nothing run twice), the rules waiting out the measured lag."""
-    from ablate.run.fslag import CAP, LONG
+    from ablate.doctor.fs_lag import CAP, LONG
 
     sw = Sweep(testbed_slowfs, tmp_path, cli, "f14-slowfs")
     try:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ablate.errors import FSError, OpFailed
-from ablate.remote import probe
+from ablate.remote.host import probe
 from ablate.transport.base import (
     AppendLine,
     CreateImmutable,
@@ -35,7 +35,8 @@ from ablate.transport.sshfs import SSHFS
 FS = tuple[SharedFS, str, Path, str]  # the FS, its root as the FS sees it, the same dir here, via
 
 
-@pytest.fixture(params=["local", "ssh"])
+@pytest.fixture(params=["local", pytest.param("ssh", marks=[pytest.mark.bed,  # on the SSH test bed
+                                                             pytest.mark.xdist_group("ssh")])])
 def fs_under_test(request: pytest.FixtureRequest, tmp_path: Path) -> FS:
     """local: a directory here; ssh: through a real sshd of the test bed, onto the directory every
     instance shares (a fresh sweep root each time: the probe is shipped by the first batch)."""
@@ -176,7 +177,8 @@ def test_over_ssh_a_batch_is_one_command_and_shipping_the_probe_one_more(testbed
     assert fs.apply([*ops, Read(f"{root}/DEPLOYED.json")]) == [True] * 20 + [None]
     assert len(commands) == 3  # the probe (not shipped yet), shipping it, the probe again
     lib = testbed.shared_dir / "ablate" / name / "lib" / fs.lib_dir.rsplit("/", 1)[1] / "ablate" / "remote"
-    assert stat.S_IMODE((lib / "probe.py").stat().st_mode) == 0o444 and (lib / "fsops.py").is_file()
+    assert stat.S_IMODE((lib / "host" / "probe.py").stat().st_mode) == 0o444
+    assert (lib / "host" / "fs_writes.py").is_file()
     commands.clear()
     assert fs.apply([*ops, WriteAtomic(f"{root}/DEPLOYED.json", b"{}")]) == [False] * 20 + [None]
     assert len(commands) == 1
@@ -208,5 +210,6 @@ def test_shipping_the_probe_never_writes_over_a_file_and_names_it(testbed: Any) 
     assert e.value.message == (f"tb-h1: creating {fs.lib_dir}/ablate/remote/layout.py failed: it exists "
                                "with other content; an immutable file is never overwritten")
     assert (lib / "layout.py").read_text() == "# not ablate's\n"
-    assert (lib / "fsops.py").is_file() and not (lib / "probe.py").exists()  # probe.py comes last
+    assert (lib / "host" / "fs_writes.py").is_file()
+    assert not (lib / "host" / "probe.py").exists()  # probe.py comes last
     assert not (testbed.shared_dir / "ablate" / name / "x").exists()

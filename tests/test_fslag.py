@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ablate.run.doctor import DoctorReport, HostReport
-from ablate.run.fslag import CAP, CAP_ENV, LONG, LagResult, Pair, await_content, measure_pairs, raise_cap
+from ablate.doctor.command import DoctorReport, HostReport
+from ablate.doctor.fs_lag import CAP, CAP_ENV, LONG, LagResult, Pair, await_content, measure_pairs, raise_cap
 from ablate.sweep.lock import whoami
 from ablate.transport import close_all
 from ablate.transport.local import LocalHost
@@ -38,6 +38,7 @@ def scratch_left(sweep_root: Path) -> list[Path]:
 # --------------------------------------------------------------------------- local transport
 
 
+@pytest.mark.tmux
 def test_local_hosts_share_one_directory_lag_0_recorded_unmeasured(local_project: LocalProject,
                                                                     cli: Cli) -> None:
     report = cli.json(local_project, "doctor")
@@ -66,6 +67,7 @@ def test_local_hosts_share_one_directory_lag_0_recorded_unmeasured(local_project
     assert json.loads(path.read_text()) == rec  # one host measures nothing: the record stays
 
 
+@pytest.mark.tmux
 def test_an_unwritable_record_is_a_failed_check_with_the_reason(local_project: LocalProject,
                                                                 cli: Cli) -> None:
     (local_project.shared / "gate" / "fslag.json").mkdir(parents=True)
@@ -139,7 +141,7 @@ def test_a_reader_slow_to_start_does_not_eat_the_cap(tmp_path: Path) -> None:
 
 
 def test_a_reader_that_never_starts_is_named_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ablate.run.fslag.START", 1.0)
+    monkeypatch.setattr("ablate.doctor.fs_lag.START", 1.0)
     shared = str(tmp_path / "fs" / ".lag-t")
     ts = {"a": LocalHost("a"), "b": SlowStart("b", None)}
     start = time.monotonic()

@@ -80,6 +80,7 @@ def test_refused_after_a_cell_is_appended(ready: LocalProject) -> None:
     assert "the roster changed since the last reconcile (3 cells now, 2 then); reconcile again" in msg
 
 
+@pytest.mark.tmux
 def test_refused_while_a_queue_of_that_host_runs_in_tmux(ready: LocalProject) -> None:
     require_tmux()
     h1 = LocalHost("h1")

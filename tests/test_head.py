@@ -71,6 +71,7 @@ def kinds(evs: list[dict[str, Any]], cell: str) -> list[str]:
     return [e["ev"] for e in evs if e.get("cell") == cell]
 
 
+@pytest.mark.tmux
 def test_a_head_line_is_dealt_to_the_runner_that_ends_it_first(
         local_project: LocalProject, runners: Runners) -> None:
     """h2 (measured 5x slower) reaches its own `big` while h1 runs x: h1 would end it first, so h2
@@ -101,6 +102,7 @@ def test_a_head_line_is_dealt_to_the_runner_that_ends_it_first(
     assert json.loads((lp.shared / "final_ckpts/big/MANIFEST.json").read_text())["host"] == "h1"
 
 
+@pytest.mark.tmux
 def test_a_deferred_line_is_taken_back_when_its_taker_stops(
         local_project: LocalProject, runners: Runners) -> None:
     """As above, but q1 is asked to stop after x: nobody else is left to deal big to, so h2 takes its
@@ -123,6 +125,7 @@ def test_a_deferred_line_is_taken_back_when_its_taker_stops(
     each_ran_its_own_config(lp, {"x", "big", "s1"})
 
 
+@pytest.mark.tmux
 def test_measured_speeds_decide_the_deal(local_project: LocalProject, runners: Runners) -> None:
     """`calibrate:` measures h2 10x faster than h1 (the benchmark prints its own seconds), against
     the declared 5x slower: h2 keeps big and runs it first. Each queue's measurement is an event and
@@ -204,6 +207,7 @@ def test_calibrate_reaches_the_run_spec(local_project: LocalProject) -> None:
     assert "ABLATE_CALIBRATE_KEEP=0\n" in render_spec(project, project.host("h1"), "run_one.sh").decode()
 
 
+@pytest.mark.tmux
 def test_a_deferred_line_is_classified_queued_not_never_ran(local_project: LocalProject) -> None:
     """Both queues launched: h2 (measured 5x slower) defers its own `big` to h1, which still runs x
     for seconds. Meanwhile big is in no claim and behind q2's `idx`: classification counts it

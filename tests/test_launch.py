@@ -90,6 +90,7 @@ def test_deploy_is_idempotent_and_a_changed_wrapper_is_a_new_file(
 # --------------------------------------------------------------------------- launch / stop
 
 
+@pytest.mark.tmux
 def test_second_live_launch_is_refused_and_stop_kills_the_process_group(local_project: LocalProject) -> None:
     lp = local_project
     slow_queue(lp)
@@ -119,6 +120,7 @@ def test_second_live_launch_is_refused_and_stop_kills_the_process_group(local_pr
     assert not stop(project, "q1", "h1").was_live  # stopping a stopped queue is a no-op
 
 
+@pytest.mark.tmux
 def test_relaunch_after_tmux_killed_mid_cell_resumes_the_cell(local_project: LocalProject) -> None:
     lp = local_project
     lp.queue("q1", [lp.cfg("cfgs/a/done.yaml") + " recon 1",
@@ -140,6 +142,7 @@ def test_relaunch_after_tmux_killed_mid_cell_resumes_the_cell(local_project: Loc
     assert json.loads((lp.shared / "final_ckpts/long/MANIFEST.json").read_text())["resume"] == 1
 
 
+@pytest.mark.tmux
 def test_edited_launched_line_refuses_relaunch_naming_it(local_project: LocalProject) -> None:
     lp = local_project
     a, b = lp.cfg("cfgs/a/e1.yaml"), lp.cfg("cfgs/a/e2.yaml")
@@ -192,6 +195,7 @@ def test_name_collision_anywhere_refuses_launch(local_project: LocalProject) -> 
     assert lp.snapshot() == before and not lp.shared.exists()
 
 
+@pytest.mark.tmux
 def test_launch_all_starts_planned_queues_and_reports_live_ones(local_project: LocalProject) -> None:
     lp = local_project
     lp.queue("q1", ["# ablate: host=h1", lp.cfg("cfgs/a/slow.yaml", step_time=0.2) + " recon 200"])
@@ -214,6 +218,7 @@ def test_launch_all_starts_planned_queues_and_reports_live_ones(local_project: L
 # --------------------------------------------------------------------------- append
 
 
+@pytest.mark.tmux
 def test_append_to_a_drained_queue_restarts_it_at_the_new_line(local_project: LocalProject) -> None:
     lp = local_project
     lp.queue("q1", [lp.cfg("cfgs/a/a1.yaml") + " recon 1", lp.cfg("cfgs/a/a2.yaml") + " recon 1"])
@@ -231,6 +236,7 @@ def test_append_to_a_drained_queue_restarts_it_at_the_new_line(local_project: Lo
     assert json.loads((lp.shared / "final_ckpts/a3/MANIFEST.json").read_text())["epochs"] == 2
 
 
+@pytest.mark.tmux
 def test_append_to_a_live_queue_only_appends_and_the_queue_picks_it_up(local_project: LocalProject) -> None:
     lp = local_project
     lp.queue("q1", [lp.cfg("cfgs/a/l1.yaml", step_time=0.1) + " recon 10"])

@@ -24,6 +24,8 @@ from ablate.transport.local import LocalFS, LocalHost
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject, drained
 
+pytestmark = pytest.mark.tmux  # tests/helpers/tiers.py
+
 
 @pytest.fixture(autouse=True)
 def _tmux() -> None:

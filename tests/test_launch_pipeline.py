@@ -26,6 +26,8 @@ from ablate.run.launch import launch, launch_all
 from ablate.run.stop import stop
 from ablate.transport.local import LocalFS, LocalHost
 
+pytestmark = pytest.mark.tmux  # tests/helpers/tiers.py
+
 
 class Proj(Protocol):  # the conftest's LocalProject, as used here
     root: Path

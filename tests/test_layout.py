@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.imports import imported
 
 TESTS = Path(__file__).resolve().parent
 # Modules nobody may import: other test modules and conftest (pytest loads it; fixtures reach
@@ -22,23 +23,6 @@ ALLOWED_AT_TOP = {"__init__.py", "conftest.py", "testbed.py", "testbed_storage.p
 
 def python_files() -> list[Path]:
     return sorted(p for p in TESTS.rglob("*.py") if "__pycache__" not in p.parts)
-
-
-def imported(path: Path, root: Path = TESTS.parent) -> Iterator[tuple[int, str]]:
-    """(line, dotted name) of every module `path` (under `root`) may import, at any depth:
-    `import M` gives M, `from M import n` gives M and M.n (n may be a submodule); relative
-    imports resolved."""
-    package = path.relative_to(root).with_suffix("").parts[:-1]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom):
-            base = list(package[:len(package) - node.level + 1]) if node.level else []
-            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
-            yield node.lineno, module
-            for alias in node.names:
-                yield node.lineno, f"{module}.{alias.name}"
 
 
 def where(path: Path, line: int) -> str:
@@ -104,7 +88,8 @@ PACKAGE = TESTS.parent / "ablate"
 # Layers from the bottom: a module may import its own layer or any below it, never one above. The
 # commands' parts too: planning, then running and watching, then results, then the report.
 LAYERS = {"errors": 0, "resources": 0, "util": 0, "remote": 1, "config": 1, "transport": 2, "sweep": 3,
-          "plan": 4, "run": 5, "monitor": 5, "results": 6, "report": 7, "demo": 8, "cli": 8, "__main__": 8}
+          "plan": 4, "run": 5, "monitor": 5, "doctor": 6, "results": 6, "report": 7, "demo": 8, "cli": 8,
+          "__main__": 8}
 
 
 def _ablate_modules() -> dict[str, Path]:
@@ -214,7 +199,7 @@ def command_modules() -> set[str]:
 def test_the_command_scan_finds_every_command_module() -> None:
     """A scan that missed commands would let the rule below pass with commands importing commands."""
     found = command_modules()
-    assert {"ablate.run.launch", "ablate.run.deploy", "ablate.run.doctor", "ablate.run.append",
+    assert {"ablate.run.launch", "ablate.run.deploy", "ablate.doctor.command", "ablate.run.append",
             "ablate.monitor.status", "ablate.results.remediate", "ablate.results.pull",
             "ablate.results.reconcile", "ablate.report", "ablate.plan.planner", "ablate.demo.run"} <= found
     assert not found & {"ablate.run", "ablate.transport", "ablate.report.data"}

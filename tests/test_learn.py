@@ -1,4 +1,4 @@
-"""The learned figures (`ablate.remote.learn`): per-host rate and fixed overhead, per-task scale of
+"""The learned figures (`ablate.remote.queue.learn`): per-host rate and fixed overhead, per-task scale of
 the declared units, from the cells a sweep has finished; what a draining runner will steal by and
 what scripts/bench_balance.py simulates with."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ablate.remote.learn import DECLARED, learn_rates
+from ablate.remote.queue.learn import DECLARED, learn_rates
 
 TRUE_SPEED = {"a": 1.0, "b": 0.5, "c": 1.6}
 TRUE_OVER = 3.0
@@ -117,7 +117,7 @@ def test_the_runner_figures_are_learned_per_runner_from_the_ended_cells() -> Non
     file has each runner's speed on the declared scale, its overhead, and each cell's seconds at
     speed 1 from its task's scale; failed, resumed and cost-less records are not used, a cell
     without a cost line keeps the controller's figure."""
-    from ablate.remote.learn import learned_text
+    from ablate.remote.queue.learn import learned_text
 
     text = learned_text(_estimates(), _events({("a", "q1", None): "a", ("b", "q2", 0): "b",
                                                ("b", "q3", 1): "c"}), 0.0)

@@ -175,6 +175,7 @@ def test_util_linux_flock_and_filelock_exclude_each_other(local_project: LocalPr
     assert free(project)
 
 
+@pytest.mark.tmux
 def test_the_lock_is_reentrant_within_a_process(local_project: LocalProject, holders: list[Holder],
                                                 tmp_path: Path) -> None:
     require_tmux()
@@ -197,6 +198,7 @@ def test_the_lock_is_reentrant_within_a_process(local_project: LocalProject, hol
     stop(project, "q1", "h1")
 
 
+@pytest.mark.tmux
 def test_commands_that_change_the_sweep_wait_for_the_lock_and_readers_do_not(
         local_project: LocalProject, holders: list[Holder], tmp_path: Path,
         cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:

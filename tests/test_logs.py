@@ -90,6 +90,7 @@ def test_a_cell_that_never_ran_says_which_queue_has_yet_to_reach_it(
     assert "later has not run yet" in err and "q2 is not launched" in err
 
 
+@pytest.mark.tmux
 def test_logs_of_running_finished_and_failed_cells_without_naming_a_host(
         proj: LocalProject, cli: Cli) -> None:
     assert cli(proj, "launch", "q1", "--host", "h1").code == 0
@@ -128,6 +129,7 @@ def test_logs_of_running_finished_and_failed_cells_without_naming_a_host(
     assert code == 1 and out == "" and "the log is gone from h1" in err and "tails/bad.log" in err
 
 
+@pytest.mark.tmux
 def test_a_published_cell_whose_heartbeat_has_not_moved_on_is_durable(proj: LocalProject,
                                                                        cli: Cli) -> None:
     """run_one publishes the result before its queue's heartbeat leaves the cell: in that window
@@ -155,6 +157,7 @@ def test_a_published_cell_whose_heartbeat_has_not_moved_on_is_durable(proj: Loca
     assert (got.where, got.path) == ("durable", f"{layout.final_dir('slow')}/slow.log")
 
 
+@pytest.mark.tmux
 def test_follow_streams_a_running_cell_until_it_ends(proj: LocalProject, cli: Cli) -> None:
     assert cli(proj, "-q", "launch", "q1", "--host", "h1").code == 0
     wait_for(lambda: any(e.get("cell") == "slow" and e["ev"] == "start" for e in local_events(proj)),

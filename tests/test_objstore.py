@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ablate.remote.mirror import WALK, Mirror
-from ablate.remote.objstore import Store, StoreDown, parse_url
+from ablate.remote.store.client import Store, StoreDown, parse_url
+from ablate.remote.store.local_copy import WALK, Mirror
 from tests.helpers.s3 import CREDS, S3, FaultProxy
 
 
@@ -173,7 +173,7 @@ def test_an_outage_is_waited_out(s3: S3) -> None:
 def test_a_claim_written_here_goes_when_the_store_releases_it(s3: S3, tmp_path: Path) -> None:
     """A queue's own claim is in its copy at once, and gone from it once remediate released it in
     the store (a stale local claim would have the walk pass the cell over forever)."""
-    from ablate.remote.storeside import Agent
+    from ablate.remote.store.queue_side import Agent
 
     url = s3.url(f"t/{uuid.uuid4().hex[:8]}/ablate/sw")
     a = Agent(str(tmp_path / "copy"), "h1", "q1", url, s3.endpoint)

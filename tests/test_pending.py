@@ -1,10 +1,10 @@
-"""ablate.monitor.pending: which Slurm pending reasons never clear by themselves, and the fix named."""
+"""ablate.monitor.slurm_pending: which Slurm pending reasons never clear by themselves, and the fix named."""
 
 from __future__ import annotations
 
 import pytest
 
-from ablate.monitor.pending import STUCK, stuck
+from ablate.monitor.slurm_pending import STUCK, stuck
 
 
 @pytest.mark.parametrize(("reason", "words"), [

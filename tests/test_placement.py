@@ -42,15 +42,15 @@ def test_the_runner_zipapp_holds_the_package_modules_and_is_deterministic() -> N
     data = packaged_runner()
     assert data == packaged_runner()
     z = zipfile.ZipFile(io.BytesIO(data))
-    assert sorted(z.namelist()) == sorted(["__main__.py", "ablate/__init__.py", "ablate/remote/__init__.py",
-                                           *(f"ablate/remote/{m}" for m in RUNNER_MODULES)])
+    files = resources.module_files(RUNNER_MODULES)
+    assert z.namelist() == ["__main__.py", *files]
     for m in RUNNER_MODULES:
-        assert z.read(f"ablate/remote/{m}") == resources.read("ablate.remote", m)
+        assert z.read(m.replace(".", "/") + ".py") == resources.module(m)
 
 
 def test_the_runner_zipapp_imports_its_store_modules_without_boto3(tmp_path: Path) -> None:
-    """A storage host's runner opens the store through `objstore` and `mirror`; importing them needs
-    the standard library only (boto3 is imported when a store is opened)."""
+    """A storage host's runner opens the store through `store.client` and `store.local_copy`; importing them
+    needs the standard library only (boto3 is imported when a store is opened)."""
     pyz = tmp_path / "runner.pyz"
     pyz.write_bytes(packaged_runner())
     code = ("import sys\n"
@@ -60,8 +60,8 @@ def test_the_runner_zipapp_imports_its_store_modules_without_boto3(tmp_path: Pat
             "            raise ImportError('no ' + name)\n"
             "sys.meta_path.insert(0, NoBoto())\n"
             f"sys.path.insert(0, {str(pyz)!r})\n"
-            "import ablate.remote.mirror, ablate.remote.objstore\n"
-            "m = ablate.remote.objstore\n"
+            "import ablate.remote.store.local_copy, ablate.remote.store.client\n"
+            "m = ablate.remote.store.client\n"
             "assert m.__file__.startswith(sys.path[0]), m.__file__\n"
             "print('ok')\n")
     p = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=False)
@@ -115,8 +115,8 @@ def test_every_number_the_wrappers_wait_by_is_in_every_spec_and_nowhere_in_the_b
     import re
 
     from ablate.config.slurm import DEFAULT_GRACE, DEFAULT_MAX_RESTARTS
-    from ablate.remote.defaults import CLAIM_WAIT, HEARTBEAT_SECS
-    from ablate.remote.objstore import FS_WAIT
+    from ablate.remote.queue.defaults import CLAIM_WAIT, HEARTBEAT_SECS
+    from ablate.remote.store.client import FS_WAIT
 
     loop = re.search(r"^for v in (.*?); do$", (REPO / "wrappers" / "run_queue.sh").read_text(), re.M | re.S)
     assert loop is not None  # run_queue's check of its spec's numbers

@@ -78,6 +78,7 @@ def test_plan_runs_priorities_first_in_each_queue_and_keeps_the_cost_balance(
                 f"0: {n0} cell{'s' if n0 != 1 else ''}") in text
 
 
+@pytest.mark.tmux
 def test_a_draining_runner_steals_the_highest_priority_cell(local_project: LocalProject, cli: Cli) -> None:
     require_tmux()
     lp = local_project

@@ -1,4 +1,4 @@
-"""run_one's sync, the file work (ablate/remote/publish.py), over real files in tmp_path: the
+"""run_one's sync, the file work (ablate/remote/queue/publish.py), over real files in tmp_path: the
 checkpoint entries resolved (a file, a list, a glob, `newest`, a directory with markers, the metrics
 file left out), each failure's reason, and MANIFEST.json. The bash this module replaced is kept
 below, verbatim, as the oracle: for the same files and arguments, the same reason, the same staged
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ablate.remote import publish
+from ablate.remote.queue import publish
 
 STARTED, ENDED = "1732700000.123450", "1732700061.000000"  # trailing zeros, as `now` prints them
 

@@ -22,6 +22,8 @@ from tests.helpers.tmux import require_tmux
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
+pytestmark = pytest.mark.tmux  # tests/helpers/tiers.py
+
 testbed = sshfs_testbed()
 
 

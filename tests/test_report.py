@@ -20,7 +20,7 @@ import yaml
 from ablate.config.project import load_project
 from ablate.config.settings import ReportSettings
 from ablate.plan.balance import lower_bound
-from ablate.remote import probe
+from ablate.remote.host import probe
 from ablate.report.data import CellResult, RosterCell
 from ablate.report.stats import t_quantile
 from ablate.report.table import build_tables
@@ -202,6 +202,7 @@ def _metrics(lp: LocalProject, name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+@pytest.mark.tmux
 def test_report_of_a_real_sweep_in_headless_chromium(
         local_project: LocalProject, cli: Cli, tmp_path: Path) -> None:
     require_tmux()
@@ -390,6 +391,7 @@ def _painted(img: Any, box: tuple[float, float, float, float], colour: str, tol:
     return int((abs(px - rgb).sum(axis=2) <= tol).sum())
 
 
+@pytest.mark.tmux
 def test_report_groups_seeds_into_one_row_with_welch_intervals_in_headless_chromium(
         local_project: LocalProject, cli: Cli, tmp_path: Path) -> None:
     import numpy as np

@@ -1,4 +1,4 @@
-"""The runner's decisions (`ablate/remote/runner.py`, its rules in `rules.py`) over files, in
+"""The runner's decisions (`ablate/remote/queue/runner.py`, its rules in `rules.py`) over files, in
 milliseconds: the one queue-line grammar (the controller's and the deployed runner's verdicts on the
 same hostile lines), the runner scan, estimates, the steal pick, the head deal, re-entries and
 calibration."""
@@ -16,8 +16,8 @@ import pytest
 
 from ablate.config.project import Task
 from ablate.errors import QueueError
-from ablate.remote import calibrate, grammar, runner, serve
-from ablate.remote.rules import (
+from ablate.remote.queue import calibrate, grammar, runner, serve
+from ablate.remote.queue.rules import (
     SILENT_REM,
     Candidate,
     Estimates,
@@ -28,7 +28,7 @@ from ablate.remote.rules import (
     read_estimates,
     reentries,
 )
-from ablate.remote.runner import Runner, Sweep, deal, runner_of, victims_of
+from ablate.remote.queue.runner import Runner, Sweep, deal, runner_of, victims_of
 from ablate.run.deploy import packaged_runner
 from ablate.sweep.cells import parse_queue_text
 

@@ -96,6 +96,7 @@ def kinds(evs: list[dict[str, Any]]) -> list[str]:
     return [e["ev"] for e in evs]
 
 
+@pytest.mark.tmux
 def test_service_is_ready_before_the_first_cell_and_stops_with_the_queue(
         local_project: LocalProject, cli: Cli) -> None:
     lp = local_project
@@ -116,6 +117,7 @@ def test_service_is_ready_before_the_first_cell_and_stops_with_the_queue(
     assert cli.json(lp, "reconcile", "--fs")["verified"] == 2
 
 
+@pytest.mark.tmux
 def test_a_service_that_never_becomes_ready_fails_the_queue_before_any_cell(
         local_project: LocalProject, cli: Cli) -> None:
     lp = local_project
@@ -139,6 +141,7 @@ def test_a_service_that_never_becomes_ready_fails_the_queue_before_any_cell(
     assert row["state"] == "stopped" and row["services"]["srv"]["state"] == "failed"
 
 
+@pytest.mark.tmux
 def test_a_service_dying_mid_cell_fails_that_cell_as_service_down_then_remediate_reruns_it(
         local_project: LocalProject, cli: Cli) -> None:
     lp = local_project
@@ -168,6 +171,7 @@ def test_a_service_dying_mid_cell_fails_that_cell_as_service_down_then_remediate
     wait_for(lambda: cli.json(lp, "status")["cells"]["slow"]["state"] == "synced", timeout=90)
 
 
+@pytest.mark.tmux
 def test_a_cell_scoped_service_runs_around_each_cell(local_project: LocalProject) -> None:
     lp = local_project
     port = setup(lp, scope="cell", field="port_srv")  # the train template names the service
@@ -180,6 +184,7 @@ def test_a_cell_scoped_service_runs_around_each_cell(local_project: LocalProject
     assert not alive(served_by(lp, "two")) and port_free(port)
 
 
+@pytest.mark.tmux
 def test_stop_stops_the_services_too(local_project: LocalProject, cli: Cli) -> None:
     lp = local_project
     port = setup(lp)
@@ -214,7 +219,7 @@ def test_gpus_split_between_trainers_and_services(local_project: LocalProject) -
 
 
 def test_doctor_checks_each_service_command_and_port(local_project: LocalProject) -> None:
-    from ablate.run.doctor import doctor
+    from ablate.doctor.command import doctor
 
     lp = local_project
     port = setup(lp)

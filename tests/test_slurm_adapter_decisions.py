@@ -1,5 +1,5 @@
-"""The Slurm adapter's decisions (`ablate/remote/slurm_adapter.py`, asked by its co-process
-`slurm_serve.py`) over Slurm's real output, captured from the Slurm bed (tests/data/slurm/, its
+"""The Slurm adapter's decisions (`ablate/remote/slurm/adapter.py`, asked by its co-process
+`adapter_serve.py`) over Slurm's real output, captured from the Slurm bed (tests/data/slurm/, its
 README says how), in milliseconds: the submit limit from scontrol and sacctmgr, sbatch's errors
 read as a limit, a passing error or a refusal, the array limits and split, squeue's rows with array
 tasks as their queues' sessions, sacct's states, sinfo's nodes out of service, the waiting queues'
@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from ablate.remote import slurm_adapter as sa
-from ablate.remote.slurm_adapter import Fact, Limit, Need, Row
-from ablate.remote.slurm_serve import Verb, serve, shell
-from ablate.run import slurmcheck
+from ablate.doctor import slurm
+from ablate.remote.slurm import adapter as sa
+from ablate.remote.slurm.adapter import Fact, Limit, Need, Row
+from ablate.remote.slurm.adapter_serve import Verb, serve, shell
 
 DATA = Path(__file__).parent / "data" / "slurm"
 CLUSTER = "ablate3d8478"  # the accounting bed's ClusterName
@@ -149,7 +149,7 @@ def test_max_array_size_is_read_in_one_place_for_the_adapter_and_doctor() -> Non
     assert sa.array_most(ENFORCED) == 2  # MaxArraySize 3, SchedulerParameters max_array_tasks=2
     assert sa.array_most(PLAIN) == 1001 and sa.array_most(None) == sa.ARRAY_SIZE == 1001
     assert sa.array_most("MaxArraySize            = 0\n") == 0
-    assert slurmcheck.array_most is sa.array_most
+    assert slurm.array_most is sa.array_most
 
 
 def test_the_queues_go_as_arrays_within_the_room_and_share_the_throttle() -> None:

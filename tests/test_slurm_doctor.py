@@ -24,9 +24,9 @@ import yaml
 
 from ablate.config.project import load_project
 from ablate.config.slurm import SlurmSettings
-from ablate.run.hostcheck import Section
-from ablate.run.slurmcheck import gpu_verdict, time_checks
-from ablate.run.slurmprobe import ProbeJob, ProbeResult, ckpt_check, gpu_options, probe_options
+from ablate.doctor.slurm import gpu_verdict, time_checks
+from ablate.doctor.slurm_probe import ProbeJob, ProbeResult, ckpt_check, gpu_options, probe_options
+from ablate.run.host_measure import Section
 from tests import slurmbed
 from tests.helpers.cli import Cli
 from tests.helpers.slurm_sweep import Sweep
@@ -171,6 +171,7 @@ def gpu_bed(gpu_cluster: GpuBed, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gp
     gpu_cluster.heal()
 
 
+@pytest.mark.bed
 def test_the_gpus_are_a_probe_of_their_own_and_one_that_cannot_start_is_not_checked(
         gpu_bed: GpuBed, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     """`gpus: 1`: the node checks run in a probe without GPUs, the GPU check in one with

@@ -19,6 +19,8 @@ from tests.helpers.slurm_sweep import Sweep
 from tests.helpers.wait import wait_for
 from tests.slurmbed import SlurmBed
 
+pytestmark = pytest.mark.bed  # tests/helpers/tiers.py
+
 LIMIT = 5
 
 

@@ -1,4 +1,4 @@
-"""The host agent (ablate/remote/agent.py, ablate/transport/agentlink.py): on this machine for its
+"""The host agent (ablate/remote/host/agent.py, ablate/transport/agentlink.py): on this machine for its
 protocol, on the test bed for how the ssh transport starts and uses it, and for what happens when it
 cannot be used: commands still run, each exactly once."""
 
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from ablate.errors import FSError
-from ablate.remote.agent import HELLO
+from ablate.remote.host.agent import HELLO
 from ablate.transport.agentlink import (
     SILENT_RETRY,
     AgentLive,
@@ -36,7 +36,7 @@ from ablate.transport.sshfs import SSHFS, probe_command, probe_lib
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
-AGENT = str(Path(__file__).resolve().parents[1] / "ablate" / "remote" / "agent.py")
+AGENT = str(Path(__file__).resolve().parents[1] / "ablate" / "remote" / "host" / "agent.py")
 # the process chain above the command, one command line per line ($$ first)
 CHAIN = ("p=$$; while [ \"$p\" -gt 1 ]; do tr '\\0' ' ' < /proc/$p/cmdline; echo; "
          "p=$(cut -d' ' -f4 < /proc/$p/stat); done")
@@ -199,7 +199,8 @@ def _lib(tmp_path: Path) -> str:
 
 
 def _py(lib: str, entry: str, *argv: str) -> dict[str, object]:
-    return {"dir": lib, "entry": entry, "argv": list(argv), "needs": "ablate/remote/probe.py", "min": [3, 8]}
+    return {"dir": lib, "entry": entry, "argv": list(argv), "needs": "ablate/remote/host/probe.py",
+            "min": [3, 8]}
 
 
 # what the entry prints: whether it runs inside the agent's process image (forked, never exec'd:
@@ -294,13 +295,13 @@ def test_the_probe_library_is_placed_alike_by_the_agent_its_command_and_the_shel
     fs.ship_probe()  # the same bytes there already: nothing to do, no error
 
     other = SSHFS(host, str(tmp_path / "other"), python=sys.executable)
-    taken = Path(other.lib_dir) / "ablate" / "remote" / "fsops.py"
+    taken = Path(other.lib_dir) / "ablate" / "remote" / "host" / "fs_writes.py"
     taken.parent.mkdir(parents=True)
     taken.write_bytes(b"# other bytes\n")
-    with pytest.raises(FSError, match=r"creating .*/ablate/remote/fsops\.py.*other content"):
+    with pytest.raises(FSError, match=r"creating .*/ablate/remote/host/fs_writes\.py.*other content"):
         other.ship_probe()
     assert taken.read_bytes() == b"# other bytes\n"
-    assert not (Path(other.lib_dir) / "ablate" / "remote" / "probe.py").exists()
+    assert not (taken.parent / "probe.py").exists()
     assert [f.name for f in taken.parent.iterdir() if f.name.startswith(".")] == []
 
 

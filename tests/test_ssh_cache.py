@@ -13,7 +13,8 @@ import pytest
 
 from ablate.transport.ssh import SSHHost
 
-pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
+pytestmark = [pytest.mark.tmux,  # the OpenSSH client, one of the apt-get tools (tests/helpers/tiers.py)
+              pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")]
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ def test_whole_flow_on_three_hosts(testbed: Testbed, tmp_path: Path, cli: Cli) -
     proj = make_project(testbed, tmp_path, sweep, cells=6, epochs=2, step_time=0.5)
     root = testbed.shared_dir / "ablate" / sweep
     try:
-        if importlib.util.find_spec("ablate.run.doctor") is not None:
+        if importlib.util.find_spec("ablate.doctor.command") is not None:
             r = cli(proj, "doctor")
             assert r.code == 0, r.output
 

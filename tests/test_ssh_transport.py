@@ -152,7 +152,7 @@ def test_shared_fs_operations(testbed: Testbed, tmp_path: Path) -> None:
                                            {"ev": "start", "idx": 0}]}
     assert snap["heartbeats"]["tb-h1.q1"]["data"] == {"state": "running"}
     assert abs(snap["now"] - time.time()) < 60
-    shipped = backing / "lib" / fs.lib_dir.rsplit("/", 1)[1] / "ablate" / "remote" / "probe.py"
+    shipped = backing / "lib" / fs.lib_dir.rsplit("/", 1)[1] / "ablate" / "remote" / "host" / "probe.py"
     assert stat.S_IMODE(shipped.stat().st_mode) == 0o444
     # Later probes are one round trip and never write the library again.
     assert fs.probe("now", {"root": root})["now"] > 0
@@ -162,7 +162,7 @@ def test_probe_that_does_not_print_one_json_document_is_an_error(testbed: Testbe
     fs = SSHFS(SSHHost("tb-h1", ssh_config=str(testbed.ssh_config)), f"{testbed.shared_path}/p",
                python="echo")
     fs.ship_probe()
-    with pytest.raises(RemoteError, match=r"tb-h1: `echo -m ablate.remote.probe now .*exactly one JSON"):
+    with pytest.raises(RemoteError, match=r"tb-h1: `echo -m ablate.remote.host.probe now .*exactly one JSON"):
         fs.probe("now", {"root": fs.root})
 
 

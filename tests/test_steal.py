@@ -24,6 +24,8 @@ from tests.helpers.runners import Runners, all_events, ends, estimates, finish, 
 from tests.helpers.tmux import require_tmux
 from tests.helpers.wait import wait_for
 
+pytestmark = pytest.mark.tmux  # tests/helpers/tiers.py
+
 
 @pytest.fixture(autouse=True)
 def _tmux() -> None:
@@ -134,7 +136,7 @@ def test_a_drained_runner_steals_by_what_this_sweep_has_learned(
         local_project: LocalProject, runners: Runners) -> None:
     """The declared figures say the stealer's slot is 20x slower than the victim's host (the case
     above where it takes nothing); this sweep's ended cells say it is 10x faster. Draining, the
-    runner fits its figures on the events (ablate/remote/learn.py, shipped with the wrappers) and
+    runner fits its figures on the events (ablate/remote/queue/learn.py, shipped with the wrappers) and
     takes t3, which would wait behind `long` there: the steal event says it was by learned figures,
     and every cell still runs once."""
     lp = local_project

@@ -26,6 +26,8 @@ from tests.helpers.tmux import require_tmux
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
+pytestmark = pytest.mark.tmux  # tests/helpers/tiers.py
+
 
 @pytest.fixture(autouse=True)
 def _tmux() -> None:

@@ -1,4 +1,4 @@
-"""The stop path's decisions (`ablate/remote/stopping.py`, the runner's `attempt` and `stop-plan`) in
+"""The stop path's decisions (`ablate/remote/slurm/stop_plan.py`, the runner's `attempt` and `stop-plan`) in
 milliseconds, over what Slurm really prints and sets: squeue's `%L` and the `SLURM_*` environment
 of a job, a requeued job and an array task, captured from the Slurm bed (tests/slurmbed.py). Then
 the numbers every run spec carries for run_queue, each defined once in Python, and the store's
@@ -18,8 +18,9 @@ import yaml
 from ablate.config.project import load_project
 from ablate.config.settings import DEFAULT_MONITOR
 from ablate.config.slurm import DEFAULT_GRACE, DEFAULT_MAX_RESTARTS
-from ablate.remote import defaults, serve, slurmwin, stopping
-from ablate.remote.stopping import Job, Plan
+from ablate.remote.queue import defaults, serve
+from ablate.remote.slurm import signal_window, stop_plan
+from ablate.remote.slurm.stop_plan import Job, Plan
 from ablate.run.placement import render_spec
 from tests.helpers.project import LocalProject
 
@@ -66,73 +67,73 @@ def never() -> int:
 ])
 def test_the_job_is_its_attempt_its_name_for_slurm_and_its_restarts(env: dict[str, str],
                                                                      job: Job | None) -> None:
-    assert stopping.job_of(env) == job
+    assert stop_plan.job_of(env) == job
 
 
 def test_the_restart_cap_stops_an_attempt_past_it_and_refuses_the_requeue_that_would_pass_it() -> None:
-    assert [stopping.restarted_too_often(r, 10) for r in (9, 10, 11)] == [False, False, True]
-    assert [stopping.requeue_refused(r, 10) for r in (9, 10, 11)] == [False, True, True]
-    assert stopping.requeue_refused(0, 0) and not stopping.restarted_too_often(0, 0)
+    assert [stop_plan.restarted_too_often(r, 10) for r in (9, 10, 11)] == [False, False, True]
+    assert [stop_plan.requeue_refused(r, 10) for r in (9, 10, 11)] == [False, True, True]
+    assert stop_plan.requeue_refused(0, 0) and not stop_plan.restarted_too_often(0, 0)
 
 
 # --------------------------------------------------------------------------- the time left
 
 @pytest.mark.parametrize(("text", "seconds"), list(LEFT.items()))
 def test_squeue_time_left_is_read_by_the_one_parser_of_slurm_times(text: str, seconds: int) -> None:
-    assert stopping.time_left(text) == seconds == slurmwin.time_seconds(text.strip())
+    assert stop_plan.time_left(text) == seconds == signal_window.time_seconds(text.strip())
 
 
 @pytest.mark.parametrize("text", UNKNOWN)
 def test_a_time_left_squeue_cannot_say_is_unknown(text: str | None) -> None:
-    assert stopping.time_left(text) is None
+    assert stop_plan.time_left(text) is None
 
 
 def test_a_cut_cell_has_all_but_the_margin_and_at_least_a_second() -> None:
-    assert [stopping.cell_wait(s) for s in (50, 12, 11, 10, 0)] == [40, 2, 1, 1, 1]
-    assert stopping.FALLBACK_WAIT == slurmwin.KILL_WAIT - stopping.STOP_MARGIN == 20
+    assert [stop_plan.cell_wait(s) for s in (50, 12, 11, 10, 0)] == [40, 2, 1, 1, 1]
+    assert stop_plan.FALLBACK_WAIT == signal_window.KILL_WAIT - stop_plan.STOP_MARGIN == 20
 
 
 # --------------------------------------------------------------------------- USR2 and TERM
 
 def test_more_time_left_than_grace_plus_90_is_a_preemption_left_to_slurm() -> None:
-    job = stopping.job_of(FIRST_RUN)
+    job = stop_plan.job_of(FIRST_RUN)
     at = 120 + 90
-    assert stopping.on_usr2(job, at + 1, 120, 10, True, True, lambda: 50) == \
+    assert stop_plan.on_usr2(job, at + 1, 120, 10, True, True, lambda: 50) == \
         Plan("preempted", False, 40, False, False)
-    assert stopping.on_usr2(job, at, 120, 10, True, True, never) == \
+    assert stop_plan.on_usr2(job, at, 120, 10, True, True, never) == \
         Plan("time_limit", True, at - 10, True, False)
     # the bed's preemption: USR2 at once, a day left, the partition's GraceTime 20 + KillWait 30
-    plan = stopping.on_usr2(job, LEFT["1-02:03:54\n"], 120, 10, True, True,
-                            lambda: slurmwin.window(FIRST_RUN, fake({"scontrol show": CONFIG,
+    plan = stop_plan.on_usr2(job, LEFT["1-02:03:54\n"], 120, 10, True, True,
+                            lambda: signal_window.window(FIRST_RUN, fake({"scontrol show": CONFIG,
                                                                      "scontrol -o": PARTITION})))
     assert plan.line() == "why=preempted requeue=0 wait=40 cut=0 capped=0"
 
 
 def test_at_the_time_limit_the_cell_has_until_the_margin_and_the_job_is_requeued_up_to_the_cap() -> None:
-    first, requeued = stopping.job_of(FIRST_RUN), stopping.job_of(REQUEUED)
-    assert stopping.on_usr2(first, 50, 50, 10, True, True, never).line() == \
+    first, requeued = stop_plan.job_of(FIRST_RUN), stop_plan.job_of(REQUEUED)
+    assert stop_plan.on_usr2(first, 50, 50, 10, True, True, never).line() == \
         "why=time_limit requeue=1 wait=40 cut=1 capped=0"
-    assert stopping.on_usr2(first, None, 50, 10, True, True, never).wait == 40  # squeue silent: the grace
-    assert stopping.on_usr2(first, 50, 50, 10, True, False, never).cut is False  # no cell ran
+    assert stop_plan.on_usr2(first, None, 50, 10, True, True, never).wait == 40  # squeue silent: the grace
+    assert stop_plan.on_usr2(first, 50, 50, 10, True, False, never).cut is False  # no cell ran
     no_resubmit = Plan("time_limit", False, 40, True, False)
-    assert stopping.on_usr2(first, 50, 50, 10, False, True, never) == no_resubmit
+    assert stop_plan.on_usr2(first, 50, 50, 10, False, True, never) == no_resubmit
     capped = Plan("time_limit", False, 40, True, True)
-    assert stopping.on_usr2(requeued, 50, 50, 1, True, True, never) == capped
-    assert stopping.on_usr2(requeued, 50, 50, 2, True, True, never).requeue is True
-    assert stopping.on_usr2(requeued, 50, 50, 1, False, True, never).capped is False  # nothing refused
+    assert stop_plan.on_usr2(requeued, 50, 50, 1, True, True, never) == capped
+    assert stop_plan.on_usr2(requeued, 50, 50, 2, True, True, never).requeue is True
+    assert stop_plan.on_usr2(requeued, 50, 50, 1, False, True, never).capped is False  # nothing refused
 
 
 def test_outside_a_slurm_job_a_usr2_cuts_by_the_grace_and_asks_nothing_of_slurm() -> None:
-    assert stopping.on_usr2(None, None, 120, 10, True, True, never) == \
+    assert stop_plan.on_usr2(None, None, 120, 10, True, True, never) == \
         Plan("time_limit", False, 110, False, False)
 
 
 def test_slurms_term_gives_the_cell_the_sites_window_less_the_margin() -> None:
-    assert stopping.on_term(lambda: 50) == Plan("slurm_signal", False, 40, False, False)
-    assert stopping.on_term(lambda: 5).wait == 1
+    assert stop_plan.on_term(lambda: 50) == Plan("slurm_signal", False, 40, False, False)
+    assert stop_plan.on_term(lambda: 5).wait == 1
 
 
-def fake(answers: dict[str, str | None]) -> slurmwin.Run:
+def fake(answers: dict[str, str | None]) -> signal_window.Run:
     """Slurm's commands answering what the bed's answer (by their first two words), else failing."""
     def run(argv: Sequence[str]) -> str | None:
         return answers.get(" ".join(argv[:2]))
@@ -149,7 +150,7 @@ def plan_of(env: dict[str, str], squeue: str | None, *args: str) -> tuple[int, l
         return answers.get(" ".join(argv[:2]))
 
     out: list[str] = []
-    rc = stopping.verb(["stop-plan", *args], env, out.append, run)
+    rc = stop_plan.verb(["stop-plan", *args], env, out.append, run)
     return rc, out, asked
 
 
@@ -171,13 +172,13 @@ def test_the_verb_asks_squeue_for_this_job_by_its_own_name() -> None:
 
 def test_the_attempt_verb_answers_in_a_job_and_says_nothing_outside_one() -> None:
     out: list[str] = []
-    assert stopping.verb(["attempt", "--max-restarts", "1"], ARRAY_FIRST, out.append) == 0
+    assert stop_plan.verb(["attempt", "--max-restarts", "1"], ARRAY_FIRST, out.append) == 0
     assert out == ["attempt=3.2 self=3_2 restarts=2 stop=1"]
     out.clear()
-    assert stopping.verb(["attempt", "--max-restarts", "2"], REQUEUED, out.append) == 0
+    assert stop_plan.verb(["attempt", "--max-restarts", "2"], REQUEUED, out.append) == 0
     assert out == ["attempt=1.1 self=1 restarts=1 stop=0"]
     out.clear()
-    assert stopping.verb(["attempt", "--max-restarts", "10"], {}, out.append) == 1 and out == []
+    assert stop_plan.verb(["attempt", "--max-restarts", "10"], {}, out.append) == 1 and out == []
 
 
 # --------------------------------------------------------------------------- through the runner
@@ -237,7 +238,7 @@ def test_every_spec_carries_each_number_run_queue_computes_with_from_its_one_def
         "ABLATE_CLAIM_WAIT": str(defaults.CLAIM_WAIT),
         "ABLATE_CALIBRATE_TIMEOUT": "600", "ABLATE_SLURM_GRACE": str(DEFAULT_GRACE),
         "ABLATE_SLURM_MAX_RESTARTS": str(DEFAULT_MAX_RESTARTS), "ABLATE_SLURM_RESUBMIT": "0",
-        "ABLATE_SLURM_FALLBACK_WAIT": str(stopping.FALLBACK_WAIT)}
+        "ABLATE_SLURM_FALLBACK_WAIT": str(stop_plan.FALLBACK_WAIT)}
     cluster = load_project(slurm_project(tmp_path, {"grace": 50, "max_restarts": 3}))
     got = spec_values(render_spec(cluster, cluster.hosts["cluster"], "/x/run_one.sh"))
     assert (got["ABLATE_PIN_GPU"], got["ABLATE_SLURM_GRACE"], got["ABLATE_SLURM_MAX_RESTARTS"],

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ablate.remote.objstore import Store
+from ablate.remote.store.client import Store
 from ablate.transport import close_all
 from tests.helpers.cli import Cli, ablate_process
 from tests.helpers.s3 import CREDS, S3, FaultProxy, moto_s3

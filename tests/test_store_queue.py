@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from ablate.config.project import load_project
-from ablate.remote.objstore import Store
+from ablate.remote.store.client import Store
 from ablate.run.deploy import deploy
 from tests.helpers.project import LocalProject
 from tests.helpers.s3 import CREDS, S3
@@ -125,7 +125,7 @@ def test_two_instances_with_no_shared_directory_run_each_cell_once(
 
 def test_a_racer_that_loses_the_claim_skips_the_cell(s3: S3, tmp_path: Path) -> None:
     """Eight runner processes' agents race for one claim: exactly one gets it."""
-    from ablate.remote.storeside import Agent
+    from ablate.remote.store.queue_side import Agent
 
     url = s3.url(f"race/{uuid.uuid4().hex[:8]}/ablate/t1")
     won: list[str] = []

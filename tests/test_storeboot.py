@@ -1,4 +1,5 @@
-"""A storage host's launch: its boot program (ablate/remote/boot.py, run as the instance runs it:
+"""A storage host's launch:
+its boot program (ablate/remote/store/instance_boot.py, run as the instance runs it:
 through a host transport, here the local one) against a real S3 endpoint (moto's server) and a real
 tmux server. The files fetched and checked against their names, a missing or damaged one refusing
 the launch with nothing started, a missing boto3 named; the credentials reach the queue's process
@@ -21,20 +22,20 @@ from pathlib import Path
 import pytest
 
 from ablate.config.project import load_project
+from ablate.doctor.deployed import deployed_check
 from ablate.errors import AblateError, RemoteError
-from ablate.remote.objstore import Store
-from ablate.run import storeboot
+from ablate.remote.store.client import Store
+from ablate.run import store_launch
 from ablate.run.context import LaunchContext, LocalQueues
-from ablate.run.deploycheck import deployed_check
-from ablate.run.hostcheck import Section
+from ablate.run.host_measure import Section
 from ablate.run.placement import place
-from ablate.run.storeboot import BootPlan, Started, boot, boot_files, controller_credentials
+from ablate.run.store_launch import BootPlan, Started, boot, boot_files, controller_credentials
 from ablate.transport.local import LocalFS, LocalHost, tmux_socket
 from tests.helpers.project import LocalProject
 from tests.helpers.s3 import CREDS, S3
 from tests.helpers.wait import wait_for
 
-# run_queue's side of the FIFO contract (ablate/run/storeboot.py), then the queue's "work": a sleep
+# run_queue's side of the FIFO contract (ablate/run/store_launch.py), then the queue's "work": a sleep
 # that inherits the exported credentials (its /proc/<pid>/environ is the queue's process environment).
 READER = """#!/bin/bash
 if [[ -n ${ABLATE_CREDS_FIFO-} && -p $ABLATE_CREDS_FIFO ]]; then
@@ -159,6 +160,7 @@ def secrets_in(blob: bytes | str, creds: dict[str, str]) -> list[str]:
 # --------------------------------------------------------------------------- the hand-over
 
 
+@pytest.mark.tmux
 def test_the_queue_gets_the_credentials_in_its_environment_and_nowhere_else(
         s3: S3, tmp_path: Path, secret: dict[str, str], instance_env: None) -> None:
     dep = Deployed(s3, tmp_path)
@@ -188,6 +190,7 @@ def test_the_queue_gets_the_credentials_in_its_environment_and_nowhere_else(
     assert after == bucket_before and not secrets_in(after, secret)  # the store: read, never written
 
 
+@pytest.mark.tmux
 def test_files_already_there_and_intact_are_kept_a_damaged_copy_is_fetched_again(
         s3: S3, tmp_path: Path, secret: dict[str, str], instance_env: None) -> None:
     dep = Deployed(s3, tmp_path)
@@ -241,6 +244,7 @@ def test_no_boto3_on_the_instance_is_one_line_naming_the_install(
         boot(LocalHost("h1"), missing, {"ablate-t1-h1-q1": dep.argv()}, secret)
 
 
+@pytest.mark.tmux
 def test_without_credentials_here_none_are_passed(s3: S3, tmp_path: Path, instance_env: None,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     dep = Deployed(s3, tmp_path)
@@ -252,11 +256,12 @@ def test_without_credentials_here_none_are_passed(s3: S3, tmp_path: Path, instan
     assert not list(dep.root.glob(".creds.*"))
 
 
+@pytest.mark.tmux
 @pytest.mark.parametrize("queue", [DEAF, QUITS], ids=["never-reads", "ends-first"])
 def test_a_queue_that_does_not_take_its_credentials_is_stopped_and_its_fifo_removed(
         s3: S3, tmp_path: Path, secret: dict[str, str], instance_env: None, queue: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(storeboot, "FIFO_WAIT", 3.0)
+    monkeypatch.setattr(store_launch, "FIFO_WAIT", 3.0)
     dep = Deployed(s3, tmp_path, run_queue=queue)
     got = boot(LocalHost("h1"), dep.plan(), {"ablate-t1-h1-q1": dep.argv()}, secret)
     s = got["ablate-t1-h1-q1"]
@@ -267,6 +272,7 @@ def test_a_queue_that_does_not_take_its_credentials_is_stopped_and_its_fifo_remo
     assert not list(dep.root.glob(".creds.*"))
 
 
+@pytest.mark.tmux
 def test_a_session_already_there_is_running_and_left_alone(
         s3: S3, tmp_path: Path, secret: dict[str, str], instance_env: None) -> None:
     dep = Deployed(s3, tmp_path)
@@ -302,6 +308,7 @@ def test_the_controllers_credentials_come_from_the_aws_chain(
     assert controller_credentials() == {**secret, "AWS_REGION": "us-west-2"}
 
 
+@pytest.mark.tmux
 def test_a_storage_hosts_launch_boots_from_the_store_its_deploy_filled(
         s3: S3, local_project: LocalProject, tmp_path: Path, secret: dict[str, str],
         instance_env: None) -> None:
@@ -408,11 +415,11 @@ def test_launch_puts_the_cells_configs_in_the_store_once(local_project: LocalPro
     a, b = lp.cfg("cfgs/a/one.yaml"), lp.cfg("cfgs/a/two.yaml")
     project = load_project(lp.root)
     store = Store(s3.url(f"cfgs-{uuid.uuid4().hex[:8]}"), s3.endpoint)
-    assert storeboot.upload_configs(project, store, [a, b, a]) == 2
-    assert storeboot.upload_configs(project, store, [a, b]) == 0
+    assert store_launch.upload_configs(project, store, [a, b, a]) == 2
+    assert store_launch.upload_configs(project, store, [a, b]) == 0
     got = store.get(f"cfgs/{a}")
     assert got is not None and got.data == (lp.root / a).read_bytes()
     lp.cfg("cfgs/a/two.yaml", lr=0.5)
-    assert storeboot.upload_configs(project, store, [a, b]) == 1
+    assert store_launch.upload_configs(project, store, [a, b]) == 1
     with pytest.raises(AblateError, match=r"cannot read the config cfgs/a/nope\.yaml"):
-        storeboot.upload_configs(project, store, ["cfgs/a/nope.yaml"])
+        store_launch.upload_configs(project, store, ["cfgs/a/nope.yaml"])

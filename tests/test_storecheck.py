@@ -14,7 +14,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from ablate.run.storecheck import store_checks
+from ablate.doctor.store import store_checks
 from tests.helpers.s3 import S3, FaultProxy
 
 NAMES = ["store", "store_create", "store_replace", "store_list", "store_cleanup"]

@@ -20,7 +20,7 @@ import pytest
 from ablate.config.project import load_project
 from ablate.errors import FSError, OpFailed
 from ablate.remote.layout import SweepLayout, session_name
-from ablate.remote.objstore import Store
+from ablate.remote.store.client import Store
 from ablate.sweep import hostview
 from ablate.sweep.classify import classify_state
 from ablate.sweep.ledger import prefix_sha256
@@ -389,6 +389,7 @@ def test_the_whole_model_reads_a_store_that_a_project_names(
     assert state.queue("q1").state == "running"
 
 
+@pytest.mark.tmux
 def test_a_store_host_is_asked_its_tmux_and_answers_an_empty_view(
         local_project: LocalProject, s3: S3, tmux_socket: str) -> None:
     _store_project(local_project, s3)

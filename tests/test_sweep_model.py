@@ -7,11 +7,15 @@ import json
 import time
 from typing import Any
 
+import pytest
+
 from ablate.sweep.ledger import prefix_sha256
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
 from tests.helpers.tmux import require_tmux
 from tests.helpers.wait import wait_for
+
+pytestmark = pytest.mark.tmux  # tests/helpers/tiers.py
 
 
 def _queue_states(cli: Cli, p: LocalProject) -> dict[str, str]:

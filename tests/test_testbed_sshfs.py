@@ -36,6 +36,8 @@ import pytest
 from tests.helpers.wait import wait_for
 from tests.testbed import BASE, Testbed, missing_requirement, reap_leftovers
 
+pytestmark = pytest.mark.bed  # tests/helpers/tiers.py
+
 # sshfs's cache lives 20 s (dcache_timeout): "missing at first" is only asserted when the check came
 # this soon after the reader filled its cache (on a badly loaded machine it may come later).
 STALE_CHECK_S = 12.0

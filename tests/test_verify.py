@@ -1,4 +1,5 @@
-"""ablate.remote.verify: every artifact is loaded by its type and checked against MANIFEST.json."""
+"""ablate.remote.checkpoints.verify:
+every artifact is loaded by its type and checked against MANIFEST.json."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ablate.remote import verify
+from ablate.remote.checkpoints import verify
 from tests.helpers.results import make_result, rewrite_manifest, truncate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -163,7 +164,7 @@ def test_missing_loader_library_is_a_clear_problem(tmp_path: Path, monkeypatch: 
 
 
 def test_import_is_stdlib_only() -> None:
-    code = ("import sys, ablate.remote.verify, ablate.remote.probe; "
+    code = ("import sys, ablate.remote.checkpoints.verify, ablate.remote.host.probe; "
             "bad = [m for m in ('torch', 'numpy', 'safetensors', 'yaml', 'click') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from ablate.remote import verify
+from ablate.remote.checkpoints import verify
 from tests.helpers.framework_ckpts import flip_tensor_byte, publish, rewrite_record
 
 REPO = Path(__file__).resolve().parent.parent
@@ -298,7 +298,7 @@ def test_verify_tree_reports_structure_in_checks(written: Path, tmp_path: Path) 
 
 
 def test_inert_unpickler_keeps_plain_values_and_stubs_objects() -> None:
-    from ablate.remote import pickles
+    from ablate.remote.checkpoints import pickles
 
     data = pickle.dumps({"args": Boom("/nonexistent/x"), "n": [1, 2]}, protocol=2)
     scan = pickles.scan(io.BytesIO(data))

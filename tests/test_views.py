@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ablate.config.project import load_project
-from ablate.remote import probe
+from ablate.remote.host import probe
 from ablate.remote.layout import SweepLayout, session_name
 from ablate.sweep.classify import cfg_hashes, classify
 from ablate.sweep.hostview import ask_split, split_view
@@ -112,6 +112,7 @@ def _cells(p: LocalProject, st: SweepState) -> dict[str, Any]:
     return classify(st, cfg_sha=cfg_hashes(project, st.queues), verification=None, hung_after=1800)
 
 
+@pytest.mark.tmux
 def test_absence_on_a_view_that_may_be_stale_is_unconfirmed_until_the_lag_has_passed(
         ran: tuple[LocalProject, dict[str, Any]]) -> None:
     p, raw = ran
@@ -131,6 +132,7 @@ def test_absence_on_a_view_that_may_be_stale_is_unconfirmed_until_the_lag_has_pa
     assert mine.unsettled() == {} and _cells(p, mine)["one"].unconfirmed is None
 
 
+@pytest.mark.tmux
 def test_an_unreachable_hosts_heartbeat_is_fresh_for_the_lag_longer(
         ran: tuple[LocalProject, dict[str, Any]]) -> None:
     p, raw = ran

@@ -1,4 +1,4 @@
-"""The queue's walk (`ablate/remote/walk.py`) over real files, in milliseconds: the script each step
+"""The queue's walk (`ablate/remote/queue/walk.py`) over real files, in milliseconds: the script each step
 gives run_queue, for own lines, claims lost, the head's deferral and deal, steals, re-entries, the
 deferred lines taken back and the drain; and a walk made again from the position bash holds."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ablate.remote import runner, serve
-from ablate.remote.walk import Walk
+from ablate.remote.queue import runner, serve
+from ablate.remote.queue.walk import Walk
 
 TASKS = "recon=3 det=2"
 

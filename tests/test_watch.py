@@ -19,7 +19,7 @@ from ablate.config.project import load_project
 from ablate.config.settings import DEFAULT_EPOCH_RE, DEFAULT_METRIC_RE
 from ablate.monitor.hostinfo import REST, live_of, parse_gpus, parse_output, parse_progress
 from ablate.monitor.status import status
-from ablate.remote import probe
+from ablate.remote.host import probe
 from tests.helpers.cli import Cli, ablate_cmd, ablate_process
 from tests.helpers.project import LocalProject
 from tests.helpers.tmux import Pane
@@ -64,6 +64,7 @@ def watch_command(root: Path, extra: str = "") -> str:
             f'[ "$(stty -g)" = "$before" ] && s=same || s=changed; echo "{DONE}$rc STTY=$s"')
 
 
+@pytest.mark.tmux
 def test_watch_rows_appear_advance_and_q_leaves_a_clean_terminal(local_project: LocalProject,
                                                                   pane: Pane, cli: Cli) -> None:
     sweep(cli, local_project)
@@ -91,6 +92,7 @@ def test_watch_rows_appear_advance_and_q_leaves_a_clean_terminal(local_project: 
     assert "Traceback" not in screen and "ablate · sweep" not in screen  # the alternate screen is gone
 
 
+@pytest.mark.tmux
 def test_watch_ctrl_c_exits_130_without_a_traceback(local_project: LocalProject, pane: Pane,
                                                     cli: Cli) -> None:
     sweep(cli, local_project, cells=2, step_time=1.0)
@@ -103,6 +105,7 @@ def test_watch_ctrl_c_exits_130_without_a_traceback(local_project: LocalProject,
     assert "Traceback" not in screen and "KeyboardInterrupt" not in screen
 
 
+@pytest.mark.tmux
 def test_watch_under_no_color_has_no_escape_codes_and_with_colour_has_them(
         local_project: LocalProject, pane: Pane, cli: Cli) -> None:
     sweep(cli, local_project, cells=2, step_time=1.0)
@@ -121,6 +124,7 @@ def test_watch_under_no_color_has_no_escape_codes_and_with_colour_has_them(
     wait_for(lambda: f"{DONE}0" in pane.text(), timeout=15)
 
 
+@pytest.mark.tmux
 def test_watch_without_a_terminal_prints_the_plain_table(local_project: LocalProject, cli: Cli) -> None:
     sweep(cli, local_project, cells=1, step_time=0.2)
     p = ablate_process(local_project, "status", "--watch", "--interval", "0.3")
@@ -141,6 +145,7 @@ def test_watch_without_a_terminal_prints_the_plain_table(local_project: LocalPro
 # --------------------------------------------------------------------------- the live data
 
 
+@pytest.mark.tmux
 def test_status_live_reads_each_running_cells_progress_and_json_carries_it(
         local_project: LocalProject, cli: Cli) -> None:
     sweep(cli, local_project, cells=1, epochs=30, step_time=0.2)
@@ -170,6 +175,7 @@ def test_status_live_reads_each_running_cells_progress_and_json_carries_it(
     assert re.search(r"^progress q1 q1c0: ep \d+/30 val_loss ", out, re.MULTILINE), out
 
 
+@pytest.mark.tmux
 def test_status_reads_gpus_from_nvidia_smi_in_the_same_command(
         local_project: LocalProject, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """This machine has no GPU: a stand-in nvidia-smi (the hardware boundary) prints what the real
@@ -220,6 +226,7 @@ def test_host_output_carries_the_tmux_answer_status_reads_liveness_from() -> Non
     assert broken.sessions is None and "lost server" in (broken.tmux_error or "")
 
 
+@pytest.mark.tmux
 def test_status_asks_each_host_once_for_tmux_gpus_and_logs(local_project: LocalProject, tmux_socket: str,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from ablate.transport.local import LocalHost

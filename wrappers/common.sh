@@ -6,7 +6,8 @@
 now() { T=${EPOCHREALTIME/,/.}; }  # some locales print a decimal comma
 # A network FS's outage (sshfs, NFS): calls block, then fail (EIO) until its server is back. No
 # line of the sweep's record may be lost to it: wait for the FS (a file made and removed: a real
-# round trip, never a cached stat), at most ABLATE_FS_WAIT seconds (the run spec's: remote/objstore.py FS_WAIT), then write again.
+# round trip, never a cached stat), at most ABLATE_FS_WAIT seconds (the run spec's:
+# ablate/remote/store/client.py FS_WAIT), then write again.
 fs_up() { local p=$ABLATE_ROOT/.up.$ABLATE_HOST.$BASHPID; { : >"$p" && rm -f -- "$p"; } 2>/dev/null; }
 fs_wait() {
   local until=$((SECONDS + ABLATE_FS_WAIT))
@@ -31,7 +32,7 @@ jstr() {  # a JSON string literal in REPLY (reasons can quote a path)
   s=${s//\"/\\\"}
   REPLY="\"${s//[[:cntrl:]]/ }\""
 }
-runner_exec() {  # runner_exec VERB ARGS...: becomes the runner's process (ablate/remote/serve.py,
+runner_exec() {  # runner_exec VERB ARGS...: becomes the runner's process (ablate/remote/queue/serve.py,
   # in the zipapp the spec names) with the profile's env and python; call it in a subshell
   if [[ -n ${ABLATE_ENV-} ]]; then
     set +u  # activation scripts (conda) reference unset variables

@@ -6,7 +6,7 @@
 # Exit code: the train command's; 3 when training succeeded but the sync failed (the
 # instance-local checkpoint is left intact); 125 when this wrapper could not set up the run.
 # Formats (MANIFEST.json, events): docs/ARCHITECTURE.md. Plain bash 5 + coreutils; the sync's file
-# work (copies, checks, MANIFEST.json) is the runner's Python (ablate/remote/publish.py).
+# work (copies, checks, MANIFEST.json) is the runner's Python (ablate/remote/queue/publish.py).
 # One compound command, parsed whole before any of it runs: bash reads a script as it goes, and
 # this file is on the shared FS, which can go away mid-run (an outage of a network FS).
 {
@@ -159,8 +159,8 @@ sync_all() {  # stage, check, publish; exits 0 (synced) or through fail
   ev synced ", \"cell\": \"$NAME\""
   exit 0
 }
-commit_to_store() {  # the staged files uploaded, then the one conditional commit (ablate/remote/
-  # storeside.py): asked of the queue's runner process, else a Python start of its own
+commit_to_store() {  # the staged files uploaded, then the one conditional commit
+  # (ablate/remote/store/queue_side.py): asked of the queue's runner process, else a Python start of its own
   local reason rc
   ask_runner "k$$" commit "$NAME" "$STAGING" "$STARTED" 2>>"$LOG"
   rc=$?

@@ -8,7 +8,7 @@
 # are in docs/ARCHITECTURE.md. This bash is the queue's life: signals, claims, events, the
 # heartbeat, services, outage waits, running a cell. Which line it takes next (the queue-line
 # grammar, the head deal, the steal, re-entries, deferred lines) is the walk of its runner process,
-# the stdlib-only ablate/remote/serve.py run as this shell's co-process for the queue's life: each
+# the stdlib-only ablate/remote/queue/serve.py run as this shell's co-process for the queue's life: each
 # step a short script of what to do, done here in order; no decision costs a Python start. Values
 # from the spec and the walk are safe by construction ([A-Za-z0-9._/+@,=-], checked again here),
 # so they go into JSON and commands without escaping.
@@ -118,9 +118,9 @@ hb_write() {  # the heartbeat file, tmp + mv: readers never see half of it; its 
     && mv -f "$tmp" "$HB"
 }
 
-# Why the running cell is being stopped, for the trainer to read on its TERM (README, "Stopping a
-# cell"): one JSON line {"reason", "t", "kill_after"} written before the TERM whenever this queue or
-# `ablate stop` sends it; removed before each cell starts.
+# Why the running cell is being stopped, for the trainer to read on its TERM (docs/troubleshooting.md,
+# "Stopping a cell gives it time to save"): one JSON line {"reason", "t", "kill_after"} written
+# before the TERM whenever this queue or `ablate stop` sends it; removed before each cell starts.
 export ABLATE_STOP_FILE=$ABLATE_CKPT_ROOT/.ablate-stop/$ABLATE_HOST.$QUEUE
 pid_alive() {  # pid_alive PID: still running (not exited, not a zombie waiting for us)
   local st
@@ -179,7 +179,7 @@ child_gone() {  # child_gone SECONDS: wait up to SECONDS for the running cell (r
   local n=0
   while pid_alive "$CHILD" && (( n++ < $1 * 5 )); do sleep 0.2; done
 }
-# What Slurm's signal makes of the queue is the runner's `stop-plan` (ablate/remote/stopping.py):
+# What Slurm's signal makes of the queue is the runner's `stop-plan` (ablate/remote/slurm/stop_plan.py):
 # WHY (the queue_stop's reason: time_limit, preempted, slurm_signal), REQUEUE (ask Slurm for the
 # job again), WAIT (seconds the cut cell has to save: Slurm's time left or window, less a margin
 # for this shell's own ending), CUT (record the cut: no_progress?), CAPPED (max_restarts refused the
@@ -291,7 +291,7 @@ trap on_exit EXIT
 
 say() { { printf '[ablate %s/%s] %s\n' "$ABLATE_HOST" "$QUEUE" "$*"; } 2>/dev/null; }
 
-# ---- the runner's process (ablate/remote/serve.py, deployed as wrappers/runner.<sha12>.pyz:
+# ---- the runner's process (ablate/remote/queue/serve.py, deployed as wrappers/runner.<sha12>.pyz:
 # docs/ARCHITECTURE.md, "The runner's process"): this shell's co-process for the queue's life, asked
 # the walk's steps one per line; the calibration is a process of its own.
 DECIDER_PID=
@@ -348,7 +348,7 @@ safe_cell() {  # safe_cell NAME CFG TASK EPOCHS CAT: a decision's cell is what i
 # remediate released) for the FS's lag: `mkdir` then fails with EEXIST and a stat finds it. Opening
 # a file inside asks the server, so a claim's proof is its readable owner.
 # A name with no owner is retried for ABLATE_CLAIM_WAIT seconds, above the FS's longest lag
-# (ablate/remote/defaults.py says why).
+# (ablate/remote/queue/defaults.py says why).
 claim() {  # claim NAME IDX: 0 when this call created claims/NAME and owns it
   local waited=0 rc
   # Asked of the runner's process: a sweep kept in a store is claimed there (its conditional create:
@@ -402,7 +402,7 @@ own() {
 # current attempt may publish (run_one checks the owner's attempt before its rename): a stale
 # attempt still running on a node cut off from the controller cannot publish over it.
 ATTEMPT='' SLURM_SELF='' RESTARTS=0 TOO_OFTEN=0
-job_attempt() {  # the runner's `attempt` (ablate/remote/stopping.py), in a Slurm job: ATTEMPT
+job_attempt() {  # the runner's `attempt` (ablate/remote/slurm/stop_plan.py), in a Slurm job: ATTEMPT
   # (JOB.RESTARTS), SLURM_SELF (this job as every Slurm verb it runs on itself must name it: `A_i` in
   # an array), RESTARTS, and TOO_OFTEN when that is more than slurm.max_restarts; none outside one
   local rc att='^attempt=([0-9_]+\.[0-9]+) self=([0-9_]+) restarts=([0-9]{1,9}) stop=([01])'
@@ -516,8 +516,8 @@ stop_after_current() {  # stop_after_current IDX: `ablate stop --after-current` 
 
 # ---- calibration (`calibrate:`; docs/ARCHITECTURE.md, "Calibration"): before the first cell, this
 # host and slot's measurement (kept from an earlier sweep on this machine, or the user's benchmark
-# timed now) and the wait for every other running queue's, in one decision (ablate/remote/
-# calibrate.py) run in the background, so that a signal is handled at once.
+# timed now) and the wait for every other running queue's, in one decision
+# (ablate/remote/queue/calibrate.py) run in the background, so that a signal is handled at once.
 CAL_EVENT='^, "rc": [0-9]{1,3}, "dur": [0-9]{1,9}(\.[0-9]{1,6})?(, "secs": [0-9]{1,9}\.[0-9]{3}(, "kept": true)?)?$'
 calibrate() {
   [[ -n ${ABLATE_CALIBRATE-} && $ABLATE_STEAL != 0 ]] || return 0  # only the head deal uses it
@@ -574,7 +574,7 @@ elif [[ $ABLATE_PIN_GPU == 0 ]]; then
 fi
 
 calibrate
-# ---- the walk (ablate/remote/walk.py, docs/ARCHITECTURE.md "run_queue"): each step asked of the
+# ---- the walk (ablate/remote/queue/walk.py, docs/ARCHITECTURE.md "run_queue"): each step asked of the
 # runner's process, a short script of what to do, done here in order. Its position is held here
 # and sent with each step: a runner process started again goes on from it.
 idx=$START

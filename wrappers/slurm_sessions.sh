@@ -13,7 +13,7 @@
 #
 # This file keeps the processes' life: Slurm's commands, renames, file writes, waits. What to ask,
 # what an answer means and what to do next, OUT/.adapter.<sha12>.pyz beside it decides, this
-# shell's co-process for the verb (ablate/remote/slurm_serve.py: the protocol).
+# shell's co-process for the verb (ablate/remote/slurm/adapter_serve.py: the protocol).
 out=$1 prefix=$2 maxage=$3 python=$4 penv=$5 n=$6; shift 6
 opts=("${@:1:$n}"); shift "$n"
 me=${USER:-$(id -un)}

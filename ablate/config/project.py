@@ -34,9 +34,9 @@ from ablate.config.settings import (
 from ablate.config.slurm import SlurmSettings, parse_slurm
 from ablate.config.storage import SAFE_PATH, local_path, one_place, parse_place
 from ablate.errors import ConfigError
-from ablate.remote.artifacts import PICKS
-from ablate.remote.defaults import HEARTBEAT_SECS
+from ablate.remote.checkpoints.artifacts import PICKS
 from ablate.remote.layout import SweepLayout
+from ablate.remote.queue.defaults import HEARTBEAT_SECS
 
 CONFIG_NAME = "ablate.yaml"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")

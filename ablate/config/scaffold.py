@@ -31,7 +31,7 @@ budget: {{ckpt_size: {ckpt_size}, scratch: {scratch}}}
 """
 
 _LOCAL = """\
-# ablate.yaml: the sweep. Every key is described in the ablate README; `ablate plan` splits the
+# ablate.yaml: the sweep. Its keys are described in ablate's docs/configuration.md; `ablate plan` splits the
 # cells into queues/, `ablate launch --all` starts them, `ablate status` shows them.
 profile: local                  # profiles/local.yaml: this machine; the "shared FS" is .ablate/shared
 sweep: example                  # names this sweep's directory on the shared FS
@@ -66,11 +66,11 @@ train: >-
   python train.py --config {{cfg}} training.epochs={{epochs}}
   training.checkpoint_dir={{ckpt_dir}} wandb.group={{task}}_{{cat}} wandb.name={{name}}
 artifacts:                      # must exist in {{ckpt_dir}} after training, and verify
-  checkpoint: best.pth          # or a directory, a glob, or a list: see the README ("Checkpoints")
+  checkpoint: best.pth          # or a directory, a glob, or a list: docs/configuration.md#checkpoints
   # pick: newest                # a glob's newest match only (Lightning's "epoch=*.ckpt")
   metrics: metrics.json         # optional: must parse as JSON
   metrics_keys: [val_loss]      # and hold these keys
-  # verify: hash                # checked without loading: a format ablate cannot read (README)
+  # verify: hash                # checked without loading: a format ablate cannot read (docs/configuration.md)
 tasks:                          # default epochs and relative cost per epoch (for balancing)
   reconstruction: {{epochs: 20, cost_per_epoch: 1.0}}
   detection: {{epochs: 50, cost_per_epoch: 2.5}}

@@ -41,7 +41,7 @@ import re
 from dataclasses import dataclass
 
 from ablate.config.reader import Reader
-from ablate.remote.slurmwin import time_seconds
+from ablate.remote.slurm.signal_window import time_seconds
 
 SLURM_KEYS = {"login", "partition", "account", "qos", "time", "gpus", "extra", "requeue", "grace", "resubmit",
               "array", "throttle", "max_restarts", "poll"}

@@ -26,7 +26,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from ablate.config.reader import Reader
-from ablate.remote.objstore import SCHEME, parse_url
+from ablate.remote.store.client import SCHEME, parse_url
 
 SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+@,=~-]+$")
 LOCAL_COPY = ".ablate"  # <ckpt_root>/.ablate/<sweep>: an instance's copy of a store's sweep

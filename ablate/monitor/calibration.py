@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ablate.remote.learn import median
+from ablate.remote.queue.learn import median
 from ablate.sweep.records import Event
 
 COSTLY = 0.10  # the benchmark's wall time over the median cell's above which `status` says so

@@ -125,7 +125,7 @@ def host_live(project: Project, host: str, nbytes: int = TAIL_BYTES, timeout: fl
 
 
 def live_of(host: str, shown: Mapping[str, Any]) -> HostLive:
-    """The probe's `live` part (`ablate.remote.probe._live`) as `parse_output` reads `REST`'s."""
+    """The probe's `live` part (`ablate.remote.host.probe._live`) as `parse_output` reads `REST`'s."""
     live = HostLive(host)
     if isinstance(shown.get("gpu"), str):
         live.gpus, live.gpu_error = parse_gpus(shown["gpu"])

@@ -14,7 +14,7 @@ from typing import Any
 from ablate.config.project import Project
 from ablate.monitor.calibration import Calibration, calibration
 from ablate.monitor.hostinfo import HostLive, asked_of, attach_live, gather, live_lines
-from ablate.monitor.pending import job_text, stuck
+from ablate.monitor.slurm_pending import job_text, stuck
 from ablate.plan.cost import CostModel, eta_line, learn, queue_eta
 from ablate.remote.layout import session_name
 from ablate.sweep.alarms import HostAlarm, host_alarms

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ablate.monitor.hostinfo import gpu_text, progress_text
-from ablate.monitor.pending import job_text
+from ablate.monitor.slurm_pending import job_text
 from ablate.util.fmt import duration
 from ablate.util.progress import console as make_console
 

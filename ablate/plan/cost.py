@@ -6,7 +6,7 @@ repo root; `*` stays inside a directory, `**` as a whole component crosses any n
 gives `cost`, or `cost_per_epoch x epochs`; else `tasks[task].cost_per_epoch x epochs`. A declared
 cost has no time unit: it plans (only ratios matter) but gives no ETA.
 
-**Learned.** The same code as the runners' (`ablate.remote.learn`, shipped to the instances in the
+**Learned.** The same code as the runners' (`ablate.remote.queue.learn`, shipped to the instances in the
 runner's zipapp, `runner.<sha>.pyz`), on the same inputs: every cell that ENDED with rc 0 from a
 start that was not a resume (the runner that ran it: host and slot, the thief for a stolen cell) is
 one observation of `seconds = overhead[runner] + cost x scale[task] / speed[runner]`, fitted by
@@ -36,7 +36,15 @@ from typing import Any
 from ablate.config.project import Project
 from ablate.errors import AblateError
 from ablate.remote.layout import SweepLayout
-from ablate.remote.learn import DECLARED, Observation, Rates, ended_cells, learn_rates, median, runner_key
+from ablate.remote.queue.learn import (
+    DECLARED,
+    Observation,
+    Rates,
+    ended_cells,
+    learn_rates,
+    median,
+    runner_key,
+)
 from ablate.sweep.cells import Cell, QueueFile, parse_queue_text, read_all_queues
 from ablate.sweep.snapshot import Snapshot
 from ablate.transport import SharedFS
@@ -147,7 +155,7 @@ def observations(project: Project, snapshot: Snapshot, cells: Mapping[str, Cell]
 
 @dataclass(frozen=True)
 class CostModel:
-    """Declared costs and, once a cell has ended, the learned rates (`ablate.remote.learn`).
+    """Declared costs and, once a cell has ended, the learned rates (`ablate.remote.queue.learn`).
     `weight(cell)` is what the planner balances: expected seconds on a speed-1.0 machine beyond the
     fixed overhead when learned, else the declared cost."""
 
@@ -315,7 +323,7 @@ def estimates_text(project: Project, model: CostModel, cells: Iterable[Cell], no
                 rows.append(f"over\t{where}\t{round(model.overhead(h.name, slot) * 1000)}")
     for c in sorted(cells, key=lambda c: c.name):
         rows.append(f"cell\t{c.name}\t{max(1, round(model.weight(c) * 1000))}")
-        # What a draining runner learns from (ablate/remote/learn.py): the cell's task and declared
+        # What a draining runner learns from (ablate/remote/queue/learn.py): the cell's task and declared
         # cost in the user's units. run_queue itself reads only host and cell lines.
         rows.append(f"cost\t{c.name}\t{c.task}\t{model.cost(c):.6g}")
     return "".join(r + "\n" for r in rows)

@@ -3,7 +3,7 @@ ablation table per cell as a CSV, and the ablation table over seeds as markdown,
 
     report(project, out=None, log=None) -> ReportResult
 
-Reads the shared FS in one probe round trip (`ablate.remote.probe.report`: events, heartbeats, every
+Reads the shared FS in one probe round trip (`ablate.remote.host.probe.report`: events, heartbeats, every
 published result's MANIFEST.json sha256 and metrics numbers, the last reconcile record), the local
 queue files (the roster), the cells' config files (for the grouping over seeds) and the pulled
 copies of the metrics (`./results/<sweep>/<name>/`). Writes `report.html`, `timeline.png`,

@@ -1,4 +1,4 @@
-"""What `ablate report` reads: one probe of the shared FS (`ablate.remote.probe.report`: the `snapshot`
+"""What `ablate report` reads: one probe of the shared FS (`ablate.remote.host.probe.report`: the `snapshot`
 that classification reads, plus every published result's metrics numbers and the last reconcile
 record) and, at the same time, each host's tmux sessions; then the local queue files (the roster,
 with the FS copies of queues this laptop lacks) and the pulled copies of the metrics.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.config.project import Project
-from ablate.remote.probe import read_metrics
+from ablate.remote.host.probe import read_metrics
 from ablate.results.common import default_results_dir
 from ablate.sweep import classify as cls
 from ablate.sweep.cells import Cell

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.config.project import Project
-from ablate.remote.artifacts import recorded
+from ablate.remote.checkpoints.artifacts import recorded
 
 
 def default_results_dir(project: Project) -> Path:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate.config.project import Project
-from ablate.remote import verify
-from ablate.remote.artifacts import manifest_files, sha256_file  # the one hash helper
+from ablate.remote.checkpoints import verify
+from ablate.remote.checkpoints.artifacts import manifest_files, sha256_file  # the one hash helper
 from ablate.remote.layout import MANIFEST, SweepLayout
 from ablate.results.common import artifacts_arg, default_results_dir
 from ablate.sweep.classify import sweep_roster

@@ -32,7 +32,7 @@ from typing import Any
 
 from ablate.config.project import Project
 from ablate.errors import AblateError
-from ablate.remote import verify
+from ablate.remote.checkpoints import verify
 from ablate.remote.layout import MANIFEST, SweepLayout
 from ablate.results.common import artifacts_arg, checkpoint_checks, default_results_dir
 from ablate.sweep.cells import Cell, Roster

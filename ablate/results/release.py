@@ -26,7 +26,7 @@ from typing import Any
 
 from ablate.config.project import Host, Project
 from ablate.errors import CheckFailed, ConfigError, RemoteError
-from ablate.remote.artifacts import manifest_files
+from ablate.remote.checkpoints.artifacts import manifest_files
 from ablate.remote.layout import MANIFEST, SweepLayout
 from ablate.sweep.cells import Roster, build_roster
 from ablate.sweep.classify import warn

@@ -16,7 +16,7 @@ from ablate.errors import QueueError
 from ablate.plan.cost import refresh_estimates
 from ablate.remote.layout import SweepLayout
 from ablate.run.pipeline import LaunchResult, is_live, launch
-from ablate.run.storeboot import configs_to_store
+from ablate.run.store_launch import configs_to_store
 from ablate.sweep.cells import (
     Cell,
     QueueFile,

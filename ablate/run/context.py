@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ablate.config.project import Project
-from ablate.run.storeboot import controller_credentials
+from ablate.run.store_launch import controller_credentials
 from ablate.sweep.cells import QueueFile, Roster, build_roster, check_queue_name, read_all_queues, read_queue
 from ablate.sweep.lock import controller_lock
 from ablate.transport import HostTransport, SharedFS, connect_ahead, host_transport, shared_fs

@@ -20,7 +20,7 @@ one `launched`, `running` or `failed`, a failure never hiding the others. In ord
    round trips); every queue's FS copy and stop request removed in one `apply`, their ledger
    entries (each saying whether it cleared a stop request) and the estimates in a second; then the
    tmux sessions, one command per host, hosts in parallel (`_argv` builds the `run_queue` command
-   line); on a storage host that command is its boot program (ablate/run/storeboot.py: the files
+   line); on a storage host that command is its boot program (ablate/run/store_launch.py: the files
    fetched from the store to the instance's own copy, the sessions started, credentials handed over).
 
 Nothing changes on the FS before step 5: a refusal leaves the project and the FS as they were.
@@ -39,10 +39,10 @@ from ablate.errors import AblateError, CheckFailed, RemoteError
 from ablate.plan.cost import estimates_note, estimates_op
 from ablate.remote.layout import SweepLayout, session_name
 from ablate.run.context import LaunchContext, LocalQueues, launch_context
-from ablate.run.hostcheck import Section, measure
+from ablate.run.host_measure import Section, measure
 from ablate.run.placement import DeployResult, place
 from ablate.run.refusals import controller_commit, count_cells, launch_refusal, launch_sections
-from ablate.run.storeboot import BootPlan, boot, boot_plan, configs_to_store, creds_note
+from ablate.run.store_launch import BootPlan, boot, boot_plan, configs_to_store, creds_note
 from ablate.sweep.cells import QueueFile
 from ablate.sweep.ledger import check_prefix, entry_line, new_entry
 from ablate.sweep.snapshot import Snapshot, probe_only
@@ -463,7 +463,7 @@ def _start_on_host(ctx: LaunchContext, dep: DeployResult, host: str, ready: Mapp
 def _booted(ctx: LaunchContext, ht: HostTransport, plan: BootPlan, dep: DeployResult,
             sessions: Mapping[int, str], ready: Mapping[int, _Ready], advance: Callable[[str], None],
             ) -> dict[int, Exception | None]:
-    """A storage host's queues started by its boot program (ablate/run/storeboot.py), per request
+    """A storage host's queues started by its boot program (ablate/run/store_launch.py), per request
     as `_start_on_host` answers."""
     creds = ctx.credentials()
     got = boot(ht, plan, {sessions[i]: _argv(ctx.project, dep, r) for i, r in ready.items()}, creds)

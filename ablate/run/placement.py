@@ -8,7 +8,7 @@ running keep reading the old one. `DEPLOYED.json` names what new launches use.
 
 With `storage:` the files go into the store the same way (`fs` is then the controller's view of the
 store), and a storage host's spec names the paths of its own copy of the sweep on its disk
-(`Project.sweep_root(host)`), where its launch fetches them first (ablate/run/storeboot.py).
+(`Project.sweep_root(host)`), where its launch fetches them first (ablate/run/store_launch.py).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Any
 from ablate import resources as packaged
 from ablate.config.project import Host, Project
 from ablate.config.slurm import DEFAULT_GRACE, DEFAULT_MAX_RESTARTS
-from ablate.remote.defaults import CLAIM_WAIT
 from ablate.remote.layout import SweepLayout
-from ablate.remote.objstore import FS_WAIT
-from ablate.remote.stopping import FALLBACK_WAIT
+from ablate.remote.queue.defaults import CLAIM_WAIT
+from ablate.remote.slurm.stop_plan import FALLBACK_WAIT
+from ablate.remote.store.client import FS_WAIT
 from ablate.transport import SharedFS
 from ablate.transport.base import CreateImmutable, Read
 from ablate.util.fmt import Log
@@ -60,30 +60,36 @@ def packaged_wrappers() -> dict[str, bytes]:
 
 
 def packaged_learn() -> bytes:
-    """The stdlib-only learning helper (`ablate/remote/learn.py`), inside the runner's zipapp."""
-    return packaged.read("ablate.remote", "learn.py")
+    """The stdlib-only learning helper (`ablate/remote/queue/learn.py`), inside the runner's zipapp."""
+    return packaged.module("ablate.remote.queue.learn")
 
 
-# ablate/remote/ modules in the runner zipapp, stdlib only at import (objstore imports boto3 when a
-# store is opened: only a storage host's runner does)
-RUNNER_MODULES = ("artifacts.py", "calibrate.py", "cuts.py", "defaults.py", "grammar.py", "layout.py",
-                  "learn.py", "mirror.py", "objstore.py", "publish.py", "rules.py", "runner.py", "serve.py",
-                  "slurmwin.py", "stopping.py", "storeside.py", "walk.py")
+# The modules in the runner zipapp (stdlib only at import: the store's client imports boto3 when a
+# store is opened, which only a storage host's runner does): exactly the ablate modules that
+# `queue.serve` and `queue.publish` import, at any depth (tests/test_shipped_code.py).
+RUNNER_MODULES = ("ablate.remote.checkpoints.artifacts", "ablate.remote.layout",
+                  "ablate.remote.queue.calibrate", "ablate.remote.queue.defaults",
+                  "ablate.remote.queue.grammar", "ablate.remote.queue.learn", "ablate.remote.queue.publish",
+                  "ablate.remote.queue.rules", "ablate.remote.queue.runner", "ablate.remote.queue.serve",
+                  "ablate.remote.queue.walk", "ablate.remote.slurm.signal_window",
+                  "ablate.remote.slurm.stop_plan", "ablate.remote.slurm.time_limit_cuts",
+                  "ablate.remote.store.client", "ablate.remote.store.local_copy",
+                  "ablate.remote.store.queue_side")
 # run_one's publish where it runs as a Python start of its own: without the decisions' modules
 _RUNNER_MAIN = b"""import sys
 
 if sys.argv[1:2] == ["publish"]:
-    from ablate.remote.publish import main as publish
+    from ablate.remote.queue.publish import main as publish
 
     raise SystemExit(publish(sys.argv[2:]))
-from ablate.remote.serve import main
+from ablate.remote.queue.serve import main
 
 raise SystemExit(main())
 """
 
 
 def packaged_runner() -> bytes:
-    """The zipapp run_queue asks its decisions of (`ablate/remote/runner.py` with the modules it
+    """The zipapp run_queue asks its decisions of (`ablate/remote/queue/runner.py` with the modules it
     imports, under their own package names, so `python3 runner.<sha12>.pyz` runs the very code the
     controller imports). Byte-for-byte the same for the same sources: its name is its content."""
     return packaged.zipapp(_RUNNER_MAIN, RUNNER_MODULES, deflate=True)
@@ -106,7 +112,7 @@ def render_spec(project: Project, host: Host, run_one_path: str, runner_path: st
         "ABLATE_RUN_ONE": run_one_path,
         "ABLATE_HEARTBEAT_SECS": str(project.heartbeat_secs),
         "ABLATE_STEAL": "1" if project.steal else "0",
-        # The runner's decisions (ablate/remote/runner.py, a stdlib-only zipapp) and what runs it.
+        # The runner's decisions (ablate/remote/queue/runner.py, a stdlib-only zipapp) and what runs it.
         "ABLATE_RUNNER_PY": runner_path,
         "ABLATE_PYTHON": host.profile.python,
         # `calibrate:`: the benchmark each queue times before its first cell (empty: none).
@@ -125,7 +131,7 @@ def stop_spec(project: Project, host: Host) -> dict[str, str]:
     """What run_queue computes its waits and its stop path with, in every spec, each from its one
     definition here in Python (the wrapper keeps no copy): the cell's stop grace, the claim wait,
     GPU pinning (a Slurm host's job's gres pins them instead), and what Slurm's signals do (the
-    runner's `stop-plan`, `ablate/remote/stopping.py`: on another host only a USR2 sent by hand
+    runner's `stop-plan`, `ablate/remote/slurm/stop_plan.py`: on another host only a USR2 sent by hand
     reads them)."""
     slurm = host.profile.slurm if host.transport == "slurm" else None
     resubmit, grace, restarts = ((slurm.resubmit and slurm.requeue, slurm.grace, slurm.max_restarts)
@@ -143,7 +149,7 @@ def stop_spec(project: Project, host: Host) -> dict[str, str]:
 def store_spec(project: Project, host: Host) -> dict[str, str]:
     """A storage host's queues keep the sweep in its store: the store's URL for this sweep and its
     endpoint (empty: AWS S3). ABLATE_ROOT and every path is then the instance's own copy, where the
-    launch fetched the wrappers and the spec (ablate/run/storeboot.py)."""
+    launch fetched the wrappers and the spec (ablate/run/store_launch.py)."""
     store = project.sweep_store(host)
     if store is None:
         return {}

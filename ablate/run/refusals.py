@@ -17,7 +17,7 @@ from typing import Any
 from ablate.config.project import Host, Project, parse_size
 from ablate.errors import AblateError
 from ablate.remote.layout import SweepLayout
-from ablate.run.hostcheck import Section, parse_df
+from ablate.run.host_measure import Section, parse_df
 from ablate.sweep.cells import QueueFile, read_all_queues
 from ablate.sweep.ledger import LedgerEntry, last_host, parse_ledger
 from ablate.transport import SharedFS

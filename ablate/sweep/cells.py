@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ablate.config.project import SAFE_NAME, Project, Task
 from ablate.errors import QueueError
-from ablate.remote import grammar
+from ablate.remote.queue import grammar
 
 # Values that reach a shell (cfg path, task) are restricted to characters no shell interprets.
 SAFE_CFG = grammar.SAFE_CFG
@@ -86,7 +86,7 @@ def check_queue_name(name: str) -> str:
 
 
 def parse_line(text: str, tasks: Mapping[str, Task], where: str) -> Cell | None:
-    """Parse one queue line (the grammar in `ablate/remote/grammar.py`, the runner's too). Returns
+    """Parse one queue line (the grammar in `ablate/remote/queue/grammar.py`, the runner's too). Returns
     None for blank/comment lines; raises QueueError otherwise."""
     try:
         p = grammar.parse(text, {t.name: t.epochs for t in tasks.values()}, where)

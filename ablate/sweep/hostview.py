@@ -1,5 +1,5 @@
 """Ask every host, one command each and all at once: its tmux sessions and its own view of what it
-wrote (`ablate.remote.probe.mine`: its events, heartbeats, and the claims, results and tails of the
+wrote (`ablate.remote.host.probe.mine`: its events, heartbeats, and the claims, results and tails of the
 cells they name), read through its own mount.
 
 Why through the writer: a network FS (NFS, sshfs, FUSE mounts) caches on each client, so another
@@ -47,7 +47,7 @@ TMUX = r"""printf '\036ablate tmux\n'
 VIEW = r"""printf '\036ablate view\n'
 if [ -z "$vd" ] && [ -n "$va" ]; then printf '%s\n\036ablate viewrc 0\n' "$va"
 elif [ -z "$vd" ]; then printf '\n\036ablate viewrc 96\n'
-elif [ -r "$vd/ablate/remote/probe.py" ]; then
+elif [ -r "$vd/ablate/remote/host/probe.py" ]; then
   ( if [ -n "$ve" ]; then eval "$ve" >/dev/null 2>&1 || exit 98; fi
     d=$vd py=$vp f=-S; set -- mine "$va"
     """ + PYC + r"""    cd "$vd" && """ + PROBE_RUN + r"""

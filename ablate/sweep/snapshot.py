@@ -2,7 +2,7 @@
 
 Every reader of the sweep's state — status, the dashboard, reconcile's classification, remediate,
 release, deploy --gc, logs, report — builds a `SweepState` with `load()`: one probe of the shared FS
-(`ablate.remote.probe.snapshot`, one round trip) and, at the same time, one tmux query per host
+(`ablate.remote.host.probe.snapshot`, one round trip) and, at the same time, one tmux query per host
 (hosts in parallel). The raw JSON is parsed once here into frozen types; nothing downstream reads
 the probe's dicts. A malformed file (another controller's, another version's, a torn write) becomes
 one named warning in `warnings` and is otherwise ignored: never a crash.

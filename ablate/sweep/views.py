@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ablate.remote.host.probe import RELEASED_RE
 from ablate.remote.layout import ASIDE_PREFIX
-from ablate.remote.probe import RELEASED_RE
 
 DEFAULT_LAG = 60.0  # seconds assumed until `ablate doctor` measures it: NFS's acdirmax, 3 x sshfs's 20 s
 # `.aside.<name>.<t>[.staging-<k>]`, t as remediate writes it (as in `released/<name>.<t>`)

@@ -1,4 +1,4 @@
-"""The controller's side of the host agent (`ablate.remote.agent`): how it is started on a host
+"""The controller's side of the host agent (`ablate.remote.host.agent`): how it is started on a host
 and how one command goes to it through the ControlMaster's forwarded socket.
 
 `request` sends the command only after the agent's hello came back (before it, only a blank line
@@ -28,7 +28,7 @@ from typing import Any
 
 from ablate import resources as packaged
 from ablate.errors import AblateError
-from ablate.remote.agent import HELLO, frame, read_exact
+from ablate.remote.host.agent import HELLO, frame, read_exact
 from ablate.transport.shellhost import Sink
 
 DEFAULT_IDLE = 3600
@@ -54,7 +54,7 @@ class AgentCode:
 
     @classmethod
     def load(cls) -> AgentCode:
-        src = packaged.read("ablate.remote", "agent.py")
+        src = packaged.module("ablate.remote.host.agent")
         version = hashlib.sha256(src).hexdigest()[:12]
         packed = base64.b64encode(zlib.compress(src, 9)).decode()
         return cls(version, _BOOT.replace("VERSION", version).replace("PACKED", packed))
@@ -233,7 +233,7 @@ def request(local_socket: str, command: str, *, timeout: float, hello_within: fl
     """Run `command` through the agent behind `local_socket`: (rc, stdout, stderr), rc 124 when it
     outlived `timeout` (ended on the host); None when no agent answered (nothing sent). With a
     sink, stdout goes there and each chunk restarts the time-out. `py`: the Python entry `command`
-    starts, for the agent to run itself when it can (`ablate.remote.agent`). Raises AgentSilent,
+    starts, for the agent to run itself when it can (`ablate.remote.host.agent`). Raises AgentSilent,
     AgentLost."""
     s = _connect(local_socket, hello_within, on_hello)
     if s is None:

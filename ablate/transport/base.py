@@ -186,7 +186,7 @@ class SharedFS(Protocol):
         ...
 
     def probe(self, op: str, args: Mapping[str, Any]) -> Any:
-        """Run one stdlib-only operation of `ablate.remote.probe` next to the files; one round trip.
+        """Run one stdlib-only operation of `ablate.remote.host.probe` next to the files; one round trip.
         FSError when it fails there (an OSError in the probe, or no Python to run it)."""
         ...
 

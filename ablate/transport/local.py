@@ -19,7 +19,7 @@ import libtmux
 from libtmux.exc import LibTmuxException
 
 from ablate.errors import AblateError, FSError, RemoteError
-from ablate.remote import probe
+from ablate.remote.host import probe
 from ablate.transport.base import CommandResult, FSOp, OpResult, apply_each
 from ablate.util.fs import atomic_write, create_immutable
 

@@ -108,7 +108,7 @@ class ShellHost(ABC):
         """Run one remote shell command line; (rc, stdout, stderr); rc 124 on time-out. With
         `sink`, stdout goes there as it arrives (returned empty) and `timeout` counts from the last
         data received, so a long transfer that keeps moving never times out. `py`: the stdlib-only
-        Python entry `command` starts (`ablate.remote.agent`), which a host agent may run in its
+        Python entry `command` starts (`ablate.remote.host.agent`), which a host agent may run in its
         own interpreter instead, with the same output and exit code; other clients ignore it."""
         raise NotImplementedError
 

@@ -32,8 +32,8 @@ sweep submitted); `sacct -j` only the last recorded job of a session squeue no l
 is given again from the output dir instead of asking Slurm.
 
 The adapter keeps the processes' life (Slurm's commands, renames, writes, waits); what to ask and
-what each answer means is decided by its co-process, ablate/remote/slurm_serve.py with the
-decisions of ablate/remote/slurm_adapter.py, shipped as a zipapp beside it and run with the
+what each answer means is decided by its co-process, ablate/remote/slurm/adapter_serve.py with the
+decisions of ablate/remote/slurm/adapter.py, shipped as a zipapp beside it and run with the
 profile's python (and its `env`).
 
 Submit limits: at most the cluster's MaxSubmitJobs (sacctmgr's association and QOS limits where
@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from ablate import resources as packaged
 from ablate.config.slurm import SlurmSettings
 from ablate.errors import RemoteError
-from ablate.remote.slurm_adapter import KILL_WAIT
+from ablate.remote.slurm.adapter import KILL_WAIT
 from ablate.transport.base import CommandResult, HostTransport
 from ablate.transport.shellhost import BASH_C, env_command
 
@@ -70,8 +70,8 @@ from ablate.transport.shellhost import BASH_C, env_command
 # its text instead would put it into every section of a launch's one command line: 40 queues' worth
 # is past Linux's 128 KiB limit of one argument.
 SESSIONS = packaged.read("ablate.wrappers", "slurm_sessions.sh").decode()
-DECISIONS = ("slurm_adapter.py", "slurm_serve.py")  # ablate/remote/, stdlib only
-_MAIN = b"from ablate.remote.slurm_serve import main\n\nraise SystemExit(main())\n"
+DECISIONS = ("ablate.remote.slurm.adapter", "ablate.remote.slurm.adapter_serve")  # stdlib only
+_MAIN = b"from ablate.remote.slurm.adapter_serve import main\n\nraise SystemExit(main())\n"
 
 
 def decisions_pyz() -> bytes:

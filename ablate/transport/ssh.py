@@ -22,7 +22,7 @@ What ablate adds on top, always on the command line (which wins over any config 
   config, unreachable), and "nothing was run" is then true.
 - A host that cannot be reached fails fast for `retry_after` seconds: one connect time-out per
   command, not one per operation.
-- The host agent (`ablate.remote.agent`, `agentlink.py`): the first command of a process on a host
+- The host agent (`ablate.remote.host.agent`, `agentlink.py`): the first command of a process on a host
   where none is known to serve starts it there, just before the command; the master forwards a local
   socket beside its own to it, and later commands (of this process and the next ones) go to it as
   one request over the open connection, with no session and no login shell per command. Where it

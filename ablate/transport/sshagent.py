@@ -1,4 +1,4 @@
-"""How an OpenSSH host's commands go to its host agent (`ablate.remote.agent`, `agentlink.py`): the
+"""How an OpenSSH host's commands go to its host agent (`ablate.remote.host.agent`, `agentlink.py`): the
 part of `SSHHost` that decides whether the agent may be there, sends a command to it through the
 ControlMaster's forwarded socket, starts it with a command that goes the usual way, and what its
 silence or a lost connection mean (the `ssh.py` module doc).

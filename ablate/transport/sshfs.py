@@ -18,12 +18,19 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO, TypeVar
 
 from ablate.errors import FSError, OpFailed, RemoteError
-from ablate.remote.fsops import CONFLICT
+from ablate.remote.host.fs_writes import CONFLICT
+from ablate.remote.host.probe import ENTRY as PROBE_ENTRY
 from ablate.remote.layout import SweepLayout
-from ablate.remote.probe import ENTRY as PROBE_ENTRY
 from ablate.transport.base import VERBS, AppendLine, CreateImmutable, FSOp, OpResult, Read, WriteAtomic
 from ablate.transport.shellhost import BASH_C, HostUnreachable, Live, ShellHost, Sink
 
+# The probe's library (`probe_lib`): exactly the modules `ablate.remote.host.probe` imports at any
+# depth (tests/test_shipped_code.py), stdlib only.
+PROBE_MODULES = ("ablate.remote.checkpoints.artifacts", "ablate.remote.checkpoints.filecheck",
+                 "ablate.remote.checkpoints.framework_dirs", "ablate.remote.checkpoints.loaders",
+                 "ablate.remote.checkpoints.pickles", "ablate.remote.checkpoints.torchzip",
+                 "ablate.remote.checkpoints.verify", "ablate.remote.host.fs_writes",
+                 "ablate.remote.host.probe", "ablate.remote.layout")
 T = TypeVar("T")
 
 
@@ -76,7 +83,7 @@ PYC = ('c=${XDG_CACHE_HOME:-${HOME:+$HOME/.cache}}; '
        'else export PYTHONDONTWRITEBYTECODE=1; fi\n')
 # `python -c ENTRY OP ARGS` in the library dir: the probe's `main`.
 PROBE_RUN = f'PYTHONPATH="$d" exec "$py" ${{f:+"$f"}} -c {shlex.quote(PROBE_ENTRY)} "$@"'
-_PROBE = ('d=$1; e=$2; py=$3; f=$4; shift 4; [ -r "$d/ablate/remote/probe.py" ] || exit 97\n'
+_PROBE = ('d=$1; e=$2; py=$3; f=$4; shift 4; [ -r "$d/ablate/remote/host/probe.py" ] || exit 97\n'
           'if [ -n "$e" ]; then eval "$e" >&2 || exit 98; fi\n'
           + PYC + 'cd "$d" && ' + PROBE_RUN)
 _NEEDS_SITE = frozenset({"verify"})
@@ -85,7 +92,7 @@ _NEEDS_SITE = frozenset({"verify"})
 # script on stdin runs _IMMUTABLE ($1) for each file, its bytes from a base64 here-document; the
 # first that fails names its path on stderr's last line and exits with _IMMUTABLE's code.
 _SHIP = 'imm=$1; eval "$(cat)"'
-# The same through fsops' source in one Python (`SSHFS._ship_py`), where the host's agent runs.
+# The same through fs_writes' source in one Python (`SSHFS._ship_py`), where the host's agent runs.
 _FSOPS_RUN = ('e=$1; py=$2; src=$3; if [ -n "$e" ]; then eval "$e" >&2 || exit 98; fi\n'
               'exec "$py" -S -c "$src"')
 _SHIP_ONE = ("base64 -d <<'ABLATE_EOF' | bash --norc -c \"$imm\" bash {path} {sha} >/dev/null || "
@@ -97,24 +104,22 @@ def probe_command(lib_dir: str, env: str, python: str, op: str,
     """The shell command line that runs probe `op` with `arg` from `lib_dir` (rc 97: the library
     is not there; 98: the profile's env failed), and, for an op that needs no site-packages, its
     `py` form, which a host agent started with that `python` runs in its own interpreter
-    (`ablate.remote.agent`): the op is stdlib only, so the profile's env, which only picks the
+    (`ablate.remote.host.agent`): the op is stdlib only, so the profile's env, which only picks the
     interpreter, changes nothing of it (`doctor` checks the env)."""
     site = op in _NEEDS_SITE
     command = shlex.join([*BASH_C, _PROBE, "bash", lib_dir, env, python, "" if site else "-S", op, arg])
     py = None if site else {"dir": lib_dir, "entry": PROBE_ENTRY, "argv": [op, arg], "python": python,
-                            "needs": "ablate/remote/probe.py", "min": [3, 8]}
+                            "needs": "ablate/remote/host/probe.py", "min": [3, 8]}
     return command, py
 
 
 def probe_lib() -> dict[str, bytes]:
-    """The files a host runs for `probe`: the stdlib-only package `ablate.remote` (probe, verify,
-    the path layout), as installed here, under a stub `ablate/__init__.py`."""
+    """The files a host runs for `probe`: exactly the stdlib-only modules `ablate.remote.host.probe`
+    imports at any depth (its ops, the path layout, the checkpoints' verification), under their
+    package paths (tests/test_shipped_code.py)."""
     from ablate import resources as packaged
 
-    files = {"ablate/__init__.py": b'"""ablate host-side probe, shipped by the ssh transport."""\n'}
-    remote = packaged.listing("ablate.remote", ".py")
-    files.update({f"ablate/remote/{name}": data for name, data in remote.items()})
-    return files
+    return packaged.module_files(PROBE_MODULES)
 
 
 @functools.lru_cache(maxsize=1)
@@ -313,7 +318,7 @@ class SSHFS:
         """Place the probe's files content-addressed under <root>/lib/<sha12>/ (0444, never
         overwritten), in one round trip, probe.py last: there, it says the rest is. A changed
         ablate is a new directory; a running probe keeps its files. Where the host's agent runs,
-        fsops places them in one forked Python (`_ship_py`); else a shell script does, with no
+        fs_writes places them in one forked Python (`_ship_py`); else a shell script does, with no
         Python at all (`_SHIP`: the probe is what reports a missing one)."""
         files = sorted(self._lib.items(), key=lambda kv: (kv[0].endswith("/probe.py"), kv[0]))
         ops = [CreateImmutable(f"{self.lib_dir}/{rel}", data) for rel, data in files]
@@ -334,7 +339,7 @@ class SSHFS:
                 answer = json.loads(out)
             except ValueError:
                 raise RemoteError(f"{self.via}: placing the probe library under {self.lib_dir} did not "
-                                  f"print fsops' answer; stdout: {out.decode(errors='replace')[:300]!r}; "
+                                  f"print fs_writes' answer; stdout: {out.decode(errors='replace')[:300]!r}; "
                                   f"stderr: {lines[-1][-300:]!r}") from None
             self._answer(ops, answer)
         elif as_py and rc == 98:
@@ -348,9 +353,9 @@ class SSHFS:
         self._lib_ready = True
 
     def _ship_py(self, host: ShellHost, ops: Sequence[CreateImmutable]) -> tuple[int, bytes, bytes]:
-        """`ops` through fsops' own source (`python -S -c`, the ops as JSON on stdin), which the
+        """`ops` through fs_writes' own source (`python -S -c`, the ops as JSON on stdin), which the
         host's agent runs in a forked child: one process where the script runs ~10 per file."""
-        source = self._lib["ablate/remote/fsops.py"].decode()
+        source = self._lib["ablate/remote/host/fs_writes.py"].decode()
         command = shlex.join([*BASH_C, _FSOPS_RUN, "bash", self.env, self.python, source])
         py = {"dir": "/", "entry": source, "argv": [], "python": self.python, "needs": ".", "min": [3, 8]}
         payload = json.dumps({"ops": [_wire(op) for op in ops]}).encode()
@@ -360,7 +365,7 @@ class SSHFS:
         return self._run_probe(op, json.dumps(dict(args)), None, self.probe_timeout, args.get("root"))
 
     def _run_probe(self, op: str, arg: str, stdin: bytes | None, timeout: float, root: Any = None) -> Any:
-        """`python -m ablate.remote.probe OP ARG` (ARG `-`: the JSON on stdin), the library shipped
+        """`python -m ablate.remote.host.probe OP ARG` (ARG `-`: the JSON on stdin), the library shipped
         first when it is not there yet."""
         for _ in range(2):
             command, py = probe_command(self.lib_dir, self.env, self.python, op, arg)
@@ -369,7 +374,7 @@ class SSHFS:
                 self.ship_probe()
                 continue
             break
-        command = shlex.join([self.python, "-m", "ablate.remote.probe", op, arg[:200]])
+        command = shlex.join([self.python, "-m", "ablate.remote.host.probe", op, arg[:200]])
         stderr = err.decode(errors="replace").strip()[-300:]
         if rc == 98:
             raise RemoteError(f"{self.via}: the profile's env `{self.env}` failed before "
@@ -389,7 +394,7 @@ class SSHFS:
                 f"stderr: {stderr!r}") from None
 
     def _answer(self, ops: Sequence[FSOp], answer: Any) -> list[OpResult]:
-        """fsops' answer as `apply` returns it: the results, or the first failure raised."""
+        """fs_writes' answer as `apply` returns it: the results, or the first failure raised."""
         try:
             done = [_result(op, r) for op, r in zip(ops, answer["results"], strict=False)]
             failed = answer["failed"]
@@ -399,13 +404,13 @@ class SSHFS:
             op = ops[i]
         except (KeyError, TypeError, ValueError, IndexError):
             raise RemoteError(f"{self.via}: {len(ops)} op(s) on the shared FS got an answer that is not "
-                              f"fsops': {str(answer)[:300]!r}; is the probe under {self.lib_dir} damaged?"
+                              f"fs_writes': {str(answer)[:300]!r}; is the probe under {self.lib_dir} damaged?"
                               ) from None
         raise OpFailed(FSError(self.via, VERBS[type(op)], op.path, why), i, list(done))
 
 
 def _wire(op: FSOp) -> dict[str, Any]:
-    """One op as `ablate.remote.fsops` reads it (bytes as base64)."""
+    """One op as `ablate.remote.host.fs_writes` reads it (bytes as base64)."""
     if isinstance(op, CreateImmutable):
         return {"op": "create_immutable", "path": op.path, "data": base64.b64encode(op.data).decode(),
                 "sha256": hashlib.sha256(op.data).hexdigest()}

@@ -3,7 +3,7 @@ a `SharedFS` over a `Store`, so that every command works on it unchanged.
 
 `root` is the sweep's store URL (`s3://BUCKET/PREFIX/ablate/<sweep>`); a path the commands pass is
 `root/<rel>` (`SweepLayout(root)`), and names the key `<rel>`. What a shared FS does by a rename or a
-directory, the store does by its own keys (`ablate/remote/mirror.py`):
+directory, the store does by its own keys (`ablate/remote/store/local_copy.py`):
 
 - a committed result: `final_ckpts/<name>/<file>` is `results/<name>/<nonce>/<file>` of the nonce in
   `commits/<name>`; `final_ckpts/<name>` exists while `commits/<name>` does; a result set aside
@@ -48,10 +48,10 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ablate.errors import FSError
-from ablate.remote import probe as probe_ops
+from ablate.remote.host import probe as probe_ops
 from ablate.remote.layout import ASIDE_PREFIX
-from ablate.remote.mirror import Mirror
-from ablate.remote.objstore import Store, StoreError
+from ablate.remote.store.client import Store, StoreError
+from ablate.remote.store.local_copy import Mirror
 from ablate.transport.base import (
     AppendLine,
     CreateImmutable,
@@ -384,7 +384,7 @@ class StoreFS:
         return got
 
     def _apply_wire(self, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        """`fsops.apply`'s answer for ops in its wire form, run against the store."""
+        """`fs_writes.apply`'s answer for ops in its wire form, run against the store."""
         typed: list[FSOp] = []
         for op in ops:
             kind, path = op["op"], str(op["path"])

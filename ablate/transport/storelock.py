@@ -28,7 +28,7 @@ import time
 import uuid
 from typing import Any
 
-from ablate.remote.objstore import Store, StoreError
+from ablate.remote.store.client import Store, StoreError
 
 LEASE = 60.0  # seconds a lease lasts unless renewed
 POLL = 1.0  # seconds between a waiting taker's tries, at most

@@ -1,0 +1,1 @@
+"""The runner: what run_queue and run_one ask, answered in Python (docs/ARCHITECTURE.md, "run_queue")."""
