@@ -354,27 +354,6 @@ def test_shipped_slurm_profile_loads_with_every_key_commented(tmp_path: Path) ->
     assert "USR2" in text and "--no-requeue" in text
 
 
-def test_the_readme_example_profile_and_host_load(cli: Cli, sp: SlurmProject) -> None:
-    """The README's "On a Slurm cluster" example, as written, is a valid profile and host entry."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## On a Slurm cluster"):]
-    section = section[:section.index("\n## ", 1)]
-    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
-    assert len(blocks) == 2, blocks
-    profile, entry = yaml.safe_load(blocks[0]), yaml.safe_load(blocks[1])
-    assert set(profile["slurm"]) == SLURM_KEYS, "the README example shows every key"
-    sp.profile_text(blocks[0])
-    (sp.root / "profiles" / "cluster.yaml").rename(sp.root / "profiles" / "slurm.yaml")
-    sp.config(**entry)
-    project = load_project(sp.root)
-    host = project.hosts["cluster"]
-    assert project.profile.source.endswith("profiles/slurm.yaml") and host.slots == (0, 1, 2, 3)
-    assert host.profile.slurm is not None
-    assert host.profile.slurm.sbatch_options() == [
-        "--partition=gpu,gpu-long", "--account=mylab", "--qos=normal", "--time=1-00:00:00", "--gres=gpu:1",
-        "--requeue", "--signal=B:USR2@120", "--constraint=a100|h100", "--cpus-per-task=8", "--mem=64G"]
-
-
 def test_a_slurm_project_without_workdir_names_the_compute_nodes(cli: Cli, sp: SlurmProject) -> None:
     sp.config(workdir=None)
     text = (sp.root / "ablate.yaml").read_text().replace("workdir: null\n", "")

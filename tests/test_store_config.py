@@ -156,20 +156,3 @@ def test_the_shipped_vast_profile_keeps_the_sweep_in_a_bucket(tmp_path: Path) ->
     for needle in ("R2", "B2", "MinIO", "storage_endpoint", "conditional writes", "AWS chain",
                    "boto3", "doctor"):
         assert needle in text, needle
-
-
-def test_the_readme_example_profile_loads_as_written(tmp_path: Path) -> None:
-    """The README's "No shared filesystem" example, as written, is a valid storage profile."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## No shared filesystem (Vast.ai, single boxes)"):]
-    section = section[:section.index("\n## ", 1)]
-    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
-    assert len(blocks) == 1, blocks
-    (tmp_path / "profiles").mkdir()
-    (tmp_path / "profiles" / "mine.yaml").write_text(blocks[0])
-    p = load_profile("mine", tmp_path, "t")
-    assert p.storage == "s3://my-bucket/ablate-sweeps" and p.transport == "ssh"
-    assert p.storage_endpoint == "https://ACCOUNT.r2.cloudflarestorage.com"
-    for needle in ("conditional create", "committed", "conditional writes", "LastModified", "412",
-                   "AWS chain", "process environment only", "boto3", "tmux"):
-        assert needle in section, needle
