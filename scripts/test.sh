@@ -60,19 +60,20 @@ case $tier in
   unit)
     python_packages
     lint
-    python3 -m pytest -q -n 2 -m unit --ignore=tests/test_ssh_agent.py
-    python3 -m pytest -q -m unit tests/test_ssh_agent.py
+    python3 -m pytest -q -n 2 -m "unit and not alone"
+    python3 -m pytest -q -m "unit and alone"
     ;;
   tmux)
     apt_tools
     python_packages
-    python3 -m pytest -q -n 2 -m "tmux and not bed" --ignore=tests/test_ssh_agent.py
-    python3 -m pytest -q -m "tmux and not bed" tests/test_ssh_agent.py
+    python3 -m pytest -q -n 2 -m "tmux and not bed and not alone"
+    python3 -m pytest -q -m "tmux and not bed and alone"
     ;;
   bed)
     apt_tools
     python_packages
-    python3 -m pytest -q -n 2 --dist loadgroup -m bed
+    python3 -m pytest -q -n 2 --dist loadgroup -m "bed and not alone"
+    python3 -m pytest -q -m "bed and alone"
     ;;
   all)
     apt_tools
@@ -81,10 +82,10 @@ case $tier in
     shellcheck -x -S warning wrappers/*.sh
     # The suite in two pytest-xdist workers, each session test bed (the SSH instances, the slow
     # network FS, the Slurm cluster: tests/helpers/tiers.py) one group built once in one worker, so
-    # the beds' waits overlap; then the host agent's timing tests (tests/test_ssh_agent.py) alone:
-    # they time a silent agent's seconds-long window, which the other worker's load stretches.
-    python3 -m pytest -q -n 2 --dist loadgroup --ignore=tests/test_ssh_agent.py
-    python3 -m pytest -q tests/test_ssh_agent.py
+    # the beds' waits overlap; then the tests marked `alone` (the host agent's timing tests) in one
+    # process: they time a silent agent's seconds-long window, which the other worker's load stretches.
+    python3 -m pytest -q -n 2 --dist loadgroup -m "not alone"
+    python3 -m pytest -q -m alone
     ;;
   *)
     apt_tools

@@ -27,6 +27,8 @@ def pytest_configure(config: pytest.Config) -> None:
                        ("tmux", "runs real tmux or another apt-installed tool; no root, no bed"),
                        ("bed", "runs on a namespace test bed (root)")):
         config.addinivalue_line("markers", f"{tier}: the {tier} tier: {what} (tests/helpers/tiers.py)")
+    config.addinivalue_line("markers", "alone: times a window that another worker's load stretches; "
+                                       "scripts/test.sh runs these after the rest, in one process")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -36,6 +36,9 @@ from ablate.transport.sshfs import SSHFS, probe_command, probe_lib
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
+# They time a silent agent's seconds-long window, which another worker's load stretches.
+pytestmark = pytest.mark.alone
+
 AGENT = str(Path(__file__).resolve().parents[1] / "ablate" / "remote" / "host" / "agent.py")
 # the process chain above the command, one command line per line ($$ first)
 CHAIN = ("p=$$; while [ \"$p\" -gt 1 ]; do tr '\\0' ' ' < /proc/$p/cmdline; echo; "
