@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fnmatch
 import hashlib
 import json
 import os
@@ -105,12 +106,35 @@ def agent_idle_seconds() -> int:
         raise AblateError(f"ABLATE_SSH_AGENT_IDLE={raw!r}: give whole seconds") from None
 
 
-def remote_socket(user: str) -> str | None:
-    """Where the agent of this ablate listens on a host, for the login user `user` (None: a user
-    name that is no safe path component; no agent then)."""
-    if not SAFE_USER.match(user):
+def remote_socket(user: str, session: str = "") -> str | None:
+    """Where the agent of this ablate listens on a host, for the login user `user` and the session
+    settings `session` (`session_key`; None: a user name that is no safe path component, no agent
+    then)."""
+    if not SAFE_USER.match(user) or not re.fullmatch(r"[0-9a-f]{0,64}", session):
         return None
-    return f"/tmp/ablate-agent-{user}/{agent_code().version}.sock"
+    return f"/tmp/ablate-agent-{user}/{agent_code().version}{'.' + session if session else ''}.sock"
+
+
+# What makes a session on a host what it is, as OpenSSH resolved it for an alias (`ssh -G`): which
+# sshd (the address, the port, the hops to it), as whom (the user, the keys: authorized_keys'
+# `environment=` is per key) and what the client sets or sends (SetEnv; SendEnv, with the values this
+# machine would send). An agent runs every later command in the environment of the session that
+# started it, so one is only ever asked through connections that agree on all of these: two aliases
+# reaching one machine through two sshds, or with other keys or SetEnv, each get their own.
+SESSION_SETTINGS = ("hostname", "port", "user", "proxycommand", "proxyjump", "identityfile",
+                    "certificatefile", "identitiesonly", "setenv", "sendenv")
+
+
+def session_key(resolved: str, environ: Mapping[str, str]) -> str:
+    """A short digest of the session settings in `ssh -G`'s output `resolved`, with the values of the
+    variables its SendEnv patterns send from `environ`."""
+    rows = sorted(line.strip() for line in resolved.splitlines()
+                  if line.partition(" ")[0].lower() in SESSION_SETTINGS)
+    patterns = [p for row in rows if row.lower().startswith("sendenv ") for p in row.split()[1:]
+                if not p.startswith("-")]
+    sent = sorted(f"{k}={v}" for k, v in environ.items()
+                  if any(fnmatch.fnmatchcase(k, p) for p in patterns))
+    return hashlib.sha256("\n".join([*rows, "", *sent]).encode()).hexdigest()[:12]
 
 
 def bootstrap(python: str, path: str, idle: int) -> str:

@@ -20,6 +20,7 @@ from ablate.transport.agentlink import (
     agent_idle_seconds,
     bootstrap,
     remote_socket,
+    session_key,
     started,
 )
 from ablate.transport.shellhost import HostUnreachable
@@ -30,6 +31,8 @@ R = TypeVar("R")
 
 class AgentRoute:
     """Mixed into `SSHHost`, whose state it reads and sets (declared here for the type checker)."""
+
+    _agent_session: str | None = None  # `session_key` of this host's resolved settings
 
     if TYPE_CHECKING:
         name: str
@@ -43,6 +46,7 @@ class AgentRoute:
         _agent_up: bool
         _agent_booted: bool
         _booting: threading.Event
+        _resolved: bytes
 
         @property
         def connect_timeout(self) -> float: ...
@@ -58,7 +62,10 @@ class AgentRoute:
         agent for this host (see the module doc)."""
         if not self.multiplex or persist_seconds() == 0 or os.environ.get("ABLATE_SSH_AGENT") == "0":
             return None
-        remote = remote_socket(self.options().get("user", ""))
+        user = self.options().get("user", "")  # resolves `_resolved` first
+        if self._agent_session is None:  # once per host object: its settings are resolved once
+            self._agent_session = session_key(self._resolved.decode(errors="replace"), os.environ)
+        remote = remote_socket(user, self._agent_session)
         return (f"{self._socket()}.a", remote) if remote else None
 
     def agent_ready(self) -> bool:

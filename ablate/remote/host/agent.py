@@ -2,11 +2,10 @@
 
 Through sshd every command starts the user's login shell, and its rc file with it (`conda init`,
 `pyenv init`: 0.1-0.5 s of CPU each time, more than the command). The controller starts this agent
-once per host, just before its first command there (`main` returns once it listens); it listens on a
-Unix socket in a private directory (`/tmp/ablate-agent-<user>/<version>.sock`, the directory 0700
-and ours, else no agent), and the controller's ControlMaster forwards a local socket to it
-(`ssh -L`), so a later command is one request over the connection already open: no new session,
-no login shell.
+once per host, just before its first command there (`main` returns once it listens); it listens on a Unix
+socket in a private directory (`/tmp/ablate-agent-<user>/<version>.<session>.sock`, the directory 0700 and
+ours, else no agent), and the controller's ControlMaster forwards a local socket to it (`ssh -L`), so a
+later command is one request over the connection already open: no new session, no login shell.
 
 One connection, one command: the agent says hello first (so the controller knows the request will
 reach it before sending it: no hello, nothing was sent, and the command goes the usual way), reads a
