@@ -9,7 +9,7 @@ safetensors checkpoint after every epoch, `step_time` seconds of sleep per epoch
 number of epochs from a fixed seeded draw (3-6, `--seed`), so cells cost 2-5 s. Every run is a fresh
 sweep on the shared directory; the two ways run the same trainer on the same configs:
 
-  ablate  a project as in tests/test_slurm.py: profile `transport: slurm`, host
+  ablate  a project as in tests/test_slurm_submission.py: profile `transport: slurm`, host
           `cluster: {queues: 3}`, ckpt_root on the shared dir, the cells' epochs declared in
           ablate.yaml (`cells: [{glob, task, epochs}]`). `ablate plan`, then `ablate launch --all`
           (each `<python> -m ablate -C PROJ ...` as its own process, SLURM_CONF set, this checkout on

@@ -1,7 +1,7 @@
 """The table over seeds without a sweep: the Student-t quantile and Welch's interval against known
 values, the grouping of real config files, the markdown / LaTeX / CSV it is written as, and
 `report.group_by` in ablate.yaml. The report of a real sweep grouped over seeds, in headless
-Chromium, is in tests/test_report.py."""
+Chromium, is in tests/test_report_seed_groups.py."""
 
 from __future__ import annotations
 

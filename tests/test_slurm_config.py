@@ -306,7 +306,7 @@ def test_partition_takes_a_list_as_slurm_does(sp: SlurmProject, partition: objec
 
 def test_extra_takes_any_value_slurm_does_as_one_argument(sp: SlurmProject) -> None:
     """Constraints with `|` `&` `[]` `*`, a comment with spaces and shell syntax: each reaches
-    sbatch as one argument (quoted on the way: tests/test_slurm.py submits them for real)."""
+    sbatch as one argument (quoted on the way: tests/test_slurm_submission.py submits them for real)."""
     extra = ["--constraint=[a100|h100]&ib*2", "--comment=my run; $(id) `id` 'q' \"dq\"",
              "--nodelist=n[1-4]", "-Cgpu", "--mail-user=me@example.org"]
     sp.profile({"extra": extra})

@@ -1,4 +1,4 @@
-"""A small real trainer for the fault suite (tests/test_faults.py); it runs on the test-bed
+"""A small real trainer for the fault suite (tests/test_faults_*.py); it runs on the test-bed
 instances from the sweep's shared workdir, so it imports only numpy, safetensors and yaml.
 
     python fault_train.py --config CFG --epochs N --out CKPT_DIR --resume 0|1 --name NAME

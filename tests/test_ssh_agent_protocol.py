@@ -1,0 +1,145 @@
+"""The host agent (ablate/remote/host/agent.py, ablate/transport/agentlink.py) on this machine, its
+protocol: it runs a command with its stdin, output and exit code, ends one past its timeout with
+its process group, leaves a running agent serving, refuses a directory others can write, exits
+when idle; a socket without the hello means nothing was sent; a request's framing, and when its
+output is sent (a short command's with its exit code in one write, a long one's as it comes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ablate.remote.host.agent import HELLO
+from ablate.transport.agentlink import request
+from tests.helpers.ssh_agent import AGENT, agent_fixture
+from tests.helpers.ssh_agent import is_zombie as _zombie
+from tests.helpers.wait import wait_for
+
+# They time a silent agent's seconds-long window, which another worker's load stretches.
+pytestmark = pytest.mark.alone
+
+agent = agent_fixture()
+
+
+def test_the_agent_runs_a_command_with_its_stdin_output_and_exit_code(agent: str) -> None:
+    got = request(agent, "cat; echo to-err >&2; echo \"$(pwd)\"; exit 7", timeout=10, hello_within=5,
+                  stdin=b"line\n" * 1000)
+    assert got is not None
+    rc, out, err = got
+    assert (rc, err) == (7, b"to-err\n")
+    assert out == b"line\n" * 1000 + (os.path.expanduser("~") + "\n").encode()
+
+
+def test_a_command_past_its_timeout_is_ended_with_its_process_group(agent: str, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    got = request(agent, f"sleep 60 & echo $! > {pidfile}; wait", timeout=1, hello_within=5)
+    assert got is not None and got[0] == 124 and b"timed out" in got[2]
+    pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10))  # type: ignore[arg-type]
+    wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 10)
+
+
+def test_a_second_agent_leaves_the_first_one_serving(agent: str) -> None:
+    r = subprocess.run([sys.executable, "-I", "-S", AGENT, agent, "30"], capture_output=True, timeout=30)
+    assert r.returncode == 0
+    assert request(agent, "echo still", timeout=5, hello_within=5) == (0, b"still\n", b"")
+
+
+def test_no_agent_in_a_directory_others_can_write(tmp_path: Path) -> None:
+    d = tmp_path / "open"
+    d.mkdir(mode=0o777)
+    d.chmod(0o777)
+    r = subprocess.run([sys.executable, "-I", "-S", AGENT, str(d / "a.sock"), "30"], capture_output=True,
+                       timeout=30)
+    assert r.returncode == 2 and not (d / "a.sock").exists()
+
+
+def test_an_idle_agent_exits_and_removes_its_socket(tmp_path: Path) -> None:
+    path = tmp_path / "idle" / "a.sock"
+    subprocess.run([sys.executable, "-I", "-S", AGENT, str(path), "1"], check=True, timeout=30)
+    wait_for(path.exists, 10)
+    wait_for(lambda: not path.exists(), 20)
+
+
+def test_no_hello_means_nothing_was_sent(tmp_path: Path) -> None:
+    """A socket that closes without the hello (the master found no agent behind its forward):
+    `request` answers None, and the caller runs the command the usual way."""
+    path = str(tmp_path / "mute.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    got: list[bytes] = []
+
+    def close_at_once() -> None:
+        conn, _ = srv.accept()
+        conn.settimeout(2)
+        try:
+            got.append(conn.recv(100))
+        except TimeoutError:
+            got.append(b"")
+        conn.close()
+
+    import threading
+
+    t = threading.Thread(target=close_at_once)
+    t.start()
+    assert request(path, "touch /tmp/never", timeout=5, hello_within=5) is None
+    t.join()
+    srv.close()
+    assert HELLO and got == [b"\n"]  # a blank line, which an agent skips, and no request
+    assert request(str(tmp_path / "absent.sock"), "true", timeout=5, hello_within=5) is None
+
+
+def _raw(agent: str, data: bytes) -> socket.socket:
+    """A connection to the agent past its hello, `data` sent at once after it."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(agent)
+    s.settimeout(10)
+    s.sendall(data)
+    hello = b""
+    while len(hello) < len(HELLO):
+        hello += s.recv(len(HELLO) - len(hello))
+    assert hello == HELLO
+    return s
+
+
+def test_blank_lines_before_the_header_are_skipped_and_the_stdin_after_it_is_whole(agent: str) -> None:
+    """The header line is read up to its newline only: stdin sent in the same write stays stdin."""
+    s = _raw(agent, b"\n\n" + json.dumps({"cmd": "cat", "stdin": 5}).encode() + b"\nhello")
+    reply = b""
+    while not reply.endswith(b"x\0\0\0\x010"):
+        chunk = s.recv(1 << 16)
+        assert chunk, reply
+        reply += chunk
+    s.close()
+    assert reply == b"o\0\0\0\x05hello" + b"x\0\0\0\x010"
+
+
+def test_a_short_commands_output_comes_with_its_exit_code_in_one_write(agent: str) -> None:
+    """Over ssh a second small write waits for the first one's delayed ACK (~40 ms): the agent
+    holds a short command's output and sends it with the exit code."""
+    s = _raw(agent, b"\n" + json.dumps({"cmd": "printf a; sleep 0.05; printf b >&2; exit 3",
+                                        "stdin": None}).encode() + b"\n")
+    first = s.recv(1 << 16)  # waits for the first write the agent makes
+    s.close()
+    assert first == b"o\0\0\0\x01a" + b"e\0\0\0\x01b" + b"x\0\0\0\x013"
+
+
+def test_a_long_commands_output_is_not_held_until_it_ends(agent: str, tmp_path: Path) -> None:
+    """What a command prints goes to the sink within the hold (0.2 s), not at its end."""
+    done = tmp_path / "done"
+    early: list[bool] = []
+
+    class Sink:
+        def write(self, data: bytes) -> None:
+            early.append(not done.exists())
+
+    got = request(agent, f"echo first; sleep 3; touch {done}; echo last", timeout=20, hello_within=5,
+                  sink=Sink())
+    assert got is not None and got[0] == 0
+    assert early[0] is True and done.exists()
