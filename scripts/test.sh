@@ -3,14 +3,22 @@
 #
 #   bash scripts/test.sh              everything, as CI runs it (apt-get, then the three tiers at once)
 #   bash scripts/test.sh unit         the tests that need neither root, tmux nor a test bed: Python
-#                                     packages only, no apt-get (under a minute once they are installed)
+#                                     packages only, no apt-get; ruff, not mypy (see below)
 #   bash scripts/test.sh tmux         the tests that run real tmux (and the other apt-installed tools)
 #   bash scripts/test.sh bed          the tests on the namespace test beds (root: sshd instances,
 #                                     sshfs, a Slurm cluster)
-#   bash scripts/test.sh PYTEST_ARGS  pytest with them, after the full install (`tests/test_walk.py`)
+#   bash scripts/test.sh PYTEST_ARGS  pytest with them, after the full install (`tests/test_queue_walk.py`)
 #
 # The tiers are marks (tests/helpers/tiers.py); a unit-tier test finds the apt-installed tools
 # stubbed out on its PATH in every run, so one that needs them fails until it is marked.
+#
+# The unit tier is CPU-bound on a 2-core machine (its tests spend ~130 s of CPU, most of it in the
+# real trainers, wrappers, runner processes and moto's S3 server they start), so it runs ruff (half a
+# second) but leaves mypy to the full run: `mypy ablate` costs ~16 s of CPU with a cold cache (a fresh
+# clone), ~8 s of the tier's wall time; run `python3 -m mypy ablate` by hand when typing matters. Its
+# tests run in WORKERS (default 4) xdist workers, two per core: the extra ones fill the seconds the
+# others spend waiting on their subprocesses and timers. `--dist loadgroup` keeps the tests that
+# import torch in one worker (they also share the checkpoints the frameworks write: once per run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
@@ -22,7 +30,7 @@ apt_tools() {
   # network-FS mode (tests/testbed_storage.py); slurmd, slurmctld, slurm-client and munge the Slurm
   # cluster bed (tests/slurmbed.py: its own munged and key, the system's are left alone), slurmdbd
   # and mariadb-server its accounting (`sacct`: its own MariaDB datadir, no system service is used);
-  # chromium opens `ablate report`'s page headless (tests/test_report.py); parallel (GNU) is what
+  # chromium opens `ablate report`'s page headless (tests/test_report_*.py); parallel (GNU) is what
   # scripts/bench_fanout.py compares the fan-out against (tests/test_bench_fanout.py); shellcheck
   # lints the wrappers.
   if ! { command -v tmux && [ -x /usr/sbin/sshd ] && command -v ip && command -v rsync && command -v ps \
@@ -38,13 +46,18 @@ apt_tools() {
 }
 
 # torch is pinned: 2.13.0 is the CPU build; an unpinned torch would pull gigabytes of CUDA. Skipped
-# when this checkout is already installed with everything the tests import.
+# when this checkout is already installed with everything the tests import (found, not imported:
+# importing torch, transformers, lightning and peft would cost this check ten seconds).
 python_packages() {
   if ! python3 - 2>/dev/null <<'PY'
-import importlib.metadata as md, pathlib, sys
-import ablate, torch, pytest, xdist, ruff, mypy, moto, transformers, lightning, accelerate, peft  # noqa
+import importlib.metadata as md, importlib.util as u, pathlib, sys
+need = ("ablate", "torch", "pytest", "xdist", "ruff", "mypy", "moto", "transformers", "lightning", "accelerate",
+        "peft")
+if any(u.find_spec(m) is None for m in need):
+    sys.exit(1)
 here = pathlib.Path.cwd().resolve()
-sys.exit(torch.__version__.split("+")[0] != "2.13.0" or pathlib.Path(ablate.__file__).resolve().parents[1] != here)
+ablate = pathlib.Path(u.find_spec("ablate").origin).resolve()
+sys.exit(md.version("torch").split("+")[0] != "2.13.0" or ablate.parents[1] != here)
 PY
   then
     python3 -m pip install -q torch==2.13.0 -e '.[test]'
@@ -56,24 +69,50 @@ lint() {
   python3 -m mypy ablate
 }
 
+# pytest plugins installed beside the test tools that no test uses: each costs every pytest process
+# (each xdist worker too) a second or more at start-up.
+NO_PLUGINS=(-p no:libtmux -p no:hypothesispytest -p no:benchmark -p no:anyio)
+
+# Byte code is written even where PYTHONDONTWRITEBYTECODE is set (into git-ignored __pycache__/):
+# pytest keeps its assertion-rewritten test modules there, without which every pytest process (each
+# xdist worker) rewrites all of them again (~8 s of CPU), and every Python process the tests start
+# compiles the ablate modules it imports again.
+unset PYTHONDONTWRITEBYTECODE
+
+# `pytest -m "MARKS and not alone"` in WORKERS xdist workers, then `-m "MARKS and alone"` in one
+# process, collecting only the files that hold such tests (the first run lists them:
+# tests/helpers/tiers.py).
+two_passes() {
+  local marks=$1 workers=$2 list files
+  list=$(mktemp -d)/alone
+  ABLATE_TEST_ALONE_FILES=$list python3 -m pytest -q "${NO_PLUGINS[@]}" -n "$workers" --dist loadgroup \
+    -m "$marks and not alone"
+  if [ ! -e "$list" ]; then
+    python3 -m pytest -q "${NO_PLUGINS[@]}" -m "$marks and alone"
+  elif [ -s "$list" ]; then
+    mapfile -t files <"$list"
+    python3 -m pytest -q "${NO_PLUGINS[@]}" -m "$marks and alone" "${files[@]}"
+  fi
+  rm -rf "$(dirname "$list")"
+}
+
 case $tier in
   unit)
     python_packages
-    lint
-    python3 -m pytest -q -n 2 -m "unit and not alone"
-    python3 -m pytest -q -m "unit and alone"
+    python3 -m ruff check ablate tests scripts
+    two_passes unit "${WORKERS:-4}"
     ;;
   tmux)
     apt_tools
     python_packages
-    python3 -m pytest -q -n 2 -m "tmux and not bed and not alone"
-    python3 -m pytest -q -m "tmux and not bed and alone"
+    python3 -m pytest -q "${NO_PLUGINS[@]}" -n 2 -m "tmux and not bed and not alone"
+    python3 -m pytest -q "${NO_PLUGINS[@]}" -m "tmux and not bed and alone"
     ;;
   bed)
     apt_tools
     python_packages
-    python3 -m pytest -q -n 2 --dist loadgroup -m "bed and not alone"
-    python3 -m pytest -q -m "bed and alone"
+    python3 -m pytest -q "${NO_PLUGINS[@]}" -n 2 --dist loadgroup -m "bed and not alone"
+    python3 -m pytest -q "${NO_PLUGINS[@]}" -m "bed and alone"
     ;;
   all)
     apt_tools
@@ -84,12 +123,12 @@ case $tier in
     # network FS, the Slurm cluster: tests/helpers/tiers.py) one group built once in one worker, so
     # the beds' waits overlap; then the tests marked `alone` (the host agent's timing tests) in one
     # process: they time a silent agent's seconds-long window, which the other worker's load stretches.
-    python3 -m pytest -q -n 2 --dist loadgroup -m "not alone"
-    python3 -m pytest -q -m alone
+    python3 -m pytest -q "${NO_PLUGINS[@]}" -n 2 --dist loadgroup -m "not alone"
+    python3 -m pytest -q "${NO_PLUGINS[@]}" -m alone
     ;;
   *)
     apt_tools
     python_packages
-    python3 -m pytest -q "$@"
+    python3 -m pytest -q "${NO_PLUGINS[@]}" "$@"
     ;;
 esac

@@ -17,7 +17,7 @@ from tests.helpers import tiers
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
 from tests.helpers.runners import Runners
-from tests.helpers.s3 import CREDS, S3, moto_s3
+from tests.helpers.s3 import CREDS, S3, moto_s3, read_botocore_data_once
 from tests.helpers.testbed_projects import LIVE_BEDS, session_bed
 from tests.testbed import Testbed
 
@@ -33,6 +33,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tiers.classify(items)
+    tiers.note_alone_files(items)
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +41,8 @@ def _isolate(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
              request: pytest.FixtureRequest) -> Iterator[str]:
     """Each test gets its own tmux socket (killed afterwards) and a throw-away HOME (an exit-3 crash
     log lands under it: XDG_STATE_HOME is unset). A unit-tier test finds every apt-installed tool
-    stubbed out on its PATH (tests/helpers/tiers.py)."""
+    stubbed out on its PATH, and `python3` there is the interpreter running the tests
+    (tests/helpers/tiers.py)."""
     socket = f"ablate-test-{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv("ABLATE_TMUX_SOCKET", socket)
     home = tmp_path_factory.mktemp("home")
@@ -50,10 +52,17 @@ def _isolate(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
     monkeypatch.setenv("COLUMNS", "120")
     if request.node.get_closest_marker("unit"):  # the tools apt-get installs are not there for it
         stubs = tiers.stub_dir(tmp_path_factory.getbasetemp())
-        monkeypatch.setenv("PATH", f"{stubs}{os.pathsep}{os.environ.get('PATH', '')}")
+        monkeypatch.setenv("PATH", os.pathsep.join([str(stubs), *tiers.python_first(),
+                                                    os.environ.get("PATH", "")]))
     yield socket
     if not request.node.get_closest_marker("unit"):
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _botocore_data() -> None:
+    """botocore's data files parsed once per process, not once per `Store` (tests/helpers/s3.py)."""
+    read_botocore_data_once()
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from ablate.config.slurm import SLURM_KEYS
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 DOCS = REPO / "docs"
-# Checked by tests/test_docs.py, with rules of their own; no manual example lives in them.
+# Checked by tests/test_docs_against_the_tree.py, with rules of their own; no manual example lives in them.
 NOT_MANUAL = {"ARCHITECTURE.md", "BENCHMARKS.md", "BENCHMARKS-history.md"}
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
 # The first line of an example: the file it belongs in.

@@ -124,20 +124,23 @@ def test_two_instances_with_no_shared_directory_run_each_cell_once(
 
 
 def test_a_racer_that_loses_the_claim_skips_the_cell(s3: S3, tmp_path: Path) -> None:
-    """Eight runner processes' agents race for one claim: exactly one gets it."""
+    """Four runner processes' agents race for one claim, let go at once: exactly one gets it."""
     from ablate.remote.store.queue_side import Agent
 
     url = s3.url(f"race/{uuid.uuid4().hex[:8]}/ablate/t1")
     won: list[str] = []
     lock = threading.Lock()
+    racers = 4  # each agent's client costs a tenth of a second of CPU; the barrier makes the race
+    go = threading.Barrier(racers)
 
     def racer(i: int) -> None:
         a = Agent(str(tmp_path / f"i{i}"), f"h{i}", "q", url, s3.endpoint)
+        go.wait()
         if a.claim("cell", 0, "", "node"):
             with lock:
                 won.append(f"h{i}")
 
-    threads = [threading.Thread(target=racer, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(racers)]
     for t in threads:
         t.start()
     for t in threads:
@@ -216,7 +219,9 @@ def test_events_and_heartbeats_reach_the_store_while_the_cell_trains(
     """Not only at the queue's end: a cell's `start` and a heartbeat naming it are in the store
     while it trains (what status and remediate read when the instance dies mid-cell)."""
     lp = local_project
-    lp.write_config(train="sleep 8 && mkdir -p {ckpt_dir} && cp {cfg} {ckpt_dir}/m.bin",
+    gate = tmp_path / "trained"  # the cell trains until the test has seen it in the store
+    lp.write_config(train=f"while [ ! -e {gate} ]; do sleep 0.05; done; "
+                          "mkdir -p {ckpt_dir} && cp {cfg} {ckpt_dir}/m.bin",
                     artifacts={"checkpoint": "m.bin"})
     lp.queue("q1", [lp.cfg("cfgs/a/slow.yaml") + " recon 1"])
     deploy(load_project(lp.root))
@@ -232,9 +237,10 @@ def test_events_and_heartbeats_reach_the_store_while_the_cell_trains(
             return any(e["ev"] == "start" and e["cell"] == "slow" for e in evs) and hb is not None \
                 and json.loads(hb.data)["cell"] == "slow"
 
-        wait_for(started, timeout=6)
+        wait_for(started, timeout=60, interval=0.2)
         assert p.poll() is None  # still training
     finally:
+        gate.touch()
         out, _ = p.communicate(timeout=120)
     assert p.returncode == 0, out.decode(errors="replace")
 

@@ -25,6 +25,7 @@ import pytest
 
 from ablate.remote.checkpoints import verify
 from tests.helpers.framework_ckpts import flip_tensor_byte, publish, rewrite_record
+from tests.helpers.shared import once_per_run
 
 REPO = Path(__file__).resolve().parent.parent
 # (source dir under the generated tree, the checkpoint entry it is published under)
@@ -34,14 +35,26 @@ DIRS = {"trainer": ("trainer", "trainer"), "sharded": ("sharded", "hf"), "lightn
 CKPT = "trainer/checkpoint-2"
 
 
-@pytest.fixture(scope="session")
-def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("frameworks")
+# The tests that read the generated tree run in one xdist worker (`--dist loadgroup`), with the
+# other tests that import torch (tests/test_verify_by_load.py: its import costs each process seconds of
+# CPU): the tree is written there, and no other worker waits for it. Under any other
+# distribution, the first worker to ask writes it and the others wait on its lock
+# (tests/helpers/shared.py).
+pytestmark = pytest.mark.xdist_group("torch")
+
+
+def _write(out: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
     p = subprocess.run([sys.executable, "-m", "tests.helpers.framework_ckpts", str(out)], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return out
+
+
+@pytest.fixture(scope="session")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tree the real libraries wrote, once per test run (every xdist worker reads the same one):
+    read-only here, a test damages only the copy `cell` publishes under its own tmp_path."""
+    return once_per_run(tmp_path_factory, "frameworks", _write)
 
 
 def cell(written: Path, tmp_path: Path, which: str,

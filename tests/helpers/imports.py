@@ -4,6 +4,7 @@ checks' scan and the shipped code's closure."""
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -15,7 +16,14 @@ def imported(path: Path, root: Path = REPO) -> Iterator[tuple[int, str]]:
     `import M` gives M, `from M import n` gives M and M.n (n may be a submodule); relative
     imports resolved."""
     package = path.relative_to(root).with_suffix("").parts[:-1]
-    yield from imported_by(ast.parse(path.read_text(), str(path)), package)
+    yield from _imports_of(path.read_text(), str(path), package)
+
+
+@functools.cache
+def _imports_of(source: str, filename: str, package: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
+    """`imported_by` of a source, parsed once per process: several layout checks scan every file
+    (keyed by the source itself, so a file that changed is read anew)."""
+    return tuple(imported_by(ast.parse(source, filename), package))
 
 
 def imported_by(tree: ast.AST, package: tuple[str, ...] = ()) -> Iterator[tuple[int, str]]:

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 CREDS = {"AWS_ACCESS_KEY_ID": "AKIAABLATETEST000001",
          "AWS_SECRET_ACCESS_KEY": "ablate-test-secret-0123456789", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -22,6 +23,43 @@ class S3:
         return f"s3://{self.bucket}/{prefix}".rstrip("/")
 
 
+def read_botocore_data_once() -> None:
+    """Every `Store` makes its own boto3 session, and every session reads and parses botocore's JSON
+    data files (the S3 model, endpoints, partitions) anew: three quarters of a client's cost, a tenth
+    of a second of CPU each. In this process they are parsed once and shared, as one session's
+    clients share them (botocore's own cache is per session); the files never change."""
+    import botocore.loaders as loaders
+
+    load = loaders.JSONFileLoader.load_file
+    if getattr(load, "__name__", "") == "load_file_once":
+        return
+    parsed: dict[str, Any] = {}
+
+    def load_file_once(self: loaders.JSONFileLoader, file_path: str) -> Any:
+        if file_path not in parsed:
+            parsed[file_path] = load(self, file_path)
+        return parsed[file_path]
+
+    loaders.JSONFileLoader.load_file = load_file_once
+
+
+def _list_moto_modules_once() -> None:
+    """moto's server finds a request's service by listing its own package directory on every
+    request (`moto.backends.list_of_moto_modules`: a listdir and a stat for each of its hundreds of
+    modules, a quarter of the server's CPU). That list does not change while it runs: it is listed
+    once, and every request is answered from the same list."""
+    import moto.backends as backends
+
+    if getattr(backends.list_of_moto_modules, "__name__", "") == "listed_once":
+        return
+    modules = tuple(backends.list_of_moto_modules())
+
+    def listed_once() -> tuple[str, ...]:
+        return modules
+
+    backends.list_of_moto_modules = listed_once
+
+
 @contextmanager
 def moto_s3(ip: str = "127.0.0.1", port: int = 0) -> Iterator[S3]:
     """A moto server on ip:port (0: any free port) with one fresh bucket; stopped on exit."""
@@ -31,6 +69,7 @@ def moto_s3(ip: str = "127.0.0.1", port: int = 0) -> Iterator[S3]:
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request on stderr
+    _list_moto_modules_once()
     os.environ.update(CREDS)
     srv = ThreadedMotoServer(ip_address=ip, port=port, verbose=False)
     srv.start()

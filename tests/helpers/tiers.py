@@ -15,6 +15,8 @@ and is not marked fails where it runs, so the unit tier runs alone on a machine 
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,34 @@ def classify(items: list[pytest.Item]) -> None:
         group = next((g for fixture, g in BED_GROUPS if fixture in names), None)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def note_alone_files(items: list[pytest.Item]) -> None:
+    """With ABLATE_TEST_ALONE_FILES set, write there the test files that hold a test marked `alone`,
+    one a line (every item collected, before `-m` deselects any): scripts/test.sh runs its `alone`
+    pass on these files only, instead of collecting the whole suite again. Every xdist worker
+    collects the same items and writes the same lines (atomically, by rename)."""
+    out = os.environ.get("ABLATE_TEST_ALONE_FILES")
+    if not out:
+        return
+    files = sorted({str(item.path) for item in items if item.get_closest_marker("alone")})
+    tmp = f"{out}.{os.getpid()}"
+    Path(tmp).write_text("".join(f"{f}\n" for f in files))
+    os.replace(tmp, out)
+
+
+def python_first() -> list[str]:
+    """The directory of the interpreter running the tests, when `python3` there is it, to go first on
+    a test's PATH: the `python3` that the wrappers and tools the tests start run is then this one,
+    found at once, not through a version manager's shim (pyenv's runs a dozen processes for each
+    `python3`, a twentieth of a second of CPU)."""
+    here = Path(sys.executable).parent
+    py = here / "python3"
+    try:
+        same = py.exists() and py.resolve() == Path(sys.executable).resolve()
+    except OSError:
+        same = False
+    return [str(here)] if same else []
 
 
 def stub_dir(base: Path) -> Path:

@@ -103,12 +103,18 @@ def test_appends_racing_from_threads_keep_every_line_once_in_each_writers_order(
     fs = _fs(s3, tmp_path)
     path = SweepLayout(fs.root).events_file("h1", "q1")
 
-    def writer(w: int) -> None:
-        mine = _fs(s3, tmp_path, fs.root)  # its own client, as another controller would have
-        for i in range(5):
-            mine.append_line(path, json.dumps({"w": w, "i": i}))
+    # Four writers of three lines each, let go at once by a barrier: every append races the others'
+    # (each retried append reads the object again, so the work grows with the square of the writers).
+    writers, each = 4, 3
+    mine = [_fs(s3, tmp_path, fs.root) for _ in range(writers)]  # own clients, as other controllers'
+    go = threading.Barrier(writers)
 
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(6)]
+    def writer(w: int) -> None:
+        go.wait()
+        for i in range(each):
+            mine[w].append_line(path, json.dumps({"w": w, "i": i}))
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
     for t in threads:
         t.start()
     for t in threads:
@@ -116,9 +122,9 @@ def test_appends_racing_from_threads_keep_every_line_once_in_each_writers_order(
     data = fs.read_bytes(path)
     assert data is not None
     lines = [json.loads(ln) for ln in data.decode().splitlines()]
-    assert sorted((d["w"], d["i"]) for d in lines) == [(w, i) for w in range(6) for i in range(5)]
-    for w in range(6):
-        assert [d["i"] for d in lines if d["w"] == w] == list(range(5))
+    assert sorted((d["w"], d["i"]) for d in lines) == [(w, i) for w in range(writers) for i in range(each)]
+    for w in range(writers):
+        assert [d["i"] for d in lines if d["w"] == w] == list(range(each))
 
 
 def test_a_claim_is_released_by_rename_to_released(s3: S3, tmp_path: Path) -> None:
@@ -182,19 +188,19 @@ def test_a_committed_result_reads_through_its_commit_and_is_set_aside_by_rename(
 
 
 def test_the_lock_is_exclusive_waits_and_is_renewed(s3: S3, tmp_path: Path) -> None:
-    a = _fs(s3, tmp_path, lease=3.0)
-    b = _fs(s3, tmp_path, a.root, lease=3.0)
+    a = _fs(s3, tmp_path, lease=2.0)  # renewed every 2/3 s; unrenewed, past after 2 s + SLACK
+    b = _fs(s3, tmp_path, a.root, lease=2.0)
     lay = SweepLayout(a.root)
     rec = (lay.lock_holder, b'{"by": "me@here", "op": "launch"}')
     held = a.lock(lay.lock_file, 0.0, rec)
     assert held is not None
     assert b.read_bytes(lay.lock_holder) == rec[1]
     body = json.loads(b.read_bytes(lay.lock_file) or b"")
-    assert set(body) >= {"by", "pid", "host", "t", "lease"} and body["lease"] == 3.0
+    assert set(body) >= {"by", "pid", "host", "t", "lease"} and body["lease"] == 2.0
     t0 = time.monotonic()
-    assert b.lock(lay.lock_file, 1.5) is None
-    assert 1.4 <= time.monotonic() - t0 < 10
-    time.sleep(4.5)  # longer than the lease: its renewals keep it
+    assert b.lock(lay.lock_file, 1.0) is None
+    assert 0.9 <= time.monotonic() - t0 < 10
+    time.sleep(3.5)  # longer than an unrenewed lease lasts (lease + SLACK): its renewals keep it
     assert b.lock(lay.lock_file, 0.0) is None
     assert json.loads(b.read_bytes(lay.lock_file) or b"")["renewed"] >= 1
     held.release()

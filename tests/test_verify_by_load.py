@@ -16,6 +16,10 @@ from tests.helpers.results import make_result, rewrite_manifest, truncate
 
 REPO = Path(__file__).resolve().parent.parent
 ART = {"checkpoint": "model.safetensors", "metrics": "metrics.json", "metrics_keys": ["val_loss"]}
+# Torch checkpoints are written and read here: these tests share the xdist worker of the other
+# tests that import torch (`--dist loadgroup`; tests/test_verify_frameworks.py), whose import
+# costs each process that does it seconds of CPU.
+pytestmark = pytest.mark.xdist_group("torch")
 
 
 def art(checkpoint: str) -> dict[str, object]:

@@ -48,15 +48,21 @@ def test_conditional_create_and_replace(s3: S3) -> None:
 def test_racing_creates_one_winner_and_appends_all_kept(s3: S3) -> None:
     st = store(s3)
     won: list[int] = []
-    lines: list[bytes] = [f'{{"i": {i}}}\n'.encode() for i in range(12)]
+    # Six racers, each with its own client (made before the race: a client costs a tenth of a second
+    # of CPU), let go at once by a barrier: every create and every first append is concurrent.
+    racers = 6
+    lines: list[bytes] = [f'{{"i": {i}}}\n'.encode() for i in range(racers)]
+    clients = [Store(st.url, s3.endpoint, wait=2) for _ in range(racers)]
+    go = threading.Barrier(racers)
 
     def racer(i: int) -> None:
-        mine = Store(st.url, s3.endpoint, wait=2)
+        mine = clients[i]
+        go.wait()
         if mine.create("claims/race/owner", f"racer {i}\n".encode()) is not None:
             won.append(i)
         mine.append("events/h.q.jsonl", lines[i])
 
-    threads = [threading.Thread(target=racer, args=(i,)) for i in range(12)]
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(racers)]
     for t in threads:
         t.start()
     for t in threads:
@@ -140,12 +146,14 @@ def test_a_throttling_store_is_retried_with_backoff(s3: S3) -> None:
     proxy = FaultProxy(s3.endpoint)
     try:
         st = Store(s3.url(f"t/{uuid.uuid4().hex[:8]}"), proxy.endpoint, wait=60)
-        proxy.slowdown = 3
-        assert st.create("claims/x/owner", b"me\n") is not None
-        assert proxy.seen == 4  # three throttled, then the create
-        proxy.slowdown = 3
-        assert st.create("claims/x/owner", b"you\n") is None  # still exclusive after the retries
+        # Two throttled answers before each conditional write: two retries, each after botocore's
+        # backoff (a random part of 1 s, then of 2 s), below its attempts (5); one before the append.
         proxy.slowdown = 2
+        assert st.create("claims/x/owner", b"me\n") is not None
+        assert proxy.seen == 3  # two throttled, then the create
+        proxy.slowdown = 2
+        assert st.create("claims/x/owner", b"you\n") is None  # still exclusive after the retries
+        proxy.slowdown = 1
         st.append("events/h.q.jsonl", b"a\n")
         got = st.get("events/h.q.jsonl")
         assert got is not None and got.data == b"a\n"
@@ -160,11 +168,12 @@ def test_an_outage_is_waited_out(s3: S3) -> None:
         st = Store(s3.url(f"t/{uuid.uuid4().hex[:8]}"), proxy.endpoint, wait=60, attempts=2)
         st.put("a", b"1")
         proxy.down()
-        timer = threading.Timer(4.0, proxy.up)
+        # down for 1.5 s: past botocore's own attempts and the first of the store's waits (1 s, then 2 s)
+        timer = threading.Timer(1.5, proxy.up)
         timer.start()
         t0 = time.monotonic()
         assert st.create("claims/y/owner", b"me\n") is not None
-        assert time.monotonic() - t0 >= 3.5
+        assert time.monotonic() - t0 >= 1.4
         timer.join()
     finally:
         proxy.close()

@@ -17,11 +17,14 @@ from ablate.config.project import load_project
 from ablate.remote.checkpoints import verify
 from ablate.remote.checkpoints.artifacts import sha256_file
 from ablate.run.launch import launch
-from tests.helpers import framework_train
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject, drained
 from tests.helpers.results import make_result, sha256, truncate
 from tests.helpers.tmux import require_tmux
+
+# The trainer, by its path: importing it would import torch into every process that collects this
+# module, whichever tests it runs.
+FRAMEWORK_TRAIN = Path(__file__).resolve().parent / "helpers" / "framework_train.py"
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +34,7 @@ def _tmux() -> None:
 
 def sweep(lp: LocalProject, style: str, checkpoint: object, pick: str | None = None) -> Path:
     """One cell trained in `style`, run through launch/run_one; its published result dir."""
-    train = (f"{sys.executable} {framework_train.__file__} --style {style} --config {{cfg}} "
+    train = (f"{sys.executable} {FRAMEWORK_TRAIN} --style {style} --config {{cfg}} "
              "--epochs {epochs} --out {ckpt_dir}")
     artifacts: dict[str, Any] = {"checkpoint": checkpoint, "metrics": "metrics.json",
                                  "metrics_keys": ["val_loss"]}
