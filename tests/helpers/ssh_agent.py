@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ablate.transport.agentlink import AgentLost, remote_socket, request
+from ablate.transport.agentlink import AgentLost, agent_code, request
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
@@ -79,9 +79,7 @@ def run_on(tb: Testbed, host: str, command: str) -> str:
 
 def agent_serves(tb: Testbed, host: str) -> bool:
     """Whether an agent of this ablate listens on `host` (for any session: one alias per instance)."""
-    path = remote_socket("root", "0")
-    assert path is not None
-    pattern = path.replace(".0.sock", ".*.sock")
+    pattern = f"/tmp/ablate-agent-root/{agent_code().version}.*.sock"
     return run_on(tb, host, f"for s in {pattern}; do test -S \"$s\" && echo yes && break; done; true"
                   ).strip() == "yes"
 

@@ -5,6 +5,7 @@ cluster's login node through two entries, or a box through two sshd ports. Needs
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -18,8 +19,6 @@ VAR = "ABLATE_T_SESSION"
 
 
 def missing_requirement() -> str | None:
-    import os
-
     if os.geteuid() != 0:
         return "needs root (an sshd of its own)"
     if not Path(SSHD).is_file() or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
