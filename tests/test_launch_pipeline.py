@@ -76,15 +76,18 @@ def ledger(lp: Proj, queue: str) -> list[dict[str, Any]]:
 
 
 def start_commands() -> dict[str, list[str]]:
-    """session -> the argv tmux started its pane with (what launch handed it; tmux may show the
-    command line quoted as one word)."""
+    """session -> the queue's argv tmux started its pane with (what launch handed it, after the
+    step that loads the launching connection's environment, `bash -c LOAD ablate-env FILE`, whose
+    FILE differs per start; tmux may show the command line quoted as one word)."""
     p = subprocess.run(["tmux", "-L", os.environ["ABLATE_TMUX_SOCKET"], "list-panes", "-a", "-F",
                         "#{session_name}\t#{pane_start_command}"], capture_output=True, text=True)
     out = {}
     for ln in p.stdout.splitlines():
         session, _, cmd = ln.partition("\t")
         words = shlex.split(cmd)
-        out[session] = shlex.split(words[0]) if len(words) == 1 else words
+        words = shlex.split(words[0]) if len(words) == 1 else words
+        assert words[:2] == ["bash", "-c"] and words[3] == "ablate-env", words
+        out[session] = words[5:]
     return out
 
 

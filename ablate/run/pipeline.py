@@ -37,6 +37,7 @@ from typing import Any, TypeAlias
 from ablate.config.project import Host, Project
 from ablate.errors import AblateError, CheckFailed, RemoteError
 from ablate.plan.cost import estimates_note, estimates_op
+from ablate.remote.host import session_env
 from ablate.remote.layout import SweepLayout, session_name
 from ablate.run.context import LaunchContext, LocalQueues, launch_context
 from ablate.run.host_measure import Section, measure
@@ -435,8 +436,8 @@ def _start_on_host(ctx: LaunchContext, dep: DeployResult, host: str, ready: Mapp
     array = ht.array_argv([(sessions[i], commands[i]) for i in ready]) if isinstance(ht, SlurmHost) else None
     if array is not None:
         return _array_started(ht, host, array, sessions, ready, advance)
-    got, why = measure(ht, [(f"q{i}", [*ht.tmux_argv(), "new-session", "-d", "-s", sessions[i], commands[i]])
-                            for i in ready])
+    got, why = measure(ht, [(f"q{i}", _new_session(ht, sessions[i], _argv(project, dep, r)))
+                            for i, r in ready.items()])
     out: dict[int, Exception | None] = {}
     for i, r in ready.items():
         sec = got.get(f"q{i}")
@@ -458,6 +459,16 @@ def _start_on_host(ctx: LaunchContext, dep: DeployResult, host: str, ready: Mapp
             reason = repr(sec.out.strip()[-300:]) if sec is not None else why
             out[i] = RemoteError(f"{host}: tmux could not start session {sessions[i]}: {reason}")
     return out
+
+
+def _new_session(ht: HostTransport, session: str, argv: Sequence[str]) -> list[str]:
+    """The tmux new-session starting one queue, in the environment of the connection that runs it
+    (ablate/remote/host/session_env.py); Slurm's adapter submits it, and `sbatch` exports that."""
+    if isinstance(ht, SlurmHost):
+        return [*ht.tmux_argv(), "new-session", "-d", "-s", session, shlex.join(argv)]
+    name = session_env.new_name(session)
+    return session_env.captured(name, [*ht.tmux_argv(), "new-session", "-d", "-s", session,
+                                       session_env.session_command(name, argv)])
 
 
 def _booted(ctx: LaunchContext, ht: HostTransport, plan: BootPlan, dep: DeployResult,

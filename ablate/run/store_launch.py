@@ -70,7 +70,8 @@ _RUN = ('if [ -n "$1" ]; then eval "$1" >&2 || exit 98; fi\n'
 CLIENT_SETTINGS = ("AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION")
 MAX_VALUE = 4096  # characters of one credential's value (run_queue's reader takes no more)
 # Made into modules on the instance, in this order: exactly what the boot program imports.
-_SHIPPED = ("ablate.remote.store.client", "ablate.remote.store.instance_boot")
+_SHIPPED = ("ablate.remote.store.client", "ablate.remote.host.session_env",
+            "ablate.remote.store.instance_boot")
 
 
 @dataclass(frozen=True)

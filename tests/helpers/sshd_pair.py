@@ -45,8 +45,9 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path) -> None
 
 
 @contextmanager
-def sshd_pair(tmp: Path, names: tuple[str, str] = ("sa", "sb")) -> Iterator[Path]:
-    """Start the two sshds; yield the ssh config naming them `names`; stop them."""
+def sshd_pair(tmp: Path, names: tuple[str, str] = ("sa", "sb"), setenv: str = "") -> Iterator[Path]:
+    """Start the two sshds; yield the ssh config naming them `names`; stop them. `setenv`: more
+    `NAME=VALUE` words both sshds set (`TMUX_TMPDIR`: one tmux server of their own for both)."""
     tmp.mkdir(parents=True, exist_ok=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "client")], check=True)
     (tmp / "authorized_keys").write_text((tmp / "client.pub").read_text())
@@ -65,7 +66,8 @@ def sshd_pair(tmp: Path, names: tuple[str, str] = ("sa", "sb")) -> Iterator[Path
                 f"ListenAddress 127.0.0.1\nPort {port}\nHostKey {d / 'hostkey'}\n"
                 f"AuthorizedKeysFile {tmp / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-                f"UseDNS no\nPrintMotd no\nMaxStartups 100\nSetEnv {VAR}={name}\nPidFile {d / 'sshd.pid'}\n")
+                f"UseDNS no\nPrintMotd no\nMaxStartups 100\nSetEnv {VAR}={name} {setenv}\n"
+                f"PidFile {d / 'sshd.pid'}\n")
             proc = subprocess.Popen([SSHD, "-D", "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log")],
                                     start_new_session=True)
             procs.append(proc)

@@ -32,21 +32,23 @@ import json
 import os
 import re
 import secrets
-import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ablate.remote.host import session_env
+
 # Run by `python -c BOOTSTRAP` with {"modules": [[name, source], ...], "request": {...}} on stdin:
 # each module made from its source (this one last), then `main(request)`.
 BOOTSTRAP = (
     "import json, sys, types\n"
     "d = json.loads(sys.stdin.buffer.read())\n"
-    "for n in ('ablate', 'ablate.remote', 'ablate.remote.store'):\n"
-    "    m = types.ModuleType(n); m.__path__ = []; sys.modules.setdefault(n, m)\n"
     "for n, src in d['modules']:\n"
+    "    for i in range(1, n.count('.') + 1):\n"
+    "        p = types.ModuleType(n.rsplit('.', i)[0]); p.__path__ = []\n"
+    "        sys.modules.setdefault(p.__name__, p)\n"
     "    m = types.ModuleType(n); sys.modules[n] = m; exec(compile(src, '<' + n + '>', 'exec'), m.__dict__)\n"
     "raise SystemExit(sys.modules['ablate.remote.store.instance_boot'].main(d['request']))\n"
 )
@@ -161,16 +163,26 @@ def start(tmux: Sequence[str], root: str, session: str, argv: Sequence[str], cre
           wait: float) -> tuple[str, str]:
     """One queue's session, and its credentials handed over when there are any: (state, why)."""
     fifo = None
-    command = shlex.join(argv)
     if creds:
         fifo = os.path.join(root, f".creds.{secrets.token_hex(8)}")
         os.mkfifo(fifo, 0o600)
-        command = shlex.join(["env", f"ABLATE_CREDS_FIFO={fifo}", *argv])
+        argv = ["env", f"ABLATE_CREDS_FIFO={fifo}", *argv]
+    name = session_env.new_name(session)
     try:
-        p = subprocess.run([*tmux, "new-session", "-d", "-s", session, command], stdin=subprocess.DEVNULL,
-                           capture_output=True, text=True, check=False)
+        # The queue runs in this program's environment (the connection's), not the tmux server's;
+        # the credentials handed over go to its runner alone, through the FIFO, whatever else has them.
+        handed = {ln.split(b"=", 1)[0] for ln in creds.splitlines()}
+        try:
+            env_file = session_env.write_here(name, {k: v for k, v in os.environb.items() if k not in handed})
+        except OSError as e:
+            return "failed", f"cannot save the environment for session {session}: {e}"
+        command = session_env.session_command(name, argv)
+        p = subprocess.run([*tmux, "new-session", "-d", "-s", session, command],
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
         out = (p.stdout + p.stderr).strip()
         if p.returncode != 0:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(env_file)
             if "duplicate session" in out:
                 return "running", ""
             return "failed", f"tmux could not start session {session}: {out[-300:]!r}"
