@@ -7,6 +7,7 @@ A host that cannot be reached is not a lost instance on that one signal: its que
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from ablate.sweep.classify import (
 )
 from ablate.sweep.snapshot import Asked, Snapshot, SweepState, load
 from ablate.transport import shared_fs
+from ablate.util import timings
 from ablate.util.fmt import duration
 
 
@@ -284,5 +286,11 @@ def watch(project: Project, interval: float) -> None:
     from ablate.transport import storefs
     from ablate.transport.slurm import polite_polling
 
+    def fetch() -> StatusReport:
+        start = time.time()
+        report = status(project, live_info=True)
+        timings.span("refresh", start)
+        return report
+
     with polite_polling(), storefs.polite_polling():
-        run_watch(lambda: status(project, live_info=True), interval)
+        run_watch(fetch, interval)

@@ -77,6 +77,7 @@ from ablate.transport.sshproc import (
     last_lines,
     persist_seconds,
 )
+from ablate.util import timings
 
 __all__ = ["AuthFailed", "HostKeyError", "HostUnreachable", "SSHConfigError", "SSHHost", "Sink",
            "control_dir"]
@@ -422,7 +423,15 @@ class SSHHost(Resolved, AgentRoute, ShellHost):
              sink: Sink | None = None, py: Mapping[str, Any] | None = None) -> tuple[int, bytes, bytes]:
         if py is not None and py.get("python") != self.python:  # not what the agent runs on: as asked
             py = None
+        start = time.time()
+        try:
+            return self._exec(command, timeout, stdin, sink, py)
+        finally:
+            what = f"probe {py['argv'][0]}" if py is not None and py.get("argv") else command
+            timings.trip(self.name, what, start)
 
+    def _exec(self, command: str, timeout: float, stdin: bytes | None, sink: Sink | None,
+              py: Mapping[str, Any] | None) -> tuple[int, bytes, bytes]:
         def via_agent() -> tuple[int, bytes, bytes] | None:
             return self._via_agent(command, timeout, lambda local, within, proven: request(
                 local, command, timeout=timeout, hello_within=within, stdin=stdin, sink=sink, py=py,
