@@ -9,30 +9,36 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablate.config.project import Project
-from ablate.monitor.calibration import Calibration, calibration
 from ablate.monitor.hostinfo import HostLive, asked_of, attach_live, gather, live_lines
-from ablate.monitor.slurm_pending import job_text, stuck
-from ablate.plan.cost import CostModel, eta_line, learn, queue_eta
 from ablate.remote.layout import session_name
-from ablate.sweep.alarms import HostAlarm, host_alarms
-from ablate.sweep.cells import Cell
-from ablate.sweep.classify import (
-    CellState,
-    check_counts,
-    classify_state,
-    counts_text,
-    state_counts,
-    state_lines,
-    warning_lines,
-)
 from ablate.sweep.snapshot import Asked, Snapshot, SweepState, load
 from ablate.transport import shared_fs
 from ablate.util import timings
 from ablate.util.fmt import duration
+
+# What reads the answers (the classification, the cost model, calibration, the idle alarms, Slurm's
+# job texts) is imported by `status()` while its round trips are out (`_readers`), not before them:
+# a warm status spends the time of those imports waiting on its hosts anyway.
+if TYPE_CHECKING:
+    from ablate.monitor.calibration import Calibration
+    from ablate.plan.cost import CostModel
+    from ablate.sweep.alarms import HostAlarm
+    from ablate.sweep.cells import Cell
+    from ablate.sweep.classify import CellState
+
+
+def _readers() -> None:
+    """Import what reads a status's answers (see above): once, then a dictionary lookup."""
+    import ablate.monitor.calibration
+    import ablate.monitor.slurm_pending
+    import ablate.plan.cost
+    import ablate.sweep.alarms
+    import ablate.sweep.classify  # noqa: F401
 
 
 @dataclass
@@ -89,6 +95,8 @@ class StatusReport:
         return max(etas) if etas and self.model is not None and self.model.learned else None
 
     def to_json(self) -> dict[str, Any]:
+        from ablate.sweep.classify import state_counts
+
         return {
             "sweep": self.sweep, "roster": self.roster, "synced": self.synced,
             "verified": self.verified, "unreachable": self.unreachable, "via": self.via,
@@ -103,6 +111,10 @@ class StatusReport:
         }
 
     def lines(self) -> list[str]:
+        from ablate.monitor.slurm_pending import job_text
+        from ablate.plan.cost import eta_line
+        from ablate.sweep.classify import counts_text, state_lines, warning_lines
+
         out = [f"{'QUEUE':<16} {'HOST':<12} {'STATE':<12} {'K/N':>7} {'CURRENT':<22} "
                f"{'ELAPSED':>8} {'HB AGE':>7} {'DONE':>5} {'FAIL':>5} {'SYNCED':>6} {'ETA':>8}"]
         for r in self.rows:
@@ -167,7 +179,16 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
         host_data = gather(project)
         return asked_of(project, host_data)
 
-    state = load(project, fs, ask=ask if live_info else None)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        loading = pool.submit(load, project, fs, ask=ask if live_info else None)
+        _readers()
+        state = loading.result()
+    from ablate.monitor.calibration import calibration
+    from ablate.monitor.slurm_pending import stuck
+    from ablate.plan.cost import learn
+    from ablate.sweep.alarms import host_alarms
+    from ablate.sweep.classify import classify_state
+
     got = classify_state(project, state)
     snap = state.snap
     known = {ln.cell.name: ln.cell for q in state.queues.values() for ln in q.cells if ln.cell is not None}
@@ -227,6 +248,8 @@ def _eta(model: CostModel, host: str | None, slot: int | None, queue: str, state
     """Remaining seconds of a running queue: its cells with no outcome here, no durable result and
     no claim by another queue (a stolen cell counts for its thief), plus the current cell's
     expected remainder. 0 once drained; None when it is not moving or nothing is learned yet."""
+    from ablate.plan.cost import queue_eta
+
     if not model.learned or host is None:
         return None
     if state == "drained":
@@ -271,6 +294,8 @@ def _last_verified(rec: Mapping[str, Any] | None, roster: set[str]) -> int | Non
 
 def _verified_by(rec: Mapping[str, Any] | None, roster: set[str]) -> dict[str, int]:
     """{check: cells} of the record's roster cells; {} for an older record (no `verified_by`)."""
+    from ablate.sweep.classify import check_counts
+
     cells = (rec or {}).get("cells")
     if not isinstance(cells, dict):
         return {}
