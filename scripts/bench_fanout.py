@@ -30,9 +30,13 @@ time is until the process exits; its bytecode compiled once and used, as after `
 (this machine sets PYTHONDONTWRITEBYTECODE=1). The bed's profile names the real interpreter as `python` too
 (`python3` on PATH is a pyenv shim on this machine, ~0.15 s of CPU per start, where a conda or
 system install has the binary). The first repetition warms the page cache and is dropped; the
-medians of the rest are reported with their ratio to the parallel median. Targets: each <= 1.0x
-parallel, warm <= 0.3x. `ablate --version` (interpreter + CLI start, no SSH) is timed too, as the
-floor under every ablate figure.
+medians of the rest are reported with their ratio to the parallel median. Targets (issue 47): a warm
+`status`, `status --json` and one `status --watch` refresh <= 0.15x parallel, first-contact
+`launch --all` <= 1.25x; the other rows are figures. `ablate --version` (interpreter + CLI start, no
+SSH) is timed too, as the floor under every ablate figure. Every ablate command runs with
+ABLATE_TIMINGS (ablate/util/timings.py): a second table splits each status and first-contact launch
+into the interpreter and its imports, the config, the round trips (count and span), the FS probe,
+the output and the exit.
 
 Every instance gets its own copy of root's `~/.pyenv/shims` (tests/testbed.py does it): the
 instances share this machine's /root, and a `.bashrc` running `pyenv init -` would otherwise make

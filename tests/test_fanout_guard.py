@@ -1,14 +1,22 @@
 """A regression guard on the SSH path, the one timed check of the suite (issue 47): on a test bed of
 its own, first-contact `ablate launch --all` and a warm `ablate status --json` against GNU parallel's
-`ssh HOST true` to the same hosts, medians of three, side by side. A ratio, not a time: load slows
-both sides. The limits sit about twice above what this machine measures under the suite's load
-(docs/BENCHMARKS.md, "The fan-out guard": 20 runs in a row beside the suite), so a change that makes
-either command 3x slower fails here instead of landing; `scripts/bench_fanout.py` has the figures
-and where the time goes."""
+`ssh HOST true` to the same hosts, medians of three, side by side. Ratios, not times, and two kinds:
+
+- busy CPU-seconds on this side (the command and every process it starts, its ssh masters too, in a
+  cgroup of their own) over parallel's: load hardly moves these (2026-11-28: launch ~1.1x, status
+  ~0.2x, quiet or at a load of 10), so their limits sit under 3x what is measured and a change that
+  makes either command do 3x the work fails;
+- wall time over parallel's: load moves these a lot (parallel's handshakes suffer most: launch
+  0.7x at a load of 10, ~1.8x quiet), so their limits are loose, for a command that waits where it
+  did not (a sleep, round trips one after another).
+
+docs/BENCHMARKS.md ("The fan-out guard") has 20 runs in a row beside the suite;
+`scripts/bench_fanout.py` has the figures and where the time goes."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -20,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -31,8 +40,10 @@ pytestmark = pytest.mark.bed  # tests/helpers/tiers.py
 
 HOSTS = 6
 REPS = 3
-LAUNCH_LIMIT = 2.5  # first-contact `launch --all` / parallel `ssh true`: ~0.9-1.3x measured
-STATUS_LIMIT = 0.8  # warm `status --json` / parallel `ssh true`: ~0.15-0.4x measured
+# limits: (CPU-seconds ratio, wall ratio) to parallel `ssh true`
+LAUNCH_LIMITS = (2.2, 3.0)  # first-contact `launch --all`
+STATUS_LIMITS = (0.5, 1.0)  # warm `status --json`
+REPO = Path(__file__).resolve().parent.parent
 TRAIN = "mkdir -p {ckpt_dir} && cat {cfg} > {ckpt_dir}/ckpt.bin"
 
 
@@ -81,12 +92,30 @@ def _end_agents(tb: Testbed) -> None:
                     os.kill(int(pid), signal.SIGKILL)
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> float:
+def _cpu_groups() -> Any:
+    """scripts/benchlib.py's CpuGroups (cgroup CPU accounting), one group, `cmd`."""
+    lib = sys.modules.get("benchlib")
+    if lib is None:
+        spec = importlib.util.spec_from_file_location("benchlib", REPO / "scripts" / "benchlib.py")
+        assert spec is not None and spec.loader is not None
+        lib = importlib.util.module_from_spec(spec)
+        sys.modules["benchlib"] = lib  # before it runs: its dataclasses look their module up there
+        spec.loader.exec_module(lib)
+    groups = lib.CpuGroups(["guard"])
+    assert groups.available, "no writable cgroup: the guard counts CPU-seconds in one (root has it)"
+    return groups
+
+
+def _timed(argv: list[str], env: dict[str, str], groups: Any) -> tuple[float, float]:
+    """Wall seconds and busy CPU-seconds of `argv` with every process it starts."""
+    cpu0 = groups.seconds("guard")
     t0 = time.perf_counter()
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL,
+                       preexec_fn=lambda: groups.join("guard", os.getpid()))
     took = time.perf_counter() - t0
+    cpu = groups.seconds("guard") - cpu0
     assert p.returncode == 0, (argv, p.stdout[-2000:], p.stderr[-2000:])
-    return took
+    return took, cpu
 
 
 def _drained(proj: Path, env: dict[str, str]) -> bool:
@@ -100,31 +129,45 @@ def test_launch_and_warm_status_stay_within_their_ratio_to_ssh_true(bed: Testbed
     cfg = tb.write_ssh_config(tmp_path / "ssh_config", extra="\nHost *\n  ConnectTimeout 5\n")
     ctl_root = Path(tempfile.mkdtemp(prefix="abg", dir="/tmp"))  # short: socket paths
     base = dict(os.environ, NO_COLOR="1")
+    groups = _cpu_groups()
     parallel = ["parallel", "--will-cite", "-j0", "ssh", "-F", str(cfg), "-o", "ControlMaster=no",
                 "-o", "ControlPath=none", "{}", "true", ":::", *tb.hosts]
     try:
-        par, launch = [], []
+        par: list[tuple[float, float]] = []
+        launch: list[tuple[float, float]] = []
         proj = tmp_path
         env = base
         for r in range(REPS + 1):  # the first round warms the page cache and is dropped
             _end_agents(tb)
             env = dict(base, ABLATE_SSH_CONTROL_DIR=tempfile.mkdtemp(dir=ctl_root))
             proj = _project(tb, tmp_path, f"g{os.getpid()}r{r}", cfg)
-            took_launch = _timed([sys.executable, "-m", "ablate", "-C", str(proj), "launch", "--all"], env)
-            took_par = _timed(parallel, base)
+            took_launch = _timed([sys.executable, "-m", "ablate", "-C", str(proj), "launch", "--all"], env,
+                                 groups)
+            took_par = _timed(parallel, base, groups)
             if r:
                 launch.append(took_launch)
                 par.append(took_par)
         wait_for(lambda: _drained(proj, env), timeout=120, interval=0.5)
-        status = [_timed([sys.executable, "-m", "ablate", "-C", str(proj), "status", "--json"], env)
+        status = [_timed([sys.executable, "-m", "ablate", "-C", str(proj), "status", "--json"], env, groups)
                   for _ in range(REPS)]
-        p, lf, st = statistics.median(par), statistics.median(launch), statistics.median(status)
-        figures = (f"parallel ssh true {p:.3f}s; launch --all (first contact) {lf:.3f}s = {lf / p:.2f}x; "
-                   f"warm status --json {st:.3f}s = {st / p:.2f}x")
-        print(f"fan-out guard, {HOSTS} hosts: {figures}")
-        assert lf / p <= LAUNCH_LIMIT, f"first-contact `launch --all` regressed: {figures}"
-        assert st / p <= STATUS_LIMIT, f"warm `status --json` regressed: {figures}"
+
+        def med(xs: list[tuple[float, float]], i: int) -> float:
+            return statistics.median(x[i] for x in xs)
+
+        figures = {name: (med(xs, 1) / med(par, 1), med(xs, 0) / med(par, 0))
+                   for name, xs in (("launch", launch), ("status", status))}
+        text = (f"parallel ssh true {med(par, 0):.3f}s, {med(par, 1):.3f} CPU-s; "
+                f"first-contact launch --all {med(launch, 0):.3f}s, {med(launch, 1):.3f} CPU-s "
+                f"(x{figures['launch'][1]:.2f} wall, x{figures['launch'][0]:.2f} CPU); "
+                f"warm status --json {med(status, 0):.3f}s, {med(status, 1):.3f} CPU-s "
+                f"(x{figures['status'][1]:.2f} wall, x{figures['status'][0]:.2f} CPU); "
+                f"load {os.getloadavg()[0]:.1f}")
+        print(f"fan-out guard, {HOSTS} hosts: {text}")
+        for name, limits in (("launch", LAUNCH_LIMITS), ("status", STATUS_LIMITS)):
+            for kind, got, limit in zip(("CPU", "wall"), figures[name], limits, strict=True):
+                assert got <= limit, f"{name}: {kind} x{got:.2f} parallel `ssh true`, limit x{limit}: {text}"
     finally:
+        groups.close()
         for d in ctl_root.iterdir():
             for sock in d.iterdir():
                 subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True,
