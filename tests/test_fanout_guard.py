@@ -7,8 +7,9 @@ its own, first-contact `ablate launch --all` and a warm `ablate status --json` a
   ~0.2x, quiet or at a load of 10), so their limits sit under 3x what is measured and a change that
   makes either command do 3x the work fails;
 - wall time over parallel's: load moves these a lot (parallel's handshakes suffer most: launch
-  0.7x at a load of 10, ~1.8x quiet), so their limits are loose, for a command that waits where it
-  did not (a sleep, round trips one after another).
+  0.7x at a load of 10, ~1.8x quiet; a warm status up to 0.87x at a load of 13, where an agent's
+  reply waits for the CPU), so their limits are loose, for a command that waits where it did not (a
+  time-out, round trips one after another).
 
 docs/BENCHMARKS.md ("The fan-out guard") has 20 runs in a row beside the suite;
 `scripts/bench_fanout.py` has the figures and where the time goes."""
@@ -41,8 +42,8 @@ pytestmark = pytest.mark.bed  # tests/helpers/tiers.py
 HOSTS = 6
 REPS = 3
 # limits: (CPU-seconds ratio, wall ratio) to parallel `ssh true`
-LAUNCH_LIMITS = (2.2, 3.0)  # first-contact `launch --all`
-STATUS_LIMITS = (0.5, 1.0)  # warm `status --json`
+LAUNCH_LIMITS = (2.2, 4.0)  # first-contact `launch --all`
+STATUS_LIMITS = (0.5, 2.0)  # warm `status --json`
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = "mkdir -p {ckpt_dir} && cat {cfg} > {ckpt_dir}/ckpt.bin"
 

@@ -11,8 +11,9 @@ host agent's for a command it runs, which is the same session's: ablate/transpor
 1. the launching command writes it, `env -0`, to a file of its own in a private directory
    (`/tmp/ablate-env-<uid>/`, 0700, the file 0600, never on the shared FS), named by the controller;
 2. the session's command is `bash -c LOAD ablate-env NAME COMMAND...`: it reads the file, removes
-   it, and execs the queue under `env -i` with exactly those variables, plus what tmux sets in every
-   pane (`TMUX`, `TMUX_PANE`, `TERM`). A file that is gone (the start raced a /tmp cleaner) starts
+   it, unsets every variable the pane got from the server, exports exactly those of the file (whose
+   names are shell identifiers: bash passes no other), keeps what tmux sets in every pane (`TMUX`,
+   `TMUX_PANE`, `TERM`), and execs the queue. A file that is gone (the start raced a /tmp cleaner) starts
    nothing: the pane says why, exit 2, and `status` shows the queue not live.
 
 Values never reach a command line (`ps` shows every process's argv to every user). Slurm's queues
@@ -47,13 +48,18 @@ exit "$rc"
 '''
 
 # bash -c LOAD ablate-env NAME COMMAND...: the session's first step (see the module's docstring).
+# Not `env -i NAME=VALUE...`: that would put every value on a command line for a moment.
 LOAD = r'''f=/tmp/ablate-env-$(id -u)/$1; shift
 if ! mapfile -d '' -t e 2>/dev/null <"$f"; then
   echo "ablate: the launch's environment file $f is gone; nothing started: launch this queue again" >&2
   exit 2
 fi
 rm -f -- "$f"
-exec env -i -- "${e[@]}" ${TMUX+"TMUX=$TMUX"} ${TMUX_PANE+"TMUX_PANE=$TMUX_PANE"} ${TERM+"TERM=$TERM"} "$@"
+pane=$(declare -p TMUX TMUX_PANE TERM 2>/dev/null)
+for n in $(compgen -e); do unset -v "$n" 2>/dev/null; done
+for kv in "${e[@]}"; do [[ ${kv%%=*} =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] && export "$kv"; done
+eval "$pane"
+exec "$@"
 '''
 
 
