@@ -58,12 +58,19 @@ def test_with_accounting_status_shows_each_queues_last_job_by_sacct(
     with SlurmBed(3, accounting=True) as sb:
         monkeypatch.setenv("SLURM_CONF", str(sb.conf_path))
         sw = Sweep(sb, tmp_path, cli, cells=2, queues=2, epochs=6, step_time=0.5)
+        # every cell held after epoch 2 until the stop: on a loaded machine 6 epochs of 0.5 s ended
+        # before it, and the job COMPLETED instead of being CANCELLED
+        (sw.work / "faults").mkdir(exist_ok=True)
+        for c in sw.cells:
+            (sw.work / "faults" / f"{c}.hang").write_text("2\n")
         sw.ok("plan")
         sw.ok("launch", "--all")
         cell, job = _mid_cell(sw, min_epoch=1)
         queue = next(r["queue"] for r in sw.ok("status")["queues"]
                      if r["job"] and r["job"]["id"] == job["id"])
         sw.ok("stop", queue, "--host", "cluster")
+        for c in sw.cells:
+            (sw.work / "faults" / f"{c}.hang").unlink()
         last: list[dict[str, Any]] = []
 
         def shown(want: dict[str, str]) -> bool:

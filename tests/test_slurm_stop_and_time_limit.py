@@ -33,6 +33,8 @@ def test_stop_then_launch_again_resumes_the_cut_cell(slurm_cluster: SlurmBed, tm
     (sw.work / "faults").mkdir(exist_ok=True)
     for c in sw.cells:
         (sw.work / "faults" / f"{c}.save_on_term").write_text("12\n")
+        # held after epoch 2 until the stop: on a loaded machine 6 epochs of 0.5 s ended before it
+        (sw.work / "faults" / f"{c}.hang").write_text("2\n")
     sw.ok("plan")
     sw.ok("launch", "--all")
     cell, _ = _mid_cell(sw, min_epoch=1)
@@ -45,6 +47,7 @@ def test_stop_then_launch_again_resumes_the_cut_cell(slurm_cluster: SlurmBed, tm
     assert saved["told"]["reason"] == "slurm_signal" and saved["told"]["kill_after"] >= 12, saved
     for c in sw.cells:
         (sw.work / "faults" / f"{c}.save_on_term").unlink()
+        (sw.work / "faults" / f"{c}.hang").unlink()
     again = sw.ok("launch", queue, "--host", "cluster")
     assert again["status"] == "launched", again
     sw.wait_done()
