@@ -381,14 +381,9 @@ def unblackhole(tb: Testbed, host: str) -> None:
 
 
 def end_agents(tb: Testbed) -> None:
-    """End the host agents ablate started (ablate/remote/host/agent.py): the next "cold" command finds
-    nothing running on the instances, as after a reboot."""
-    for host in tb.hosts:
-        for pid in subprocess.run(["ip", "netns", "pids", tb.netns(host)], capture_output=True,
-                                  text=True, check=False).stdout.split():
-            with contextlib.suppress(OSError):
-                if b"ablate_agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    os.kill(int(pid), signal.SIGKILL)
+    """End the host agents ablate started: the next "cold" command finds nothing running on the
+    instances, as after a reboot."""
+    tb.end_agents()
 
 
 def settle(tb: Testbed, timeout: float = 60.0, agents: bool = False) -> float:

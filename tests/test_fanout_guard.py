@@ -16,12 +16,10 @@ docs/BENCHMARKS.md ("The fan-out guard") has 20 runs in a row beside the suite;
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -83,16 +81,6 @@ def _project(tb: Testbed, base: Path, sweep: str, cfg: Path) -> Path:
     return proj
 
 
-def _end_agents(tb: Testbed) -> None:
-    """As after a reboot: no host agent runs on the instances."""
-    for host in tb.hosts:
-        for pid in subprocess.run(["ip", "netns", "pids", tb.netns(host)], capture_output=True,
-                                  text=True, check=False).stdout.split():
-            with contextlib.suppress(OSError):
-                if b"ablate_agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    os.kill(int(pid), signal.SIGKILL)
-
-
 def _cpu_groups() -> Any:
     """scripts/benchlib.py's CpuGroups (cgroup CPU accounting), one group, `cmd`."""
     lib = sys.modules.get("benchlib")
@@ -139,7 +127,7 @@ def test_launch_and_warm_status_stay_within_their_ratio_to_ssh_true(bed: Testbed
         proj = tmp_path
         env = base
         for r in range(REPS + 1):  # the first round warms the page cache and is dropped
-            _end_agents(tb)
+            tb.end_agents()
             env = dict(base, ABLATE_SSH_CONTROL_DIR=tempfile.mkdtemp(dir=ctl_root))
             proj = _project(tb, tmp_path, f"g{os.getpid()}r{r}", cfg)
             took_launch = _timed([sys.executable, "-m", "ablate", "-C", str(proj), "launch", "--all"], env,
@@ -174,4 +162,4 @@ def test_launch_and_warm_status_stay_within_their_ratio_to_ssh_true(bed: Testbed
                 subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True,
                                check=False)
         shutil.rmtree(ctl_root, ignore_errors=True)
-        _end_agents(tb)
+        tb.end_agents()

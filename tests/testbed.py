@@ -330,6 +330,15 @@ class Testbed:
         """The OpenSSH client command line for `host` (for tests that want the real `ssh`)."""
         return ["ssh", "-F", str(self.ssh_config), host, *command]
 
+    def end_agents(self) -> None:
+        """End the host agents ablate started on the instances (ablate/remote/host/agent.py), as a
+        reboot would: the next command is a first contact again."""
+        for host in self.hosts:
+            for pid in _sh("ip", "netns", "pids", self.netns(host), check=False).stdout.split():
+                with contextlib.suppress(OSError):
+                    if b"ablate_agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        os.kill(int(pid), signal.SIGKILL)
+
     # ------------------------------------------------------------------ faults
 
     def kill(self, host: str) -> None:
