@@ -105,6 +105,14 @@ def test_bench_overhead_runs_cells_through_the_real_wrappers() -> None:
     assert "ms per cell (target <= 100 ms:" in out
 
 
+@pytest.mark.tmux
+def test_bench_fence_stops_a_released_and_a_thawed_cell() -> None:
+    out = run("bench_fence.py", "--reps", "1", "--pause", "1", "--heartbeat", "1", timeout=180)
+    body = rows(out)
+    assert [r[0] for r in body] == ["released", "paused"] and all(r[1] == "1" for r in body)
+    assert all(float(r[2]) > 0 for r in body)
+
+
 def test_bench_learn_times_the_shipped_helper_beside_bare_python() -> None:
     out = run("bench_learn.py", "--cells", "20,40", "--reps", "1")
     body = rows(out)

@@ -13,8 +13,9 @@ then kept in an object store the instances reach on the bridge's address, `gatew
 
 Everything a run creates carries a per-run id (bridge, veths, namespaces, subnet, state dir), and a
 run whose pytest process died is cleaned up by the next one, so parallel and leftover runs never
-clash. Faults: `kill`, `reboot`, `link_down`/`link_up`, `fill_disk`, `read_only`, `slow_link`,
-`change_host_key`, `configure_sshd` (extra sshd_config lines), `storage_down`; `heal()` undoes them.
+clash. Faults: `kill`, `reboot`, `pause`/`thaw`, `link_down`/`link_up`, `fill_disk`, `read_only`,
+`slow_link`, `change_host_key`, `configure_sshd` (extra sshd_config lines), `storage_down`; `heal()`
+undoes them.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ class Testbed:
         self.storage: Storage | None = None  # the shared FS's server when shared == "sshfs"
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._down: set[str] = set()
+        self._paused: set[str] = set()
         self._dead: set[str] = set()
         self._filled: set[str] = set()
         self._rekeyed: set[str] = set()
@@ -397,6 +399,36 @@ class Testbed:
         self._down.discard(host)
         _wait(lambda: _port_open(self.address(host)), 10, f"{host} reachable again")
 
+    def pause(self, host: str) -> None:
+        """The instance is paused, as a Vast.ai interruptible instance is when outbid: every process
+        in it (sshd, the tmux server, the queues, the trainers, the runner, an sshfs mount) frozen
+        by SIGSTOP, and its link down. Its disks, /tmp and mounts stay as they are; `thaw` resumes
+        it. Stopped until no new pid appears (a process not stopped yet may fork), each one seen
+        stopped (or in an uninterruptible wait: it stops as it leaves it, before it runs again)."""
+        ns = self.netns(host)
+        self._paused.add(host)
+        stopped: set[int] = set()
+        while new := [p for p in _netns_pids(ns) if p not in stopped]:
+            for pid in new:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                stopped.add(pid)
+            _wait(lambda: all(_run_state(p) in "TtDZX-" for p in new), 10, f"every process of {host} stopped")
+        _sh("ip", "link", "set", self.veth(host), "down")
+
+    def thaw(self, host: str) -> None:
+        """The paused instance resumes by itself, as when its bid wins again: its link up first,
+        then every process continued. In that order because a real box resumes whole: its processes
+        never run into a dead link of their own making (an sshfs mount's server-alive probes, a
+        store client's retries and back-off would count an outage the real box never has)."""
+        _sh("ip", "link", "set", self.veth(host), "up")
+        for pid in _netns_pids(self.netns(host)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self._paused.discard(host)
+        if self._procs[host].poll() is None:
+            _wait(lambda: _port_open(self.address(host)), 10, f"{host} reachable again")
+
     def fill_disk(self, host: str, size: str = "8m", full: bool = True) -> None:
         """Replace `host`'s local disk by a small tmpfs of `size`, filled up when `full`."""
         self._filled.add(host)
@@ -463,9 +495,12 @@ class Testbed:
     def heal(self) -> None:
         """Undo every fault injected so far (storage and links up, dead revived, disks back, keys
         trusted); in sshfs mode it returns once the mounts that lost their server answer again."""
-        stalled = set(self._down) | (set(self.hosts) if self.storage and self.storage.down else set())
+        stalled = set(self._down) | set(self._paused) | (
+            set(self.hosts) if self.storage and self.storage.down else set())
         if self.storage is not None and self.storage.down:
             self.storage_up()  # first: `revive` mounts the shared FS
+        for host in sorted(self._paused):
+            self.thaw(host)
         for host in sorted(self._down):
             self.link_up(host)
         for host in sorted(self._dead):
@@ -516,6 +551,18 @@ def _private_shims(hdir: Path) -> tuple[Path, Path] | None:
             with contextlib.suppress(FileNotFoundError, FileExistsError):
                 shutil.copy2(f, mine / f.name, follow_symlinks=False)
     return mine, shims
+
+
+def _netns_pids(ns: str) -> list[int]:
+    return [int(p) for p in _sh("ip", "netns", "pids", ns, check=False).stdout.split()]
+
+
+def _run_state(pid: int) -> str:
+    """A process's state letter (`T` stopped, `D` uninterruptible, `Z` zombie), `-` once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "-"
 
 
 def _kill_pids(ns: str) -> None:

@@ -4,7 +4,8 @@
 #   bash run_one.<sha12>.sh SPEC NAME CFG TASK EPOCHS CAT RESUME
 #
 # Exit code: the train command's; 3 when training succeeded but the sync failed (the
-# instance-local checkpoint is left intact); 125 when this wrapper could not set up the run.
+# instance-local checkpoint is left intact); 75 when the run was superseded (its claim is another
+# run's now: it does not publish); 125 when this wrapper could not set up the run.
 # Formats (MANIFEST.json, events): docs/ARCHITECTURE.md. Plain bash 5 + coreutils; the sync's file
 # work (copies, checks, MANIFEST.json) is the runner's Python (ablate/remote/queue/publish.py).
 # One compound command, parsed whole before any of it runs: bash reads a script as it goes, and
@@ -138,6 +139,14 @@ sync_all() {  # stage, check, publish; exits 0 (synced) or through fail
   rc=$?
   reason=${DECISION%%$'\n'*}
   (( rc == 0 )) || fail "${reason:-publish (${ABLATE_RUNNER_PY-}) exited $rc; see the log}"
+  # A run whose claim remediate released or another run took over (this box was paused or cut off
+  # meanwhile: ablate/remote/queue/fence.py) never publishes: exit 75, nothing recorded as a failure.
+  ask_runner "f$$" fence "$NAME" 2>>"$LOG"
+  if (( $? == 1 )); then
+    printf '# ablate: %s\n' "${DECISION%%$'\n'*}" >>"$LOG"
+    rm -rf -- "$STAGING"
+    exit 75
+  fi
   [[ -n ${ABLATE_STORE-} ]] && commit_to_store  # exits
 
   # -T: never move *into* an existing dir; -n: never replace one (renameat2 NOREPLACE where the FS has

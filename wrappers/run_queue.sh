@@ -70,7 +70,7 @@ mkdir -p "$ROOT/events" "$ROOT/heartbeats" "$CLAIMS" "$FINAL" "$TAILS" || {
   echo "run_queue: cannot create directories under $ROOT" >&2
   exit 2
 }
-export ABLATE_TASK_EPOCHS=${ABLATE_TASK_EPOCHS-} ABLATE_HEARTBEAT_SECS ABLATE_FS_WAIT  # for the decisions
+export ABLATE_TASK_EPOCHS=${ABLATE_TASK_EPOCHS-} ABLATE_HEARTBEAT_SECS ABLATE_FS_WAIT ABLATE_CLAIM_WAIT  # for the decisions
 
 # The process group is what `ablate stop` kills: fields after "(comm)" in /proc/PID/stat are
 # state, ppid, pgrp.
@@ -272,6 +272,8 @@ on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or t
   exit 0
 }
 trap on_time_limit USR2
+RANG=
+trap 'RANG=1' USR1  # the fence's ring: run_cell's wait for its cell is cut short (the runner's watcher)
 trap 'on_signal 129' HUP
 trap 'on_signal 130' INT
 trap 'on_signal 143' TERM
@@ -423,8 +425,21 @@ write_tail() {  # write_tail NAME: tails/NAME.log = the last 100 lines of the ce
   mv -f -- "$tmp" "$TAILS/$1.log" 2>/dev/null || rm -f -- "$tmp"
 }
 
+# The fence (ablate/remote/queue/fence.py; docs/ARCHITECTURE.md, "A queue that comes back"): while a
+# cell runs, the runner's process checks its claim every heartbeat; when remediate released it or
+# another run took it over (this box was paused, or cut off, meanwhile) the run is superseded: the
+# runner writes FENCE (`superseded HOW BY AWAY`), polled here each second, and the cell is stopped.
+FENCE=$ABLATE_CKPT_ROOT/.ablate-stop/$ABLATE_HOST.$QUEUE.fence
+FENCED='^superseded (taken|released|gone) ([A-Za-z0-9._+/?-]{1,300}) ([0-9]{1,9}\.[0-9])$'
+SUPERSEDED=
+superseded() {  # rc 0 when the runner found the running cell superseded: SUPERSEDED = its end's fields
+  local line=
+  [[ -e $FENCE ]] && { IFS= read -r line <"$FENCE"; } 2>/dev/null && [[ $line =~ $FENCED ]] || return 1
+  SUPERSEDED=", \"reason\": \"superseded\", \"how\": \"${BASH_REMATCH[1]}\", \"by\": \"${BASH_REMATCH[2]}\", \"away\": ${BASH_REMATCH[3]}"
+}
+
 run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the cell is claimed
-  local idx=$1 name=$2 resume=$7 from=${8-} extra='' t0 rc dur
+  local idx=$1 name=$2 resume=$7 from=${8-} extra='' t0 rc dur again
   [[ -n $from ]] && extra=", \"from_queue\": \"$from\""
   now
   t0=$T
@@ -444,28 +459,53 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
   # run_one asks this queue's runner process for its publish, over fds 3 and 4 opened for it alone
   # (a coproc's own fds reach no child; without them, run_one's publish is a Python start).
   local ask=
+  [[ -e $FENCE ]] && rm -f -- "$FENCE"  # (no process when there is none, as mostly)
+  SUPERSEDED=
+  decide watch "$name" "$FENCE" "$$"  # its claim watched while it runs (rc 1: not this queue's)
   runner_up && { exec 3>"/proc/$$/fd/${DECIDER[1]}" 4<"/proc/$$/fd/${DECIDER[0]}"; } 2>/dev/null && ask=3,4
   ABLATE_IDX=$idx ABLATE_ASK=$ask bash "$ABLATE_RUN_ONE" "$SPEC" "$name" "$3" "$4" "$5" "$6" "$resume" </dev/null &
   CHILD=$!
   exec 3>&- 4<&-
-  if (( ${#SVC_NAMES[@]} )); then  # a service that dies under the cell fails it as service_down
-    while pid_alive "$CHILD"; do
-      if svc_dead; then
-        down=$REPLY
-        svc_reap "$down"
-        SVC_STATE[$down]=down
-        ev service_down ", \"service\": \"$down\", \"rc\": ${SVC_RC[$down]}, \"idx\": $idx, \"cell\": \"$name\""
-        say "service $down exited (rc ${SVC_RC[$down]}) while $name trained; stopping the cell"
-        kill_cell service_down
-        break
-      fi
+  # Until it ends: in the background + wait, so a signal is handled now. Woken each second while
+  # services run beside it (a death is polled), else only by the fence's USR1 (the runner rings
+  # again each heartbeat until the cell has ended, so a ring just before the wait is not lost).
+  rc=
+  while [[ -z $rc ]]; do
+    RANG=
+    if pid_alive "$CHILD" && superseded; then
+      say "$name: superseded (${SUPERSEDED#*\"how\": }): stopping it; it does not publish"
+      kill_cell superseded
+    elif (( ${#SVC_NAMES[@]} )) && [[ -z $down ]] && pid_alive "$CHILD" && svc_dead; then
+      down=$REPLY  # a service that died under the cell fails it
+      svc_reap "$down"
+      SVC_STATE[$down]=down
+      ev service_down ", \"service\": \"$down\", \"rc\": ${SVC_RC[$down]}, \"idx\": $idx, \"cell\": \"$name\""
+      say "service $down exited (rc ${SVC_RC[$down]}) while $name trained; stopping the cell"
+      kill_cell service_down
+    fi
+    if (( ${#SVC_NAMES[@]} )) && pid_alive "$CHILD"; then
       sleep 1 &
       wait $!
-    done
-  fi
-  wait "$CHILD"
-  rc=$?
+      continue
+    fi
+    wait "$CHILD"
+    rc=$?
+    if [[ -n $RANG ]] && (( rc > 128 )); then  # the ring may have cut the wait short
+      if pid_alive "$CHILD"; then
+        rc=
+      else  # it ended meanwhile: its status, unless that wait was its own (127: waited for already)
+        wait "$CHILD" 2>/dev/null
+        again=$?
+        (( again == 127 )) || rc=$again
+      fi
+    fi
+  done
   CHILD=
+  decide watch -
+  # superseded as it published (run_one's own check, exit 75), or just before the loop saw it
+  [[ -n $SUPERSEDED ]] || superseded || { (( rc == 75 )) && SUPERSEDED=', "reason": "superseded"'; }
+  [[ -e $FENCE ]] && rm -f -- "$FENCE"  # (no process when there is none, as mostly)
+  extra+=$SUPERSEDED
   [[ -n $down ]] && extra+=", \"reason\": \"service_down\", \"service\": \"$down\""
   (( rc == 0 )) || write_tail "$name"  # before `end`: a reader that sees the failure finds the tail
   elapsed "$t0"

@@ -65,6 +65,9 @@ class QueueRow:
     job: dict[str, str] | None = None  # a Slurm queue's job as squeue shows it (id, state, reason, nodes)
     # not live: its last job as sacct has it (id, state, nodes, exit), where the cluster keeps accounting
     last_job: dict[str, str] | None = None
+    # cells this queue stopped because their claim was another run's when it came back (paused,
+    # cut off): {cell, how, by, away, t} each (ablate/remote/queue/fence.py); not failures
+    superseded: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -129,6 +132,8 @@ class StatusReport:
         out += [f"  last job of {r.queue} (sacct): {job_text(r.last_job)}" for r in self.rows if r.last_job]
         out += [f"  {r.queue} by priority: {priority_text(r.priorities, r.cells)}" for r in self.rows
                 if r.priorities]
+        out += [f"  {r.queue} on {r.host} came back: {superseded_text(s)}"
+                for r in self.rows for s in r.superseded]
         out += self.calibrate.lines() if self.calibrate else []
         verified = "not reconciled" if self.verified is None else f"{self.verified} verified by load"
         if self.verified is not None and self.verified_by:  # a record that says how (older ones: by load)
@@ -154,6 +159,17 @@ def priority_text(priorities: dict[str, int], cells: list[str]) -> str:
         levels.setdefault(priorities.get(c, 0), []).append(c)
     return ", ".join(f"{p}: {' '.join(ns)}" if len(ns) <= 3 else f"{p}: {len(ns)} cells"
                      for p, ns in sorted(levels.items(), reverse=True))
+
+
+def superseded_text(s: dict[str, Any]) -> str:
+    """One cell a revived queue stopped: why, and how long the queue was away."""
+    away = f" while the queue was away ({duration(s['away'])})" if s.get("away") else ""
+    why = {"taken": f"was taken over by {s.get('by')}{away}",
+           "released": f"had its claim released by `ablate remediate`{away}",
+           "gone": "had lost its claim (no owner, no release record)"}.get(str(s.get("how")),
+                                                                           "was another run's")
+    return (f"{s.get('cell')} {why}: stopped, superseded, not published (not a failure: the cell "
+            "is run elsewhere)")
 
 
 def services_text(services: dict[str, dict[str, Any]]) -> str:
@@ -204,7 +220,7 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
         events = snap.events.get(f"{host}.{qname}", ()) if host else ()
         outcome = {e.cell: e for e in events if e.ev in ("end", "skip")}
         done = sum(1 for e in outcome.values() if e.ev == "end" and e.rc == 0)
-        failed = sum(1 for e in outcome.values() if e.ev == "end" and e.rc != 0)
+        failed = sum(1 for e in outcome.values() if e.ev == "end" and e.rc != 0 and e.reason != "superseded")
         hb = view.heartbeat
         current = hb.cell if hb is not None and view.state in ("running", "stale") else None
         started = hb.cell_started if hb is not None else None
@@ -218,6 +234,8 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
             synced=sum(1 for n in names if n in snap.results), live=view.live if reachable else None,
             cells=names, eta=eta, services=dict(hb.services) if hb is not None else {},
             priorities={ln.cell.name: ln.cell.priority for ln in q.cells if ln.cell and ln.cell.priority},
+            superseded=[{"cell": e.cell, "how": e.how, "by": e.by, "away": e.away, "t": e.t} for e in events
+                        if e.ev == "end" and e.reason == "superseded"],
         ))
     for row in rows:
         h = project.hosts.get(row.host or "")

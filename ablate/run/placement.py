@@ -69,12 +69,12 @@ def packaged_learn() -> bytes:
 # `queue.serve` and `queue.publish` import, at any depth (tests/test_shipped_code.py).
 RUNNER_MODULES = ("ablate.remote.checkpoints.artifacts", "ablate.remote.layout",
                   "ablate.remote.queue.calibrate", "ablate.remote.queue.defaults",
-                  "ablate.remote.queue.grammar", "ablate.remote.queue.learn", "ablate.remote.queue.publish",
-                  "ablate.remote.queue.rules", "ablate.remote.queue.runner", "ablate.remote.queue.serve",
-                  "ablate.remote.queue.walk", "ablate.remote.slurm.signal_window",
-                  "ablate.remote.slurm.stop_plan", "ablate.remote.slurm.time_limit_cuts",
-                  "ablate.remote.store.client", "ablate.remote.store.local_copy",
-                  "ablate.remote.store.queue_side")
+                  "ablate.remote.queue.fence", "ablate.remote.queue.grammar", "ablate.remote.queue.learn",
+                  "ablate.remote.queue.publish", "ablate.remote.queue.rules", "ablate.remote.queue.runner",
+                  "ablate.remote.queue.serve", "ablate.remote.queue.walk",
+                  "ablate.remote.slurm.signal_window", "ablate.remote.slurm.stop_plan",
+                  "ablate.remote.slurm.time_limit_cuts", "ablate.remote.store.client",
+                  "ablate.remote.store.local_copy", "ablate.remote.store.queue_side")
 # run_one's publish where it runs as a Python start of its own: without the decisions' modules
 _RUNNER_MAIN = b"""import sys
 

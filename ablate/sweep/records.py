@@ -29,6 +29,8 @@ class Event:
     service: str | None = None  # service_start/ready/down/failed; an `end` failed by service_down
     secs: float | None = None  # calibrate: the benchmark's measured seconds (absent when it failed)
     kept: bool = False  # calibrate: the figure was kept from an earlier sweep on the same machine
+    how: str | None = None  # an `end` superseded: taken | released | gone (ablate/remote/queue/fence.py)
+    away: float | None = None  # an `end` superseded: seconds since its claim was last seen held
 
     @classmethod
     def parse(cls, obj: Any) -> Event | None:
@@ -38,7 +40,8 @@ class Event:
                    as_str(obj.get("cell")), as_int(obj.get("idx")), as_int(obj.get("rc")),
                    as_num(obj.get("dur")), bool(obj.get("resume")), as_str(obj.get("from_queue")),
                    as_str(obj.get("reason")), as_str(obj.get("by")), as_int(obj.get("slot")),
-                   as_str(obj.get("service")), as_num(obj.get("secs")), obj.get("kept") is True)
+                   as_str(obj.get("service")), as_num(obj.get("secs")), obj.get("kept") is True,
+                   as_str(obj.get("how")), as_num(obj.get("away")))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ answers one request per line of its stdin, `ID<TAB>VERB<TAB>OPTION<TAB>...`, by 
 `.done RC ID`, until EOF (its queue's shell has ended: only it holds the pipe). Verbs: the decisions of
 `ablate/remote/queue/runner.py` (run with ROOT HOST QUEUE SLOT), `next` (the walk's step,
 `ablate/remote/queue/walk.py`), `publish` (run_one's, asked over the fds run_queue gives it:
-`ablate/remote/queue/publish.py`), the stop path's `attempt` and `stop-plan`
+`ablate/remote/queue/publish.py`), the fence's `watch` and `fence` (`ablate/remote/queue/fence.py`), the
+stop path's `attempt` and `stop-plan`
 (`ablate/remote/slurm/stop_plan.py`) and the store's `pull`, `push`, `claim` and `commit`
 (`ablate/remote/store/queue_side.py`, whose thread sends what the queue writes as it writes it; without a
 store `pull` and `push` do nothing and `claim` answers `fs`, so run_queue asks them alike). So no decision
@@ -33,6 +34,9 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, BinaryIO, TextIO
 
+from ablate.remote.queue import fence
+from ablate.remote.queue.defaults import CLAIM_WAIT, HEARTBEAT_SECS
+from ablate.remote.queue.grammar import SAFE_NAME
 from ablate.remote.queue.runner import FsDown, run
 from ablate.remote.slurm import stop_plan
 
@@ -70,6 +74,9 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
     agent = store_agent(base)
     if agent is not None:
         agent.start()
+    watcher = fence.Watcher((base[1], base[2]), claim_reader(base, agent),
+                            env_secs("ABLATE_HEARTBEAT_SECS", HEARTBEAT_SECS),
+                            env_secs("ABLATE_CLAIM_WAIT", CLAIM_WAIT))
     for raw in iter(inp.readline, b""):
         rid, *args = raw.decode("utf-8", "replace").rstrip("\n").split("\t")
         rows: list[str] = []
@@ -77,6 +84,8 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
             rc = answer(args, rows.append, publish=True)
         elif args[:1] and args[0] in STORE_VERBS:
             rc = store_verb(agent, args, rows.append)
+        elif args[:1] and args[0] in FENCE_VERBS:
+            rc = fence_verb(base, watcher, claim_reader(base, agent), args, rows.append)
         elif args[:1] and args[0] in stop_plan.VERBS:
             rc = answer(args, rows.append, step=stop_verb)
         elif args[:1] == ["next"]:
@@ -143,6 +152,59 @@ def store_verb(agent: Agent | None, args: Sequence[str], out: Callable[[str], No
         return 3
     print(f"runner: bad store request {list(args)!r}", file=sys.stderr)
     return 2
+
+
+# The fence (`ablate/remote/queue/fence.py`): `watch NAME FILE PID` as a cell starts (its claim's
+# owner line read now is the lease, answered `lease LINE`; the verdict goes to FILE, and PID,
+# run_queue's shell, is rung with SIGUSR1; a claim not this queue's is superseded at the first check),
+# `watch -` when it has ended; `fence NAME` (run_one, before it publishes): rc 1 when the run is
+# superseded (its reason on one line), 0 when it holds or nothing can be concluded.
+FENCE_VERBS = ("watch", "fence")
+
+
+def env_secs(name: str, default: float) -> float:
+    v = os.environ.get(name, "")
+    return float(v) if v.isdigit() and len(v) <= 7 else float(default)
+
+
+def claim_reader(base: Sequence[str], agent: Agent | None) -> Callable[[str], fence.Seen]:
+    root = base[0]
+    if agent is not None:
+        store = agent.store
+        return lambda name: fence.read_store(store, name)
+    return lambda name: fence.read_fs(root, name)
+
+
+def fence_verb(base: Sequence[str], watcher: fence.Watcher | None, read: Callable[[str], fence.Seen],
+               args: Sequence[str], out: Callable[[str], None]) -> int:
+    _root, host, queue, _slot = base
+    name = args[1] if len(args) > 1 else ""
+    if not (name == "-" or SAFE_NAME.fullmatch(name)):
+        print(f"runner: {args[0]}: a cell name, got {name!r}", file=sys.stderr)
+        return 2
+    if args[0] == "watch":
+        if watcher is None:
+            return 1
+        if name == "-":
+            watcher.disarm()
+            return 0
+        if len(args) not in (3, 4) or not os.path.isabs(args[2]) or not all(d.isdigit() for d in args[3:]):
+            print("runner: watch NAME FILE [PID] (an absolute path, the shell to ring)", file=sys.stderr)
+            return 2
+        seen = read(name)
+        lease = seen.owner if seen.answered and fence.ours(seen.owner, host, queue) else None
+        watcher.arm(name, args[2], lease, int(args[3]) if len(args) == 4 else 0)
+        out(f"lease {lease}" if lease else f"watched, with no lease yet: the claim of {name} is "
+            f"{(seen.owner or 'gone') if seen.answered else 'unreadable (the storage did not answer)'}")
+        return 0
+    # fence NAME: the armed cell's check now; else (a Python start of run_one's own) by host/queue
+    v = watcher.check_now(name) if watcher is not None else None
+    if v is None:
+        v = fence.judge(None, (host, queue), read(name), 0.0, 1.0)
+    if v.superseded:
+        out(f"superseded: {v.text(name)}; it does not publish")
+        return 1
+    return 0
 
 
 def attempt() -> str:
@@ -226,6 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc = store_verb(agent, [args[0], *args[5:]], rows.append)
         if agent is not None:
             agent.push()
+    elif args[:1] and args[0] in FENCE_VERBS and len(args) >= 5:  # VERB ROOT HOST QUEUE SLOT ARGS...
+        agent = store_agent(args[1:5])
+        rc = fence_verb(args[1:5], None, claim_reader(args[1:5], agent), [args[0], *args[5:]], rows.append)
     elif args[:1] and args[0] in stop_plan.VERBS and len(args) >= 5:  # VERB ROOT HOST QUEUE SLOT ARGS...
         rc = answer([args[0], *args[5:]], rows.append, step=stop_verb)
     else:
