@@ -18,7 +18,9 @@
 # clone), ~8 s of the tier's wall time; run `python3 -m mypy ablate` by hand when typing matters. Its
 # tests run in WORKERS (default 4) xdist workers, two per core: the extra ones fill the seconds the
 # others spend waiting on their subprocesses and timers. `--dist loadgroup` keeps the tests that
-# import torch in one worker (they also share the checkpoints the frameworks write: once per run).
+# import torch in one worker (they also share the checkpoints the frameworks wrote: once per
+# installation of them, kept in pytest's cache); the longest tests go first (by their seconds in the
+# last runs: tests/helpers/schedule.py), so the end of the run is not one long test alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
@@ -102,7 +104,9 @@ case $tier in
     # No byte code yet (a fresh clone): one process writes it, rather than every worker for itself.
     compgen -G "tests/__pycache__/conftest.*pytest*.pyc" >/dev/null ||
       python3 -m pytest -q --co "${NO_PLUGINS[@]}" >/dev/null || true
-    two_passes unit "${WORKERS:-4}"
+    # Longest first (tests/helpers/schedule.py): by each test's seconds in the last runs, kept in
+    # pytest's cache; a fresh clone has none and runs them in collection order.
+    ABLATE_TEST_LONGEST_FIRST=1 two_passes unit "${WORKERS:-4}"
     ;;
   tmux)
     apt_tools

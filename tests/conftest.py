@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests import slurmbed
-from tests.helpers import tiers
+from tests.helpers import schedule, tiers
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
 from tests.helpers.runners import Runners
@@ -29,11 +30,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{tier}: the {tier} tier: {what} (tests/helpers/tiers.py)")
     config.addinivalue_line("markers", "alone: times a window that another worker's load stretches; "
                                        "scripts/test.sh runs these after the rest, in one process")
+    config.pluginmanager.register(schedule.Durations(config), "ablate-durations")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tiers.classify(items)
     tiers.note_alone_files(items)
+    schedule.longest_first(config, items)
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +48,9 @@ def _isolate(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
     (tests/helpers/tiers.py)."""
     socket = f"ablate-test-{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv("ABLATE_TMUX_SOCKET", socket)
-    home = tmp_path_factory.mktemp("home")
+    # A fresh name, not `mktemp("home")`: that one lists the whole base temp directory to number it,
+    # and each test adds to it (a worker's thousandth test lists two thousand entries).
+    home = Path(tempfile.mkdtemp(prefix="home-", dir=tmp_path_factory.getbasetemp()))
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     monkeypatch.setenv("NO_COLOR", "1")

@@ -20,6 +20,11 @@ FORBIDDEN = re.compile(r"(tests\.)?(conftest|test_\w+)")
 # import the SSH one as `tests.testbed`; the Slurm one (`tests.slurmbed`) sits beside it.
 ALLOWED_AT_TOP = {"__init__.py", "conftest.py", "testbed.py", "testbed_storage.py", "slurmbed.py"}
 
+# The scans below parse every module under tests/ and ablate/ (a second of CPU each time): in one
+# xdist worker, each file is parsed once (tests/helpers/imports.py keeps a parse per process), not
+# once in every worker that runs one of them.
+pytestmark = pytest.mark.xdist_group("layout")
+
 
 def python_files() -> list[Path]:
     return sorted(p for p in TESTS.rglob("*.py") if "__pycache__" not in p.parts)

@@ -19,6 +19,7 @@ import yaml
 from ablate.config.project import load_profile, load_project, shipped_profiles
 from ablate.config.slurm import SLURM_KEYS, SlurmSettings
 from tests.helpers.cli import Cli
+from tests.helpers.project import yaml_text
 
 CELLS = [f"c{i}" for i in range(6)]
 
@@ -34,7 +35,7 @@ class SlurmProject:
         for c in CELLS:
             path = self.root / "configs" / f"{c}.yaml"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(yaml.safe_dump({"lr": 0.1, "seed": int(c[1:])}))
+            path.write_text(yaml_text({"lr": 0.1, "seed": int(c[1:])}))
         (self.root / "profiles").mkdir()
 
     def profile(self, slurm: dict[str, Any] | None = None, *, omit: bool = False, **top: Any) -> None:
@@ -44,7 +45,7 @@ class SlurmProject:
         if omit:
             del body["slurm"]
         body.update(top)
-        self.profile_text(yaml.safe_dump(body, sort_keys=False))
+        self.profile_text(yaml_text(body, sort_keys=False))
 
     def profile_text(self, text: str) -> None:
         (self.root / "profiles" / "cluster.yaml").write_text(text)
@@ -59,7 +60,7 @@ class SlurmProject:
             "hosts": hosts if hosts is not None else {"cluster": {"queues": 3}},
         }
         cfg.update(top)
-        (self.root / "ablate.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        (self.root / "ablate.yaml").write_text(yaml_text(cfg, sort_keys=False))
 
     def files(self) -> dict[str, bytes]:
         """Every file of the project, the shared FS and the scratch ('nothing changed' checks)."""

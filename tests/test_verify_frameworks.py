@@ -1,12 +1,13 @@
 """The checkpoint dirs the frameworks really write verify, and damage in each is caught without
 running anything from the files.
 
-The files are written once per session by the real libraries (tests/helpers/framework_ckpts.py, in
-a subprocess): transformers.Trainer's `checkpoint-N/` and a sharded save_pretrained, lightning with
-save_hyperparameters() of an argparse.Namespace, accelerate's save_state, torch.distributed.checkpoint
-(one process), PEFT's LoRA adapter, DeepSpeed's save_checkpoint (ZeRO 1 on the CPU; when deepspeed is
-not installed, its documented layout written with torch.save: OUT/deepspeed/WRITTEN_BY says which)
-and a legacy (non-zip) torch.save. Every damage is done *before* MANIFEST.json is written, so the
+The files are written by the real libraries (tests/helpers/framework_ckpts.py, in a subprocess),
+once per installation of them (kept across runs in pytest's cache): transformers.Trainer's
+`checkpoint-N/` and a sharded save_pretrained, lightning with save_hyperparameters() of an
+argparse.Namespace, accelerate's save_state, torch.distributed.checkpoint (one process), PEFT's LoRA
+adapter, DeepSpeed's save_checkpoint (ZeRO 1 on the CPU; when deepspeed is not installed, its
+documented layout written with torch.save: OUT/deepspeed/WRITTEN_BY says which) and a legacy
+(non-zip) torch.save. Every damage is done *before* MANIFEST.json is written, so the
 sha256 matches the damaged bytes and only the structure can tell.
 """
 
@@ -25,7 +26,7 @@ import pytest
 
 from ablate.remote.checkpoints import verify
 from tests.helpers.framework_ckpts import flip_tensor_byte, publish, rewrite_record
-from tests.helpers.shared import once_per_run
+from tests.helpers.shared import install_key, once_per_install, once_per_run
 
 REPO = Path(__file__).resolve().parent.parent
 # (source dir under the generated tree, the checkpoint entry it is published under)
@@ -50,11 +51,21 @@ def _write(out: Path) -> None:
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
 
 
+# What the tree is made by: the libraries that write it (and those they write with), and the
+# writer's code. Another version of any, or a changed writer, and the tree is written anew.
+WRITERS = ("torch", "transformers", "lightning", "accelerate", "peft", "deepspeed", "safetensors", "numpy",
+           "huggingface-hub")
+
+
 @pytest.fixture(scope="session")
-def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tree the real libraries wrote, once per test run (every xdist worker reads the same one):
-    read-only here, a test damages only the copy `cell` publishes under its own tmp_path."""
-    return once_per_run(tmp_path_factory, "frameworks", _write)
+def written(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Path:
+    """The tree the real libraries wrote, once per installation of them (kept across runs in
+    pytest's cache: tests/helpers/shared.py), copied once per test run (every xdist worker reads
+    the same copy): read-only here, a test damages only the copy `cell` publishes under its own
+    tmp_path."""
+    key = install_key(WRITERS, [REPO / "tests" / "helpers" / "framework_ckpts.py"])
+    return once_per_run(tmp_path_factory, "frameworks",
+                        lambda out: once_per_install(pytestconfig, "frameworks", key, _write, out))
 
 
 def cell(written: Path, tmp_path: Path, which: str,

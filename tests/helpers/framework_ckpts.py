@@ -1,6 +1,7 @@
-"""Checkpoint directories written by the real frameworks, once per test session, and the result dirs
-made from them as run_one publishes them (MANIFEST.json written *after* any damage: a torn write
-the trainer left, published with its matching hash, so only the structure can tell).
+"""Checkpoint directories written by the real frameworks (once per installation of them: kept across
+runs by tests/test_verify_frameworks.py), and the result dirs made from them as run_one publishes
+them (MANIFEST.json written *after* any damage: a torn write the trainer left, published with its
+matching hash, so only the structure can tell).
 
     python -m tests.helpers.framework_ckpts OUT
 

@@ -60,6 +60,28 @@ def _list_moto_modules_once() -> None:
     backends.list_of_moto_modules = listed_once
 
 
+def _atomic_key_requests_once() -> None:
+    """S3 applies each request to an object atomically: of two racing `If-None-Match: *` PUTs exactly
+    one wins. moto's server answers requests in threads and checks a condition, then stores,
+    without a lock: two racers can both win (and one's write closes the buffer the other reads).
+    Here one request to an object is answered at a time (listings and bucket requests still run side
+    by side), as S3 would order them; what a test races is its clients, never the store's atomicity."""
+    import threading
+
+    from moto.s3.responses import S3Response
+
+    answer = S3Response._key_response
+    if getattr(answer, "__name__", "") == "one_at_a_time":
+        return
+    lock = threading.Lock()
+
+    def one_at_a_time(self: S3Response, request: Any, full_url: str) -> Any:
+        with lock:
+            return answer(self, request, full_url)
+
+    S3Response._key_response = one_at_a_time  # type: ignore[method-assign]
+
+
 @contextmanager
 def moto_s3(ip: str = "127.0.0.1", port: int = 0) -> Iterator[S3]:
     """A moto server on ip:port (0: any free port) with one fresh bucket; stopped on exit."""
@@ -70,6 +92,7 @@ def moto_s3(ip: str = "127.0.0.1", port: int = 0) -> Iterator[S3]:
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request on stderr
     _list_moto_modules_once()
+    _atomic_key_requests_once()
     os.environ.update(CREDS)
     srv = ThreadedMotoServer(ip_address=ip, port=port, verbose=False)
     srv.start()

@@ -1,14 +1,24 @@
-"""What a test run makes once and every pytest-xdist worker reads: an expensive, read-only tree."""
+"""What a test run makes once and every pytest-xdist worker reads: an expensive, read-only tree;
+and what is made once per installation (kept across runs in pytest's cache directory)."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
 import os
+import platform
 import shutil
-from collections.abc import Callable
+import sys
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
+
+SUMS = "SHA256SUMS.json"  # beside a kept tree: every file's digest, read back before each use
+STALE_DAYS = 30  # a kept tree of another key not used for this long is removed
 
 
 def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -31,3 +41,63 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Call
             make(out)
             done.touch()
     return out
+
+
+def install_key(dists: Iterable[str], sources: Iterable[Path]) -> str:
+    """What a kept tree was made by: this Python, the installed versions of `dists` (absent ones
+    too) and the bytes of `sources` (the code that writes it). Any change makes another key."""
+    h = hashlib.sha256(f"{sys.version}\n{platform.machine()}\n".encode())
+    for dist in sorted(dists):
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            version = "absent"
+        h.update(f"{dist}=={version}\n".encode())
+    for src in sources:
+        h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
+    return h.hexdigest()[:20]
+
+
+def _digests(tree: Path) -> dict[str, str]:
+    return {p.relative_to(tree).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(tree.rglob("*")) if p.is_file() and p.name != SUMS}
+
+
+def _intact(tree: Path) -> bool:
+    """The kept tree holds exactly the files, byte for byte, that it held when it was made."""
+    try:
+        return bool(json.loads((tree / SUMS).read_text()) == _digests(tree))
+    except (OSError, ValueError):
+        return False
+
+
+def once_per_install(config: pytest.Config, name: str, key: str, make: Callable[[Path], None],
+                     out: Path) -> None:
+    """Fill `out` with the tree `make(dir)` writes, kept across runs in
+    `<pytest cache>/d/ablate-<name>/<key>/`: made the first time any run asks for that key (see
+    `install_key`), copied by later runs as long as every file in it is as it was made (else made
+    again). With pytest's cache off (`-p no:cacheprovider`), `make(out)` every time."""
+    cache = getattr(config, "cache", None)
+    if cache is None:
+        make(out)
+        return
+    base = Path(cache.mkdir(f"ablate-{name}"))
+    tree = base / key
+    with FileLock(str(base / f"{key}.lock")):
+        if not _intact(tree):
+            tmp = base / f"{key}.tmp{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            try:
+                make(tmp)
+                (tmp / SUMS).write_text(json.dumps(_digests(tmp)))
+                shutil.rmtree(tree, ignore_errors=True)
+                tmp.rename(tree)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(tree, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(SUMS))
+        os.utime(tree)
+    cutoff = time.time() - STALE_DAYS * 86400
+    for old in base.iterdir():  # trees of versions no longer installed (a "." marks a tree being made)
+        if old.is_dir() and old.name != key and "." not in old.name and old.stat().st_mtime < cutoff:
+            shutil.rmtree(old, ignore_errors=True)

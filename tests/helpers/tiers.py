@@ -15,6 +15,7 @@ and is not marked fails where it runs, so the unit tier runs alone on a machine 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -70,18 +71,19 @@ def note_alone_files(items: list[pytest.Item]) -> None:
     os.replace(tmp, out)
 
 
-def python_first() -> list[str]:
+@functools.cache
+def python_first() -> tuple[str, ...]:
     """The directory of the interpreter running the tests, when `python3` there is it, to go first on
     a test's PATH: the `python3` that the wrappers and tools the tests start run is then this one,
     found at once, not through a version manager's shim (pyenv's runs a dozen processes for each
-    `python3`, a twentieth of a second of CPU)."""
+    `python3`, a twentieth of a second of CPU). Found once per process: it does not change."""
     here = Path(sys.executable).parent
     py = here / "python3"
     try:
         same = py.exists() and py.resolve() == Path(sys.executable).resolve()
     except OSError:
         same = False
-    return [str(here)] if same else []
+    return (str(here),) if same else ()
 
 
 def stub_dir(base: Path) -> Path:
