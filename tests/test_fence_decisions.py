@@ -123,12 +123,13 @@ def test_read_fs_of_an_unreadable_storage_concludes_nothing(tmp_path: Path) -> N
 
 
 RINGS = """
-import signal, sys, time
+import os, signal, sys, time
 n = 0
 def rung(*_):
     global n
     n += 1
-    open(sys.argv[1], "w").write(str(n))
+    open(sys.argv[1] + ".tmp", "w").write(str(n))
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])  # a reader never sees it half written
 signal.signal(signal.SIGUSR1, rung)
 print("ready", flush=True)
 time.sleep(60)
