@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import threading
 from pathlib import Path
 
-from ablate.remote.host.autostop import Facts, Settings, decide, elect, elect_once
+from ablate.remote.host.autostop import Facts, Settings, decide, elect, elect_once, gather_fs, unverified_of
 
 ON = Settings(idle=600, command="shutdown -h now", keep=1)
 T = 1_800_000_000.0
@@ -88,3 +89,106 @@ def test_an_unreadable_election_keeps_everyone(tmp_path: Path) -> None:
     path = tmp_path / "keep.json"
     path.write_text("{not json\n")
     assert elect_once(str(path), {"h1": 1.0, "h2": 2.0}, 1, "h1", T) == ("h1", "h2")
+
+
+TASKS = {"recon": 1}
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def sweep_root(root: Path) -> Path:
+    """Two hosts' queues: h1's q1 (c1 published, c2 crashed after its claim), h2's q2 (c3 running
+    on it, c4 unclaimed), with a comment and an invalid line."""
+    (root / "queues").mkdir(parents=True)
+    for q, h, lines in (("q1", "h1", ["# two cells", "cfgs/c1.yaml recon", "cfgs/c2.yaml recon"]),
+                        ("q2", "h2", ["cfgs/c3.yaml recon", "cfgs/c4.yaml recon", "not a line at all x y"])):
+        (root / "queues" / f"{q}.txt").write_text("".join(x + "\n" for x in lines))
+        launch = {"op": "launch", "host": h, "start_index": 0}
+        (root / "queues" / f"{q}.ledger").write_text(json.dumps(launch) + "\n")
+    for c, owner in (("c1", "h1 q1 1 1.0 - -"), ("c2", "h1 q1 2 2.0 - -"), ("c3", "h2 q2 0 3.0 - -")):
+        (root / "claims" / c).mkdir(parents=True)
+        (root / "claims" / c / "owner").write_text(owner + "\n")
+    (root / "final_ckpts" / "c1").mkdir(parents=True)
+    (root / "final_ckpts" / "c1" / "MANIFEST.json").write_text("{}\n")
+    (root / "heartbeats").mkdir()
+    gone = _dead_pid()
+    (root / "heartbeats" / "h1.q1").write_text(json.dumps({"state": "drained", "pid": gone}) + "\n")
+    (root / "heartbeats" / "h2.q2").write_text(json.dumps({"state": "running", "pid": gone}) + "\n")
+    (root / "events").mkdir()
+    (root / "events" / "h1.q1.jsonl").write_text("{}\n")
+    for p in (root / "queues" / "q1.txt", root / "queues" / "q1.ledger", root / "events" / "h1.q1.jsonl"):
+        os.utime(p, (T - 900, T - 900))
+    os.utime(root / "events" / "h1.q1.jsonl", (T - 700, T - 700))
+    return root
+
+
+def test_gather_what_a_drained_instance_sees(tmp_path: Path) -> None:
+    root = str(sweep_root(tmp_path / "sweep"))
+    f = gather_fs(root, "h1", T, tasks=TASKS, steal=True)
+    seen = (list(f.running), list(f.own_unclaimed), list(f.stealable), list(f.waiting))
+    assert seen == ([], [], ["c4"], ["c2"])
+    assert f.last_work == T - 700  # its events file, the newest of its queue's files
+    assert decide(ON, f).kind == "work_left"  # a steal would give it c4
+    f = gather_fs(root, "h1", T, tasks=TASKS, steal=False)
+    assert list(f.stealable) == [] and decide(ON, f).kind == "kept"  # c2 waits; nobody elected yet
+    assert decide(ON, gather_fs(root, "h1", T, tasks=TASKS, steal=False, keepers=["h2"])).stop
+    # h2: its own unclaimed line; its queue is running when its process is alive here
+    f2 = gather_fs(root, "h2", T, tasks=TASKS, steal=True)
+    assert list(f2.own_unclaimed) == ["c4"] and list(f2.running) == []  # its process is gone
+    hb = Path(root) / "heartbeats" / "h2.q2"
+    hb.write_text(json.dumps({"state": "running", "pid": os.getpid()}) + "\n")
+    assert list(gather_fs(root, "h2", T, tasks=TASKS, steal=True).running) == ["q2"]
+
+
+def test_gather_a_launch_not_started_yet_counts_as_running_for_a_while(tmp_path: Path) -> None:
+    root = sweep_root(tmp_path / "sweep")
+    (root / "heartbeats" / "h1.q1").unlink()
+    os.utime(root / "queues" / "q1.ledger", (T - 60, T - 60))
+    assert list(gather_fs(str(root), "h1", T, tasks=TASKS, steal=False).running) == ["q1"]
+    os.utime(root / "queues" / "q1.ledger", (T - 3600, T - 3600))  # its start failed long ago
+    assert list(gather_fs(str(root), "h1", T, tasks=TASKS, steal=False).running) == []
+
+
+def publish_result(root: Path, name: str, host: str) -> Path:
+    """A result as run_one publishes it (ablate/remote/queue/publish.py), its checkpoint written by
+    safetensors."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from ablate.remote.queue import publish
+
+    ckpt = root.parent / "ckpt" / name
+    ckpt.mkdir(parents=True)
+    save_file({"w": np.arange(64, dtype=np.float32)}, str(ckpt / "model.safetensors"))
+    log = root.parent / "ckpt" / f"{name}.log"
+    log.write_text("# trained\n")
+    final = root / "final_ckpts" / name
+    final.mkdir(parents=True)
+    rc = publish.main([f"--staging={final}", f"--ckpt-dir={ckpt}", f"--log={log}",
+                       "--checkpoint=model.safetensors", f"--workdir={root.parent}", f"--host={host}",
+                       "--queue=q1", "--started=1.5", "--ended=2.5", "--", name, f"cfgs/{name}.yaml",
+                       "recon", "1", "cfgs", "0"])
+    assert rc == 0
+    return final
+
+
+def test_unverified_of_checks_its_own_results_once_per_manifest(tmp_path: Path) -> None:
+    root = tmp_path / "sweep"
+    mine, theirs = publish_result(root, "c1", "h1"), publish_result(root, "c2", "h2")
+    artifacts: dict[str, object] = {"checkpoint": "model.safetensors"}
+    cache: dict[str, str | None] = {}
+    assert unverified_of(str(root), "h1", artifacts, cache) == {} and list(cache.values()) == [None]
+    data = bytearray((mine / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF  # a flipped byte
+    (mine / "model.safetensors").write_bytes(bytes(data))
+    assert unverified_of(str(root), "h1", artifacts, cache) == {}  # the same manifest: not read again
+    bad = unverified_of(str(root), "h1", artifacts, {})
+    assert list(bad) == ["c1"] and "sha256" in bad["c1"], bad
+    (theirs / "model.safetensors").write_bytes(b"x")  # another host's result is not h1's to check
+    assert list(unverified_of(str(root), "h1", artifacts, {})) == ["c1"]
+    f = facts(unverified=bad)
+    assert decide(ON, f).kind == "unverified" and "c1" in decide(ON, f).why

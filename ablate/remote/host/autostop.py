@@ -18,6 +18,11 @@ not hold is what it waits for, and what `status` will say):
 6. its idle time has passed since its last useful work (`stops in 6 min`); then `stop`.
 
 `elect` picks the instances kept for remediation: the fastest by learned speed, ties by name.
+`gather_fs` reads what an instance sees of the sweep on the shared FS: the launched queues and their
+hosts (ledgers), their lines, claims and published results, its own queues' heartbeats (a running
+queue's process is alive on this machine) and its last useful work (its events, a launch or an
+append rewrite its queues' files); `unverified_of` checks the results it published, as `reconcile
+--fs` does, once per manifest.
 """
 
 from __future__ import annotations
@@ -141,3 +146,165 @@ def _keepers(text: str, speeds: Mapping[str, float]) -> tuple[str, ...]:
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         return tuple(speeds)  # unreadable: everyone is kept
     return tuple(hosts)
+
+
+# ---------------------------------------------------------------- what an instance sees (shared FS)
+
+STARTING = 600.0  # seconds a launched queue with no heartbeat yet counts as starting (then: failed)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:  # an open asks a network FS's server
+            return f.read()
+    except OSError:
+        return None
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _pid_alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def queues_of(root: str) -> dict[str, str]:
+    """Every launched queue of the sweep and its host, by the last launch in its ledger."""
+    qdir = os.path.join(root, "queues")
+    try:
+        names = sorted(n[:-len(".ledger")] for n in os.listdir(qdir) if n.endswith(".ledger"))
+    except OSError:
+        return {}
+    out = {}
+    for q in names:
+        host = None
+        for line in (_read(os.path.join(qdir, f"{q}.ledger")) or "").splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(e, dict) and e.get("op", "launch") == "launch" and isinstance(e.get("host"), str):
+                host = e["host"]
+        if host is not None:
+            out[q] = host
+    return out
+
+
+def cells_of(text: str, tasks: Mapping[str, int]) -> list[str]:
+    """The cells of a queue file's lines (blank, comment and invalid lines are none)."""
+    from ablate.remote.queue import grammar
+
+    out = []
+    for i, line in enumerate(grammar.split_lines(text)):
+        try:
+            p = grammar.parse(line, tasks, f"line {i}")
+        except grammar.LineError:
+            continue
+        if p is not None:
+            out.append(p.name)
+    return out
+
+
+def gather_fs(root: str, host: str, now: float, *, tasks: Mapping[str, int], steal: bool,
+              unverified: Mapping[str, str] | None = None, keepers: Sequence[str] | None = None,
+              cancelled: bool = False) -> Facts:
+    """What this instance sees of the sweep on the shared FS at `now` (its own clock; the same
+    machine as its queues' processes, so a running queue is one whose heartbeat says running and
+    whose process is alive here). `unverified`: its published results not verified in place (the
+    caller's verification, cached by manifest); `keepers`: the election's answer, once made."""
+    queues = queues_of(root)
+    exists = os.path.exists
+    running: list[str] = []
+    own: list[str] = []
+    other: list[str] = []
+    waiting: list[str] = []
+    last = 0.0
+    for q, h in sorted(queues.items()):
+        cells = cells_of(_read(os.path.join(root, "queues", f"{q}.txt")) or "", tasks)
+        hb_path = os.path.join(root, "heartbeats", f"{h}.{q}")
+        try:
+            hb = json.loads(_read(hb_path) or "null")
+        except ValueError:
+            hb = None
+        ledger = os.path.join(root, "queues", f"{q}.ledger")
+        if h == host:
+            live = isinstance(hb, dict) and hb.get("state") == "running" and _pid_alive(hb.get("pid"))
+            starting = hb is None and now - _mtime(ledger) < STARTING  # launched, not started yet
+            if live or starting:
+                running.append(q)
+            last = max(last, _mtime(os.path.join(root, "events", f"{h}.{q}.jsonl")),
+                       _mtime(os.path.join(root, "queues", f"{q}.txt")),
+                       _mtime(ledger))
+        for c in cells:
+            if exists(os.path.join(root, "final_ckpts", c, "MANIFEST.json")):
+                continue
+            if not exists(os.path.join(root, "claims", c)):
+                (own if h == host else other).append(c)
+            else:
+                owner = (_read(os.path.join(root, "claims", c, "owner")) or "").split()
+                oq = owner[1] if len(owner) >= 2 else None
+                if oq is None or not _running(root, owner[0], oq):
+                    waiting.append(c)
+    return Facts(now=now, host=host, running=running, own_unclaimed=sorted(set(own)),
+                 stealable=sorted(set(other)) if steal else (), unverified=dict(unverified or {}),
+                 waiting=sorted(set(waiting)), keepers=keepers, last_work=last, cancelled=cancelled)
+
+
+def _running(root: str, host: str, queue: str) -> bool:
+    """A queue's heartbeat says running (on another instance its process cannot be checked here)."""
+    try:
+        hb = json.loads(_read(os.path.join(root, "heartbeats", f"{host}.{queue}")) or "null")
+    except ValueError:
+        return False
+    return isinstance(hb, dict) and hb.get("state") == "running"
+
+
+def unverified_of(root: str, host: str, artifacts: dict[str, object], cache: dict[str, str | None],
+                  load: bool = True) -> dict[str, str]:
+    """Its published results that are not verified in place, cell -> why: each result whose
+    MANIFEST.json names this host, checked as `reconcile --fs` checks it (ablate/remote/checkpoints/
+    verify.py: sizes, sha256 against the manifest, each file loaded or checked by its structure,
+    never a pickle executed). `cache` (manifest sha256 -> why, None when verified) keeps a result
+    from being read again while its manifest is the same."""
+    import hashlib
+
+    from ablate.remote.checkpoints import verify
+
+    out = {}
+    final = os.path.join(root, "final_ckpts")
+    try:
+        names = sorted(n for n in os.listdir(final) if not n.startswith("."))
+    except OSError:
+        return {}
+    for name in names:
+        try:
+            with open(os.path.join(final, name, "MANIFEST.json"), "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        try:
+            manifest = json.loads(data)
+        except ValueError:
+            manifest = None
+        if not isinstance(manifest, dict) or manifest.get("host") != host:
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        if digest not in cache:
+            problems = verify.verify_cell_dir(os.path.join(final, name), dict(artifacts), load=load)
+            cache[digest] = "; ".join(f"{p['file'] or name}: {p['error']}" for p in problems[:3]) or None
+        why = cache[digest]
+        if why is not None:
+            out[name] = why
+    return out
