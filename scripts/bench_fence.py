@@ -114,6 +114,11 @@ def one(base: Path, kind: str, pause: float, heartbeat: int) -> tuple[float, dic
     took = time.monotonic() - t0
     end = end_of(shared)
     assert end is not None and end.get("reason") == "superseded", end
+    # The queue drains and ends by itself (its one cell is done): every process of it gone before
+    # the server goes and the project is removed, so nothing writes into it while it is.
+    pgid = json.loads((shared / "heartbeats" / "h1.q1").read_text())["pgid"]
+    if not wait_until(lambda: not group(pgid), 60, 0.05):
+        raise SystemExit(f"{kind}: the queue did not end after its cell was stopped")
     subprocess.run(["tmux", "-L", os.environ["ABLATE_TMUX_SOCKET"], "kill-server"], capture_output=True)
     return took, end
 
