@@ -294,11 +294,16 @@ class SSHHost(Resolved, AgentRoute, ShellHost):
             self._ctl("exit")
 
     def disconnect(self) -> None:
-        """End the shared connection (the ControlMaster) now, for every process that uses it."""
+        """End the shared connection (the ControlMaster) now, for every process that uses it. `-O
+        exit` only asks: the master removes its socket a moment later, so this waits for that (at
+        most 5 s), or the next connection would take the dying master for a kept one."""
         with self._lock:
             self._ready = False
             if self.multiplex:
                 self._ctl("exit")
+                deadline = time.monotonic() + 5.0
+                while os.path.exists(self._socket()) and time.monotonic() < deadline:
+                    time.sleep(0.02)
 
     def close(self) -> None:
         """End of a command: the master stays for the next one (unless ABLATE_SSH_PERSIST=0),
