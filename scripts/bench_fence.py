@@ -39,6 +39,7 @@ from benchlib import ablate_version, measured_line, median, publish, wait_until,
 from ablate.config.project import load_project
 from ablate.remote.queue.defaults import HEARTBEAT_SECS
 from ablate.run.launch import launch
+from tests.helpers.proc import group, state
 
 
 def end_of(shared: Path) -> dict[str, Any] | None:
@@ -46,25 +47,6 @@ def end_of(shared: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     return next((e for e in map(json.loads, path.read_text().splitlines()) if e["ev"] == "end"), None)
-
-
-def group(pgid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
-                    out.append(int(d.name))
-            except (OSError, ValueError, IndexError):
-                continue
-    return out
-
-
-def stopped(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    except OSError:
-        return True
 
 
 def one(base: Path, kind: str, pause: float, heartbeat: int) -> tuple[float, dict[str, Any]]:
@@ -100,7 +82,7 @@ def one(base: Path, kind: str, pause: float, heartbeat: int) -> tuple[float, dic
         os.kill(server, signal.SIGSTOP)  # first: tmux continues a pane's process that stops
         os.killpg(pgid, signal.SIGSTOP)
         try:
-            wait_until(lambda: all(stopped(p) for p in group(pgid)), 10, 0.05)
+            wait_until(lambda: all(state(p) in ("T", "gone") for p in group(pgid)), 10, 0.05)
             release()
             claim.mkdir()
             (claim / "owner").write_text(f"h2 rq1-h2 0 {time.time():.6f} - elsewhere\n")

@@ -149,8 +149,8 @@ def test_the_watcher_writes_the_verdict_once_and_rings_until_disarmed(tmp_path: 
         assert held is not None and held.how == "held" and w.check_now("other") is None
         r.seen = Seen("h2 rq1-h2 0 9.0 - -")
         wait_for(out.exists, timeout=10)
-        how, by, away = out.read_text().split()[1:]
-        assert (how, by) == ("taken", "h2/rq1-h2") and float(away) >= 0
+        got = json.loads(out.read_text())
+        assert (got["how"], got["by"]) == ("taken", "h2/rq1-h2") and got["away"] >= 0
         out.unlink()
         wait_for(lambda: rings.exists() and int(rings.read_text()) >= 3, timeout=10)  # again and again
         assert not out.exists()  # written once
@@ -159,7 +159,9 @@ def test_the_watcher_writes_the_verdict_once_and_rings_until_disarmed(tmp_path: 
         n = int(rings.read_text())
         time.sleep(1.0)  # five periods: no ring after the disarm
         assert int(rings.read_text()) == n
+        out.write_text('{"how": "taken", "by": "h9/q9", "away": 1.0}\n')  # an earlier cell's verdict
         w.arm("c1", str(out), LEASE, ring=shell.pid)
+        assert not out.exists()  # never this cell's
         w.disarm()
         assert w.check_now("c1") is None and not out.exists()
     finally:
@@ -221,9 +223,15 @@ def test_served_fence_of_a_watched_cell_released_meanwhile(tmp_path: Path) -> No
         assert s.ask("fence", "c1") == [
             "superseded: the claim of c1 was released by `ablate remediate`; it does not publish",
             ".done 1 x"]
-        how, by, _away = verdict.read_text().split()[1:]
-        assert (how, by) == ("released", "remediate")
-        assert s.ask("watch", "-") == [".done 0 x"]
+        got = json.loads(verdict.read_text())
+        assert (got["how"], got["by"]) == ("released", "remediate")
+        # the cell ended (killed by TERM): its `end` fields, and the verdict is gone
+        [fields, done] = s.ask("watch", "-", str(verdict), "143")
+        assert done == ".done 0 x" and json.loads("{" + fields[2:] + "}") == {
+            "reason": "superseded", "how": "released", "by": "remediate", "away": got["away"]}
+        assert not verdict.exists()
+        assert s.ask("watch", "-", str(verdict), "0") == [".done 0 x"]  # nothing to say
+        assert s.ask("watch", "-", str(verdict), "75") == [', "reason": "superseded"', ".done 0 x"]
     finally:
         s.close()
 

@@ -20,6 +20,7 @@ import pytest
 from ablate.config.project import load_project
 from ablate.run.launch import launch
 from tests.helpers.cli import Cli
+from tests.helpers.proc import group, state
 from tests.helpers.project import TRAIN, LocalProject, drained, events
 from tests.helpers.tmux import require_tmux
 from tests.helpers.wait import wait_for
@@ -56,27 +57,6 @@ def running(lp: LocalProject) -> str | None:
     except (OSError, ValueError):
         return None
     return hb.get("cell") if hb.get("state") == "running" and hb.get("cell_started") else None
-
-
-def group(pgid: int) -> list[int]:
-    """The processes of a process group."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid:
-                out.append(int(d.name))
-    return out
-
-
-def state(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
 
 
 def release(lp: LocalProject, name: str) -> str:

@@ -427,16 +427,9 @@ write_tail() {  # write_tail NAME: tails/NAME.log = the last 100 lines of the ce
 
 # The fence (ablate/remote/queue/fence.py; docs/ARCHITECTURE.md, "A queue that comes back"): while a
 # cell runs, the runner's process checks its claim every heartbeat; when remediate released it or
-# another run took it over (this box was paused, or cut off, meanwhile) the run is superseded: the
-# runner writes FENCE (`superseded HOW BY AWAY`), polled here each second, and the cell is stopped.
+# another run took it over (this box was paused, or cut off, meanwhile), it writes its verdict to
+# FENCE and rings this shell (USR1): a cell with a verdict is stopped.
 FENCE=$ABLATE_CKPT_ROOT/.ablate-stop/$ABLATE_HOST.$QUEUE.fence
-FENCED='^superseded (taken|released|gone) ([A-Za-z0-9._+/?-]{1,300}) ([0-9]{1,9}\.[0-9])$'
-SUPERSEDED=
-superseded() {  # rc 0 when the runner found the running cell superseded: SUPERSEDED = its end's fields
-  local line=
-  [[ -e $FENCE ]] && { IFS= read -r line <"$FENCE"; } 2>/dev/null && [[ $line =~ $FENCED ]] || return 1
-  SUPERSEDED=", \"reason\": \"superseded\", \"how\": \"${BASH_REMATCH[1]}\", \"by\": \"${BASH_REMATCH[2]}\", \"away\": ${BASH_REMATCH[3]}"
-}
 
 run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the cell is claimed
   local idx=$1 name=$2 resume=$7 from=${8-} extra='' t0 rc dur again
@@ -459,9 +452,7 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
   # run_one asks this queue's runner process for its publish, over fds 3 and 4 opened for it alone
   # (a coproc's own fds reach no child; without them, run_one's publish is a Python start).
   local ask=
-  [[ -e $FENCE ]] && rm -f -- "$FENCE"  # (no process when there is none, as mostly)
-  SUPERSEDED=
-  decide watch "$name" "$FENCE" "$$"  # its claim watched while it runs (rc 1: not this queue's)
+  decide watch "$name" "$FENCE" "$$"  # its claim watched while it runs
   runner_up && { exec 3>"/proc/$$/fd/${DECIDER[1]}" 4<"/proc/$$/fd/${DECIDER[0]}"; } 2>/dev/null && ask=3,4
   ABLATE_IDX=$idx ABLATE_ASK=$ask bash "$ABLATE_RUN_ONE" "$SPEC" "$name" "$3" "$4" "$5" "$6" "$resume" </dev/null &
   CHILD=$!
@@ -472,8 +463,8 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
   rc=
   while [[ -z $rc ]]; do
     RANG=
-    if pid_alive "$CHILD" && superseded; then
-      say "$name: superseded (${SUPERSEDED#*\"how\": }): stopping it; it does not publish"
+    if pid_alive "$CHILD" && [[ -e $FENCE ]]; then
+      say "$name: superseded (its claim is another run's now): stopping it; it does not publish"
       kill_cell superseded
     elif (( ${#SVC_NAMES[@]} )) && [[ -z $down ]] && pid_alive "$CHILD" && svc_dead; then
       down=$REPLY  # a service that died under the cell fails it
@@ -501,11 +492,8 @@ run_cell() {  # run_cell IDX NAME CFG TASK EPOCHS CAT RESUME [FROM_QUEUE] -- the
     fi
   done
   CHILD=
-  decide watch -
-  # superseded as it published (run_one's own check, exit 75), or just before the loop saw it
-  [[ -n $SUPERSEDED ]] || superseded || { (( rc == 75 )) && SUPERSEDED=', "reason": "superseded"'; }
-  [[ -e $FENCE ]] && rm -f -- "$FENCE"  # (no process when there is none, as mostly)
-  extra+=$SUPERSEDED
+  # superseded: the runner's fields for its `end` (also when run_one refused to publish, exit 75)
+  decide watch - "$FENCE" "$rc" && [[ $DECISION == ', "reason": "superseded"'* ]] && extra+=${DECISION%$'\n'}
   [[ -n $down ]] && extra+=", \"reason\": \"service_down\", \"service\": \"$down\""
   (( rc == 0 )) || write_tail "$name"  # before `end`: a reader that sees the failure finds the tail
   elapsed "$t0"

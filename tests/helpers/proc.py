@@ -12,3 +12,25 @@ def alive(pid: int | str) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def state(pid: int | str) -> str:
+    """The process's state letter (`T` stopped, `Z` zombie, ...); `gone` without a /proc entry."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def group(pgid: int) -> list[int]:
+    """The processes of a process group."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                out.append(int(d.name))
+    return out

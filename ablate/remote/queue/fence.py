@@ -28,15 +28,17 @@ store has it now:
 - the FS or the store could not be read (an outage, the link still down): nothing is concluded.
 
 `Fence` holds one cell's lease and the time it was last seen held; `Watcher` checks it every
-heartbeat in a thread of the served runner and, on a verdict, writes the verdict file run_queue
-polls while its cell runs (`superseded HOW BY AWAY`), so the cell is stopped within one heartbeat
-period of the queue coming back.
+heartbeat in a thread of the served runner and, on a verdict, writes the verdict file (`{"how", "by",
+"away"}`) and rings run_queue's shell (SIGUSR1), which stops a cell whose verdict file is there, so the
+cell is stopped within one heartbeat period of the queue coming back. `end_fields` turns the file into
+the cell's `end` fields when it has ended.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import signal
@@ -207,8 +209,24 @@ class Fence:
 
 
 def verdict_line(v: Verdict, away: float) -> str:
-    """The verdict file's one line, as run_queue parses it: `superseded HOW BY AWAY`."""
-    return f"superseded {v.how} {v.by} {away:.1f}\n"
+    """The verdict file's one line: the fields of the stopped cell's `end` event, as JSON."""
+    return json.dumps({"how": v.how, "by": v.by, "away": round(away, 1)}) + "\n"
+
+
+def end_fields(path: str, rc: int) -> str:
+    """What the cell's `end` event says of a supersession (`, "reason": "superseded", "how": ...`;
+    "" for none), when the cell has ended: from the verdict file, which is removed, or (no file: the
+    runner that wrote it is gone) from run_one's exit 75."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            got = json.loads(f.readline())
+        os.unlink(path)
+    except (OSError, ValueError):
+        got = None
+    if not isinstance(got, dict):
+        return ', "reason": "superseded"' if rc == 75 else ""
+    fields = {"reason": "superseded", **{k: got.get(k) for k in ("how", "by", "away")}}
+    return "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in fields.items())
 
 
 def write_verdict(path: str, line: str) -> None:
@@ -238,6 +256,8 @@ class Watcher:
         self.thread: threading.Thread | None = None
 
     def arm(self, name: str, path: str, lease: str | None, ring: int = 0) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # an earlier cell's verdict, never this one's
         with self.lock:
             self.fence = Fence(name, lease, self.me, self.read, self.claim_wait)
             self.path, self.ring, self.rung = path, ring, False

@@ -156,9 +156,10 @@ def store_verb(agent: Agent | None, args: Sequence[str], out: Callable[[str], No
 
 # The fence (`ablate/remote/queue/fence.py`): `watch NAME FILE PID` as a cell starts (its claim's
 # owner line read now is the lease, answered `lease LINE`; the verdict goes to FILE, and PID,
-# run_queue's shell, is rung with SIGUSR1; a claim not this queue's is superseded at the first check),
-# `watch -` when it has ended; `fence NAME` (run_one, before it publishes): rc 1 when the run is
-# superseded (its reason on one line), 0 when it holds or nothing can be concluded.
+# run_queue's shell, is rung with SIGUSR1; a claim not this queue's is superseded at the first
+# check); `watch - FILE RC` when it has ended with RC (answered: its `end` event's fields when it
+# was superseded); `fence NAME` (run_one, before it publishes): rc 1 when the run is superseded
+# (its reason on one line), 0 when it holds or nothing can be concluded.
 FENCE_VERBS = ("watch", "fence")
 
 
@@ -185,8 +186,12 @@ def fence_verb(base: Sequence[str], watcher: fence.Watcher | None, read: Callabl
     if args[0] == "watch":
         if watcher is None:
             return 1
-        if name == "-":
+        if name == "-":  # `watch - FILE RC`: the cell ended with RC; its `end` fields, if superseded
             watcher.disarm()
+            if len(args) == 4 and os.path.isabs(args[2]) and args[3].isdigit():
+                fields = fence.end_fields(args[2], int(args[3]))
+                if fields:
+                    out(fields)
             return 0
         if len(args) not in (3, 4) or not os.path.isabs(args[2]) or not all(d.isdigit() for d in args[3:]):
             print("runner: watch NAME FILE [PID] (an absolute path, the shell to ring)", file=sys.stderr)
