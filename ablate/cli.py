@@ -290,6 +290,20 @@ def stop(app: App, queue: str, host: str, after_current: bool, as_json: bool) ->
 
 
 @cli.command()
+@click.option("--cancel", is_flag=True, help="Never let these instances stop themselves.")
+@click.option("--idle", metavar="D", help="Stop after D idle (20s, 10m; 0: at once); alone, undoes --cancel.")
+@click.option("--host", "hosts", multiple=True, metavar="H", help="Repeat, or a,b (default: autostop on).")
+@json_option
+@pass_app
+def autostop(app: App, cancel: bool, idle: str | None, hosts: tuple[str, ...], as_json: bool) -> None:
+    """Show, cancel or re-time each instance's autostop.  Example: ablate autostop --idle 20m --host h1
+
+    Alone: what each host waits for. Unknown host, bad D, no host on: exit 2, nothing written."""
+    from ablate.run.autostop_control import autostop as do_autostop
+    app.emit(do_autostop(app.project(), hosts or None, cancel=cancel, idle=idle), as_json)
+
+
+@cli.command()
 @click.option("--to", "to", type=click.Path(file_okay=False),
               help="Local directory (default ./results/<sweep>).")
 @json_option

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from ablate.remote.host.autostop import Facts, Settings, decide, elect, elect_once, gather_fs, unverified_of
@@ -126,31 +127,65 @@ def sweep_root(root: Path) -> Path:
     return root
 
 
+def steals(*cells: str) -> Callable[[], list[str]]:
+    asked: list[int] = []
+
+    def pick() -> list[str]:
+        asked.append(1)
+        return list(cells)
+
+    pick.asked = asked  # type: ignore[attr-defined]
+    return pick
+
+
 def test_gather_what_a_drained_instance_sees(tmp_path: Path) -> None:
     root = str(sweep_root(tmp_path / "sweep"))
-    f = gather_fs(root, "h1", T, tasks=TASKS, steal=True)
+    for p in ("heartbeats/h2.q2",):
+        os.utime(Path(root) / p, (T - 5, T - 5))  # h2's queue beat just now: c3 is its, not waiting
+    f = gather_fs(root, "h1", T, tasks=TASKS, steal_pick=steals("c4"))
     seen = (list(f.running), list(f.own_unclaimed), list(f.stealable), list(f.waiting))
     assert seen == ([], [], ["c4"], ["c2"])
     assert f.last_work == T - 700  # its events file, the newest of its queue's files
     assert decide(ON, f).kind == "work_left"  # a steal would give it c4
-    f = gather_fs(root, "h1", T, tasks=TASKS, steal=False)
+    f = gather_fs(root, "h1", T, tasks=TASKS, steal_pick=steals())  # the runner's rule gives it nothing
     assert list(f.stealable) == [] and decide(ON, f).kind == "kept"  # c2 waits; nobody elected yet
-    assert decide(ON, gather_fs(root, "h1", T, tasks=TASKS, steal=False, keepers=["h2"])).stop
-    # h2: its own unclaimed line; its queue is running when its process is alive here
-    f2 = gather_fs(root, "h2", T, tasks=TASKS, steal=True)
-    assert list(f2.own_unclaimed) == ["c4"] and list(f2.running) == []  # its process is gone
+    f = gather_fs(root, "h1", T, tasks=TASKS)  # stealing off
+    assert list(f.stealable) == [] and decide(ON, f).kind == "kept"
+    assert decide(ON, gather_fs(root, "h1", T, tasks=TASKS, keepers=["h2"])).stop
+    # h2: its own unclaimed line (a steal is not even asked); running when its process is alive here
+    pick = steals("c9")
+    f2 = gather_fs(root, "h2", T, tasks=TASKS, steal_pick=pick)
+    assert list(f2.own_unclaimed) == ["c4"] and list(f2.running) == [] and list(f2.stealable) == []
+    assert not pick.asked  # type: ignore[attr-defined]
     hb = Path(root) / "heartbeats" / "h2.q2"
     hb.write_text(json.dumps({"state": "running", "pid": os.getpid()}) + "\n")
-    assert list(gather_fs(root, "h2", T, tasks=TASKS, steal=True).running) == ["q2"]
+    assert list(gather_fs(root, "h2", T, tasks=TASKS).running) == ["q2"]
+
+
+def test_a_claim_whose_queue_went_silent_waits_for_remediate(tmp_path: Path) -> None:
+    root = sweep_root(tmp_path / "sweep")
+    os.utime(root / "heartbeats" / "h2.q2", (T - 5, T - 5))
+    assert list(gather_fs(str(root), "h1", T, tasks=TASKS).waiting) == ["c2"]
+    os.utime(root / "heartbeats" / "h2.q2", (T - 31, T - 31))  # its instance went away: c3 is lost
+    assert list(gather_fs(str(root), "h1", T, tasks=TASKS, fresh=30).waiting) == ["c2", "c3"]
+
+
+def test_a_sweep_that_cannot_be_listed_decides_nothing(tmp_path: Path) -> None:
+    import pytest
+
+    from ablate.remote.host.autostop import Unsure
+
+    with pytest.raises(Unsure):
+        gather_fs(str(tmp_path / "not-mounted"), "h1", T, tasks=TASKS)
 
 
 def test_gather_a_launch_not_started_yet_counts_as_running_for_a_while(tmp_path: Path) -> None:
     root = sweep_root(tmp_path / "sweep")
     (root / "heartbeats" / "h1.q1").unlink()
     os.utime(root / "queues" / "q1.ledger", (T - 60, T - 60))
-    assert list(gather_fs(str(root), "h1", T, tasks=TASKS, steal=False).running) == ["q1"]
+    assert list(gather_fs(str(root), "h1", T, tasks=TASKS).running) == ["q1"]
     os.utime(root / "queues" / "q1.ledger", (T - 3600, T - 3600))  # its start failed long ago
-    assert list(gather_fs(str(root), "h1", T, tasks=TASKS, steal=False).running) == []
+    assert list(gather_fs(str(root), "h1", T, tasks=TASKS).running) == []
 
 
 def publish_result(root: Path, name: str, host: str) -> Path:
@@ -188,7 +223,12 @@ def test_unverified_of_checks_its_own_results_once_per_manifest(tmp_path: Path) 
     assert unverified_of(str(root), "h1", artifacts, cache) == {}  # the same manifest: not read again
     bad = unverified_of(str(root), "h1", artifacts, {})
     assert list(bad) == ["c1"] and "sha256" in bad["c1"], bad
+    again: dict[str, str | None] = {}
+    assert list(unverified_of(str(root), "h1", artifacts, again)) == ["c1"] and again == {}
+    data[-1] ^= 0xFF  # mended in place: verified at the next look
+    (mine / "model.safetensors").write_bytes(bytes(data))
+    assert unverified_of(str(root), "h1", artifacts, again) == {} and len(again) == 1
     (theirs / "model.safetensors").write_bytes(b"x")  # another host's result is not h1's to check
-    assert list(unverified_of(str(root), "h1", artifacts, {})) == ["c1"]
+    assert unverified_of(str(root), "h1", artifacts, {}) == {}
     f = facts(unverified=bad)
     assert decide(ON, f).kind == "unverified" and "c1" in decide(ON, f).why

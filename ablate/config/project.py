@@ -5,7 +5,6 @@ Every error names the file, the key path, why, and (for unknown keys) "did you m
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,16 +20,19 @@ from ablate.config.settings import (
     DEFAULT_MONITOR,
     DEFAULT_REPORT,
     NO_CALIBRATE,
+    Autostop,
     Calibrate,
     CostOverride,
     Monitor,
     ReportSettings,
+    parse_autostop,
     parse_calibrate,
     parse_costs,
     parse_monitor,
     parse_report,
     parse_steal,
 )
+from ablate.config.settings import parse_size as parse_size  # re-exported: callers import it from here
 from ablate.config.slurm import SlurmSettings, parse_slurm
 from ablate.config.storage import SAFE_PATH, local_path, one_place, parse_place
 from ablate.errors import ConfigError
@@ -43,8 +45,6 @@ SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 TRAIN_FIELDS = {"cfg", "task", "epochs", "name", "ckpt_dir", "cat", "resume", "gpu"}
 TRANSPORTS = ("local", "ssh", "slurm")
 VERIFY = ("load", "structure", "hash")  # artifacts.verify: strongest first
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class Profile:
     slurm: SlurmSettings | None = None  # transport: slurm
     storage: str | None = None  # s3://BUCKET[/PREFIX]: the sweep's state there (ablate/config/storage.py)
     storage_endpoint: str | None = None  # a non-AWS store's http(s) URL
+    autostop: Autostop | None = None  # its hosts' `autostop:`, over ablate.yaml's (Host.autostop)
+    autostop_off: bool = False  # the profile says `autostop: false`: off for its hosts
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Host:
     instance_id: str | None
     transport: str
     per_queue: int = 1  # GPUs each queue takes: its trainer's slot, then its services' (services:)
+    autostop_default: Autostop | None = None  # ablate.yaml's `autostop:`, for a profile without one
 
     @property
     def slots(self) -> tuple[int | None, ...]:
@@ -92,6 +95,14 @@ class Host:
     @property
     def ckpt_root(self) -> str:
         return self.profile.ckpt_root.replace("{host}", self.name)
+
+    @property
+    def autostop(self) -> Autostop | None:
+        """Its profile's `autostop:` (`false` there: off), else ablate.yaml's; never on Slurm (a job
+        ends when its queue drains: nothing idles to stop)."""
+        if self.transport == "slurm" or self.profile.autostop_off:
+            return None
+        return self.profile.autostop or self.autostop_default
 
     @property
     def pins_gpus(self) -> bool:
@@ -159,6 +170,7 @@ class Project:
     steal: bool = True
     services: tuple[Service, ...] = ()
     calibrate: Calibrate = NO_CALIBRATE
+    autostop: Autostop | None = None  # ablate.yaml's; a host's own is Host.autostop
 
     @property
     def queues_dir(self) -> Path:
@@ -190,30 +202,10 @@ class Project:
         return self.hosts[name]
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def parse_size(value: Any, where: str) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: expected a size like 2GB, got {value!r}")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{where}: size must be a finite, non-negative number, got {value!r}")
-        return int(value)
-    m = _SIZE.match(str(value))
-    if not m:
-        raise ConfigError(f"{where}: expected a size like 2GB or 500MB, got {value!r}")
-    unit = (m.group(2) or "").upper()
-    binary = "I" in unit
-    letter = unit[:1] if unit[:1] in "KMGT" else ""
-    mult = _UNITS[letter] if not binary else 1024 ** "_KMGT".index(letter)
-    return int(float(m.group(1)) * mult)
-
-
 # --------------------------------------------------------------------------- profiles
 
 PROFILE_KEYS = {"shared_fs", "storage", "storage_endpoint", "ckpt_root", "env", "release", "transport",
-                "python", "slurm"}
+                "python", "slurm", "autostop"}
 
 
 def shipped_profiles() -> dict[str, str]:
@@ -244,6 +236,9 @@ def load_profile(name: str, project_dir: Path, where: str) -> Profile:
     release = r.text("release")
     if release:
         check_template(release, {"instance_id", "host", "ssh"}, r, "release")
+    if transport == "slurm" and r.data.get("autostop") not in (None, False):
+        raise r.err("autostop", "a Slurm host's job ends when its queue drains, nothing idles to stop; "
+                                "remove autostop from this profile")
     return Profile(
         name=name,
         shared_fs=place.shared_fs,
@@ -256,6 +251,8 @@ def load_profile(name: str, project_dir: Path, where: str) -> Profile:
         slurm=parse_slurm(r, transport),
         storage=place.storage,
         storage_endpoint=place.endpoint,
+        autostop=parse_autostop(r),
+        autostop_off=r.data.get("autostop", True) is False,
     )
 
 
@@ -310,7 +307,7 @@ def _verify(a: Reader, entries: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 TOP_KEYS = {
     "profile", "sweep", "workdir", "train", "artifacts", "tasks", "cells", "budget", "resources",
     "candidates", "ssh_config", "hosts", "heartbeat_secs", "costs", "monitor", "report", "steal",
-    "services", "calibrate", "stop_grace",
+    "services", "calibrate", "stop_grace", "autostop",
 }
 HOST_KEYS = {"profile", "ssh", "speed", "gpus", "slots", "instance_id", "transport", "queues"}
 
@@ -378,7 +375,8 @@ def load_project(directory: Path | str = ".") -> Project:
     for c in candidates:
         load_profile(c, project_dir, f"{file}: candidates")
 
-    hosts = _hosts(r, default_profile, project_dir, gpus_per_queue(services), bool(services))
+    autostop = parse_autostop(r)
+    hosts = _hosts(r, default_profile, project_dir, gpus_per_queue(services), bool(services), autostop)
     workdir = r.text("workdir")
     if workdir is None:
         remote = [h.name for h in hosts.values() if h.transport != "local"]
@@ -417,6 +415,7 @@ def load_project(directory: Path | str = ".") -> Project:
         steal=parse_steal(r),
         services=services,
         calibrate=parse_calibrate(r),
+        autostop=autostop,
     )
 
 
@@ -457,7 +456,7 @@ def _cells(r: Reader, tasks: Mapping[str, Task]) -> tuple[CellSource, ...]:
 
 
 def _hosts(r: Reader, default: Profile, project_dir: Path, per_queue: int = 1,
-           services: bool = False) -> dict[str, Host]:
+           services: bool = False, autostop: Autostop | None = None) -> dict[str, Host]:
     raw = r.data.get("hosts")
     if not isinstance(raw, dict) or not raw:
         raise r.err("hosts", "must map at least one host name to its settings, "
@@ -497,7 +496,7 @@ def _hosts(r: Reader, default: Profile, project_dir: Path, per_queue: int = 1,
             raise h.err("gpus", f"{len(gpus)} GPU(s), but each queue takes {per_queue}: its trainer's "
                                 "and its services' (services[].gpus); list more or give services fewer")
         out[name] = Host(name, profile, ssh, h.num("speed", 1.0), gpus,
-                         None if iid is None else str(iid), transport, per_queue)
+                         None if iid is None else str(iid), transport, per_queue, autostop)
     return out
 
 

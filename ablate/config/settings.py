@@ -1,9 +1,10 @@
 """The optional sections of `ablate.yaml` beyond the core: cost overrides, monitoring thresholds
 and log-progress patterns, the report's baseline, main metric and grouping over seeds, work
-stealing.
+stealing, calibration, autostop; and the durations and sizes the config writes.
 
 Each parser takes the `Reader` of the top level (`ablate.config.reader`) and returns a frozen
-dataclass with defaults, so a project without these sections behaves as documented.
+dataclass with defaults (autostop: None, off), so a project without these sections behaves as
+documented.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from typing import Any
 
 from ablate.config.reader import Reader, check_template
 from ablate.errors import ConfigError
+from ablate.remote.host.autostop import Settings
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
 _DUR_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _SAFE_GLOB = re.compile(r"^[A-Za-z0-9._/+@,=*?\[\]-]+$")
 _KEY_PATH = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")  # `seed`, `train.seed`: dots separate nested keys
 _GROUP_OFF = ("none", "off")
@@ -71,18 +75,37 @@ DEFAULT_MONITOR = Monitor(1800.0, 1200.0, DEFAULT_EPOCH_RE, DEFAULT_METRIC_RE)
 DEFAULT_REPORT = ReportSettings(("*baseline*", "*base", "*_base_*", "*-base-*"), None, "min")
 
 
-def parse_duration(value: Any, where: str) -> float:
-    """`30m`, `1.5h`, `90s`, `2d` or a number of seconds."""
+def parse_duration(value: Any, where: str, *, zero: bool = False) -> float:
+    """`30m`, `1.5h`, `90s`, `2d` or a number of seconds; `zero`: 0 is a duration too."""
     if isinstance(value, bool):
         raise ConfigError(f"{where}: expected a duration like 30m or 90s, got {value!r}")
     if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"{where}: a duration must be a positive number of seconds, got {value!r}")
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            what = "a non-negative" if zero else "a positive"
+            raise ConfigError(f"{where}: a duration must be {what} number of seconds, got {value!r}")
         return float(value)
     m = _DURATION.match(str(value))
-    if not m or float(m.group(1)) <= 0:
+    if not m or (float(m.group(1)) == 0 and not zero):
         raise ConfigError(f"{where}: expected a duration like 30m, 1.5h or 90s, got {value!r}")
     return float(m.group(1)) * _DUR_UNITS[(m.group(2) or "").lower()]
+
+
+def parse_size(value: Any, where: str) -> int:
+    """`2GB`, `500MB`, `1.5GiB` or a number of bytes."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a size like 2GB, got {value!r}")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{where}: size must be a finite, non-negative number, got {value!r}")
+        return int(value)
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ConfigError(f"{where}: expected a size like 2GB or 500MB, got {value!r}")
+    unit = (m.group(2) or "").upper()
+    binary = "I" in unit
+    letter = unit[:1] if unit[:1] in "KMGT" else ""
+    mult = _SIZE_UNITS[letter] if not binary else 1024 ** "_KMGT".index(letter)
+    return int(float(m.group(1)) * mult)
 
 
 def _regex(value: Any, where: str, groups: int) -> str:
@@ -205,3 +228,38 @@ def parse_calibrate(r: Reader) -> Calibrate:
 
 
 NO_CALIBRATE = Calibrate()
+
+
+# `autostop: {idle, command, keep}` (docs/configuration.md, "Stopping idle instances"): the watcher's
+# own settings type (ablate/remote/host/autostop.py), one definition for both sides. None: off.
+Autostop = Settings
+
+
+AUTOSTOP_EXAMPLE = 'autostop: {idle: 10m, command: "runpodctl stop pod $RUNPOD_POD_ID"}'
+
+
+def parse_autostop(r: Reader) -> Autostop | None:
+    """`autostop:` of ablate.yaml's top level or of a profile (`r` is that file's top level)."""
+    v = r.data.get("autostop")
+    if v is None or v is False:
+        return None
+    if not isinstance(v, dict):
+        raise r.err("autostop", f"must be a mapping with idle and command (and keep), or false (off); "
+                                f"got {v!r}; e.g. {AUTOSTOP_EXAMPLE}")
+    a = r.sub("autostop", {"idle", "command", "keep"})
+    if not a.has("idle"):
+        raise a.err("idle", "is required: how long an instance with nothing left to do waits before it "
+                            "stops itself, e.g. idle: 10m (0: at once)")
+    idle = parse_duration(a.data["idle"], f"{r.file}: autostop.idle", zero=True)
+    if not a.has("command"):
+        raise a.err("command", "is required: the command that stops this instance from inside it, run "
+                               "through sh -c there, e.g. command: runpodctl stop pod $RUNPOD_POD_ID "
+                               "(the shipped profiles have one for their platform)")
+    command = (a.text("command") or "").strip()
+    keep = a.data.get("keep")
+    if keep is None:
+        keep = 1
+    elif isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise a.err("keep", f"must be a whole number >= 0 (instances kept up while cells wait for "
+                            f"`ablate remediate`; 0: none), got {keep!r}")
+    return Autostop(idle, command, keep)

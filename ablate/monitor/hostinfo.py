@@ -10,8 +10,11 @@ progress bar rewrites one "line" with `\\r` thousands of times.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 from ablate.config.project import Project
@@ -289,6 +292,64 @@ def gather(project: Project, hosts: Sequence[str] | None = None,
     """Every host (or those named), in parallel: its GPUs and its running cells' log tails."""
     names = list(project.hosts) if hosts is None else list(hosts)
     return dict(fan_out(names, lambda h: host_live(project, h, nbytes)))
+
+
+# A host's query still out from an earlier call (`status --watch` asks every interval): answered
+# once, not queued up behind its own connect time-outs. (project dir, sweep, host, live) -> answer.
+_PENDING: dict[tuple[str, str, str, bool], Future[HostLive]] = {}
+_PENDING_LOCK = threading.Lock()
+
+
+def _tmux_and_view(project: Project, host: str) -> HostLive:
+    """`hostview.ask_one` (tmux and the host's own view, nothing live) as a `HostLive`."""
+    (sessions, why), (view, vwhy) = hostview.ask_one(project, host)
+    return HostLive(host, sessions=sessions, tmux_error=why, view=view, view_error=vwhy)
+
+
+def _answer(fut: Future[HostLive], ask: Callable[[], HostLive]) -> None:
+    try:
+        fut.set_result(ask())
+    except Exception as e:  # the host's failure is its answer, as in `fan_out`
+        fut.set_exception(e)
+
+
+def ask_each(project: Project, live: bool = True, nbytes: int = TAIL_BYTES) -> dict[str, Future[HostLive]]:
+    """Every host asked at once, each on a daemon thread of its own, so that a caller may leave a
+    host's answer unawaited (one that stopped itself: `status`) without anything, the interpreter's
+    exit included, waiting on its connect time-out. `live`: `host_live` (GPUs, log tails), else its
+    tmux and view alone (`hostview.ask_one`). A host whose query from an earlier call is still out
+    is not asked again: that query's answer is this one's."""
+    out: dict[str, Future[HostLive]] = {}
+    for name in project.hosts:
+        key = (str(project.dir), project.sweep, name, live)
+        with _PENDING_LOCK:
+            fut = _PENDING.get(key)
+            if fut is None or fut.done():
+                fut = _PENDING[key] = Future()
+                ask = (partial(host_live, project, name, nbytes) if live
+                       else partial(_tmux_and_view, project, name))
+                threading.Thread(target=_answer, args=(fut, ask), name=f"ablate-ask-{name}",
+                                 daemon=True).start()
+        out[name] = fut
+    return out
+
+
+def collect(futures: Mapping[str, Future[HostLive]], skip: Collection[str] = ()
+            ) -> dict[str, HostLive | Exception]:
+    """The answers of `ask_each`, as `gather` gives them; a host in `skip` is waited for not at all:
+    its answer is used only when it came already and is one (tmux answered), else it is left out."""
+    out: dict[str, HostLive | Exception] = {}
+    for host, fut in futures.items():
+        if host in skip:
+            got = fut.result() if fut.done() and fut.exception() is None else None
+            if got is not None and got.sessions is not None:
+                out[host] = got
+            continue
+        try:
+            out[host] = fut.result()
+        except Exception as e:
+            out[host] = e
+    return out
 
 
 def asked_of(project: Project, got: Mapping[str, HostLive | Exception]) -> hostview.Asked:

@@ -3,7 +3,9 @@ has produced — rebuilt from the shared FS (one probe) and each host's tmux (on
 hosts in parallel and alongside the probe, so a dead host costs one connect time-out in all).
 
 A host that cannot be reached is not a lost instance on that one signal: its queue counts as
-`running` while its heartbeat, read from the FS through another host, is fresh."""
+`running` while its heartbeat, read from the FS through another host, is fresh. A host that stopped
+itself (autostop: the probe's answer says so, `ablate.sweep.autostop_view`) is not waited for at
+all: it is `stopped (autostop)`, never unreachable, and its connect time-out costs nothing."""
 
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ablate.config.project import Project
-from ablate.monitor.hostinfo import HostLive, asked_of, attach_live, gather, live_lines
+from ablate.monitor.hostinfo import HostLive, ask_each, asked_of, attach_live, collect, gather, live_lines
 from ablate.remote.layout import session_name
-from ablate.sweep.snapshot import Asked, Snapshot, SweepState, load
-from ablate.transport import shared_fs
+from ablate.sweep import autostop_view
+from ablate.sweep.autostop_view import HostAutostop
+from ablate.sweep.snapshot import Asked, Snapshot, SweepState, load, state_of
+from ablate.transport import SharedFS, shared_fs
 from ablate.util import timings
 from ablate.util.fmt import duration
 
@@ -90,6 +94,7 @@ class StatusReport:
     calibrate: Calibration | None = None  # `calibrate:`: what each queue measured, and its cost
     # the last reconcile's verified cells by the weakest check of their checkpoint files
     verified_by: dict[str, int] = field(default_factory=dict)
+    autostop: dict[str, HostAutostop] = field(default_factory=dict)  # hosts with autostop on or a record
 
     @property
     def eta(self) -> float | None:
@@ -111,6 +116,7 @@ class StatusReport:
             "views": self.views, "fs_lag": self.lag,
             "calibrate": self.calibrate.to_json() if self.calibrate else None,
             "verified_by": self.verified_by,
+            "autostop": {h: a.to_json() for h, a in self.autostop.items()},
         }
 
     def lines(self) -> list[str]:
@@ -147,6 +153,7 @@ class StatusReport:
             note = (f"; its queue(s) {', '.join(alive)} alive (fresh heartbeat read through "
                     f"{self.via or 'the shared FS'})" if alive else "")
             out.append(f"host {host} unreachable: {why}{note}")
+        out += [a.line() for a in self.autostop.values()]
         out += [f"view of {h}: {v['why']}" for h, v in self.views.items() if v.get("unsettled")]
         return out + state_lines(self.cells, self.idle) + live_lines(self) + warning_lines(self.warnings)
 
@@ -188,17 +195,10 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
     fs = shared_fs(project)
     # The FS probe and one command per host (its tmux sessions and, live_info, its GPUs and log
     # tails), all at once: the slowest host, not the sum, sets the wall time.
-    host_data: dict[str, HostLive | Exception] | None = None
-
-    def ask() -> Asked:
-        nonlocal host_data
-        host_data = gather(project)
-        return asked_of(project, host_data)
-
     with ThreadPoolExecutor(max_workers=1) as pool:
-        loading = pool.submit(load, project, fs, ask=ask if live_info else None)
+        loading = pool.submit(_load, project, fs, live_info)
         _readers()
-        state = loading.result()
+        state, host_data, gone = loading.result()
     from ablate.monitor.calibration import calibration
     from ablate.monitor.slurm_pending import stuck
     from ablate.plan.cost import learn
@@ -246,6 +246,7 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
                                 queue=row.queue, host=h.name)
             row.job = {**job, "stuck": fix} if job and fix else job
             row.last_job = None if row.job else state.ended_jobs(h.name).get(session)
+    autostop = {h: a for h, a in autostop_view.of_snapshot(snap).items() if a.on or a.record is not None}
     report = StatusReport(
         sweep=project.sweep, roster=len(roster), synced=len(roster & set(snap.results)),
         verified=_last_verified(snap.reconcile, roster), verified_by=_verified_by(snap.reconcile, roster),
@@ -253,11 +254,44 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
         cells=got.cells, idle=host_alarms(state, list(project.hosts), project.monitor.idle_after),
         warnings=list(state.warnings), views=_views(state),
         lag={"seconds": state.lag.seconds, "measured": state.lag.measured, "note": state.lag.note},
-        calibrate=calibration(snap.events),
+        calibrate=calibration(snap.events), autostop=autostop,
     )
     if host_data is not None:
         attach_live(project, report, host_data)
+    for host in gone:
+        if host in report.hosts:
+            report.hosts[host] = {**report.hosts[host], "error": STOPPED}
     return report
+
+
+STOPPED = "stopped (autostop)"  # a host that stopped itself, where its answer would be
+
+
+def _load(project: Project, fs: SharedFS, live_info: bool
+          ) -> tuple[SweepState, dict[str, HostLive | Exception] | None, set[str]]:
+    """The sweep's state, each host's answers (live_info) and the hosts that stopped themselves
+    and were not waited for. Every host is asked while the FS is probed; once the probe says a host
+    stopped itself, its answer is not awaited (`hostinfo.collect`)."""
+    if project.sweep_store() is not None:
+        # The hosts first, then the store (`snapshot.load` says why); the store's snapshot carries
+        # no autostop records.
+        host_data: dict[str, HostLive | Exception] | None = None
+
+        def ask() -> Asked:
+            nonlocal host_data
+            host_data = gather(project)
+            return asked_of(project, host_data)
+
+        return load(project, fs, ask=ask if live_info else None), host_data, set()
+    asking = ask_each(project, live=live_info)
+    raw = fs.probe("snapshot", {"root": fs.root, "touch": True})
+    stopped = autostop_view.stopped_hosts(raw) & set(project.hosts)
+    got = collect(asking, skip=stopped)
+    gone = stopped - set(got)
+    asked = asked_of(project, got)
+    for host in gone:
+        asked.unreachable.pop(host, None)  # gone on purpose, not unreachable
+    return state_of(project, raw, asked), got if live_info else None, gone
 
 
 def _eta(model: CostModel, host: str | None, slot: int | None, queue: str, state: str, names: list[str],

@@ -2,8 +2,9 @@
 
 A row per queue (host, slot): a bar k/n, the current cell, its elapsed time, the queue's ETA, the
 heartbeat's age, the epoch and main metric parsed from the running cell's log; a row per host:
-GPU utilisation and memory (where nvidia-smi exists), idle-and-costing-money, unreachable; and the
-cells that need attention (hung, lost, oom, crashed, ...). States are coloured (none under NO_COLOR).
+GPU utilisation and memory (where nvidia-smi exists), idle-and-costing-money, unreachable, what
+its autostop waits for (or that it stopped itself); and the cells that need attention (hung, lost,
+oom, crashed, ...). States are coloured (none under NO_COLOR).
 
 The data is fetched on a background thread, so keys are answered at once even while a slow host
 is asked; times tick between fetches. On a terminal the dashboard uses the alternate screen and
@@ -33,8 +34,9 @@ STATE_STYLE = {
     "running": "green", "hung": "bold yellow", "lost": "bold red", "stale": "red", "stopped": "red",
     "drained": "blue", "done_unverified": "cyan", "verified": "bold green", "not_launched": "dim",
     "idle_costing_money": "bold magenta", "unreachable": "bold red", "busy": "green",
-    "released": "bold green", "release_approved": "bold cyan",
+    "released": "bold green", "release_approved": "bold cyan", "stopped (autostop)": "bold green",
 }
+STOPPED = "stopped (autostop)"  # a host that stopped itself (its autostop)
 ATTENTION = ("hung", "lost", "oom", "crashed", "service_down", "sync_failed", "too_long", "corrupt",
              "stale", "interrupted")
 
@@ -144,7 +146,8 @@ def _hosts_table(report: Any) -> Any:
     hosts: dict[str, dict[str, Any]] = dict(getattr(report, "hosts", None) or {})
     idle = {i.host: i for i in getattr(report, "idle", None) or []}
     unreachable: dict[str, str] = getattr(report, "unreachable", None) or {}
-    names = list(dict.fromkeys([*hosts, *idle, *unreachable]))
+    autostop: dict[str, Any] = getattr(report, "autostop", None) or {}
+    names = list(dict.fromkeys([*hosts, *idle, *unreachable, *autostop]))
     if not names:
         return None
     table = Table(expand=False, box=None, pad_edge=False, header_style="bold")
@@ -152,7 +155,10 @@ def _hosts_table(report: Any) -> Any:
         table.add_column(col, no_wrap=col != "gpus")
     for h in names:
         info = hosts.get(h) or {}
-        if h in unreachable:
+        auto = autostop.get(h)
+        if auto is not None and auto.stopped:
+            state, note = STOPPED, auto.why()
+        elif h in unreachable:
             state, note = "unreachable", unreachable[h]
         elif h in idle:
             alarm = idle[h]
@@ -161,11 +167,15 @@ def _hosts_table(report: Any) -> Any:
         else:
             busy = any(r.host == h and r.state in ("running", "stale") for r in report.rows)
             state, note = ("busy" if busy else "-"), ""
+        if auto is not None and state != STOPPED:
+            note = " · ".join(t for t in (note, f"autostop: {auto.why()}") if t)
         gpus = info.get("gpus")
         if gpus:
             text = "  ".join(gpu_text(g) for g in gpus)
         elif info.get("gpu_error"):
             text = f"nvidia-smi: {info['gpu_error']}"
+        elif state == STOPPED:
+            text = ""
         elif info.get("error") and h not in unreachable:
             text = f"not asked: {info['error']}"
         else:

@@ -18,10 +18,11 @@ one `launched`, `running` or `failed`, a failure never hiding the others. In ord
 4. `_refusals`: the disk/inode budget and the code drift, once per host, from what step 2 measured.
 5. Only when something will start, `_start_all`: the placement (`placement.place`, idempotent, ~2
    round trips); every queue's FS copy and stop request removed in one `apply`, their ledger
-   entries (each saying whether it cleared a stop request) and the estimates in a second; then the
-   tmux sessions, one command per host, hosts in parallel (`_argv` builds the `run_queue` command
-   line); on a storage host that command is its boot program (ablate/run/store_launch.py: the files
-   fetched from the store to the instance's own copy, the sessions started, credentials handed over).
+   entries (each saying whether it cleared a stop request), the estimates and each host's autostop
+   settings (ablate/run/autostop_launch.py) in a second; then the tmux sessions, one command per
+   host, hosts in parallel (`_argv` builds the `run_queue` command line); on a storage host that
+   command is its boot program (ablate/run/store_launch.py: its files fetched from the store to the
+   instance's own copy, the sessions started, credentials handed over).
 
 Nothing changes on the FS before step 5: a refusal leaves the project and the FS as they were.
 """
@@ -39,6 +40,7 @@ from ablate.errors import AblateError, CheckFailed, RemoteError
 from ablate.plan.cost import estimates_note, estimates_op
 from ablate.remote.host import session_env
 from ablate.remote.layout import SweepLayout, session_name
+from ablate.run.autostop_launch import autostop_note, settings_ops
 from ablate.run.context import LaunchContext, LocalQueues, launch_context
 from ablate.run.host_measure import Section, measure
 from ablate.run.placement import DeployResult, place
@@ -166,9 +168,8 @@ def launch_each(ctx: LaunchContext, requests: Sequence[LaunchRequest]) -> list[L
             for r, g in zip(requests, got, strict=True)]
 
 
-def is_live(project: Project, host: Host, queue: str, transport: HostTransport | None = None) -> bool:
-    ht = transport or host_transport(project, host)
-    return session_name(project.sweep, host.name, queue) in ht.tmux_sessions()
+def is_live(project: Project, host: Host, queue: str) -> bool:
+    return session_name(project.sweep, host.name, queue) in host_transport(project, host).tmux_sessions()
 
 
 # --------------------------------------------------------------------------- the pipeline
@@ -411,10 +412,12 @@ def _record(ctx: LaunchContext, snap: Snapshot, dep: DeployResult,
         estimates = []
         if log is not None:
             log(estimates_note(e))
-    seconds = apply_groups(fs, [*entries.values(), estimates])
+    autostop = settings_ops(project, fs.root, (ready[i].host for i in entries))  # its runner reads them
+    *seconds, put = apply_groups(fs, [*entries.values(), estimates, autostop])
     failed.update((i, e) for i, e in zip(entries, seconds, strict=False) if isinstance(e, Exception))
-    if estimates and isinstance(seconds[-1], Exception) and log is not None:
-        log(estimates_note(seconds[-1]))
+    for err, note in ((seconds[-1] if estimates else None, estimates_note), (put, autostop_note)):
+        if isinstance(err, Exception) and log is not None:
+            log(note(err))
     return failed
 
 
@@ -520,9 +523,7 @@ def _argv(project: Project, dep: DeployResult, r: _Ready) -> list[str]:
 
 
 def _message(e: BaseException) -> str:
-    if isinstance(e, AblateError):
-        return e.message
-    return f"{type(e).__name__}: {e}"
+    return e.message if isinstance(e, AblateError) else f"{type(e).__name__}: {e}"
 
 
 def _failed(project: Project, queue: str, host: str, error: str) -> LaunchResult:

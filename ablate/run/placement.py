@@ -65,9 +65,15 @@ def packaged_learn() -> bytes:
 
 
 # The modules in the runner zipapp (stdlib only at import: the store's client imports boto3 when a
-# store is opened, which only a storage host's runner does): exactly the ablate modules that
-# `queue.serve` and `queue.publish` import, at any depth (tests/test_shipped_code.py).
-RUNNER_MODULES = ("ablate.remote.checkpoints.artifacts", "ablate.remote.layout",
+# store is opened, which only a storage host's runner does; the checkpoint loaders import numpy,
+# torch or safetensors when a file is loaded, which only the autostop watcher does): exactly the
+# ablate modules that `queue.serve`, `queue.publish` and `host.autostop_watch` import, at any depth
+# (tests/test_shipped_code.py).
+RUNNER_MODULES = ("ablate.remote.checkpoints.artifacts", "ablate.remote.checkpoints.filecheck",
+                  "ablate.remote.checkpoints.framework_dirs", "ablate.remote.checkpoints.loaders",
+                  "ablate.remote.checkpoints.pickles", "ablate.remote.checkpoints.torchzip",
+                  "ablate.remote.checkpoints.verify", "ablate.remote.host.autostop",
+                  "ablate.remote.host.autostop_watch", "ablate.remote.layout",
                   "ablate.remote.queue.calibrate", "ablate.remote.queue.defaults",
                   "ablate.remote.queue.fence", "ablate.remote.queue.grammar", "ablate.remote.queue.learn",
                   "ablate.remote.queue.publish", "ablate.remote.queue.rules", "ablate.remote.queue.runner",
@@ -82,6 +88,10 @@ if sys.argv[1:2] == ["publish"]:
     from ablate.remote.queue.publish import main as publish
 
     raise SystemExit(publish(sys.argv[2:]))
+if sys.argv[1:2] == ["autostop"]:
+    from ablate.remote.host.autostop_watch import main as autostop
+
+    raise SystemExit(autostop(sys.argv[2:]))
 from ablate.remote.queue.serve import main
 
 raise SystemExit(main())

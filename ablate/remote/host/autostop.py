@@ -30,17 +30,18 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class Settings:
-    """`autostop: {idle, command, keep}` of one host (the profile's, else ablate.yaml's)."""
+    """`autostop: {idle, command, keep}` of one host (the profile's, else ablate.yaml's; parsed by
+    ablate/config/settings.py, which calls it `Autostop`). None: off."""
 
-    idle: float  # seconds after the last useful work
-    command: str  # run through `sh -c` on the instance
-    keep: int = 1  # instances kept up while cells wait for remediate
+    idle: float  # seconds since the instance's last useful work
+    command: str  # run on the instance through `sh -c`: $VARs and $(...) are the shell's
+    keep: int = 1  # instances kept up while cells of the sweep wait for remediate
 
 
 @dataclass(frozen=True)
@@ -181,12 +182,13 @@ def _pid_alive(pid: object) -> bool:
 
 
 def queues_of(root: str) -> dict[str, str]:
-    """Every launched queue of the sweep and its host, by the last launch in its ledger."""
+    """Every launched queue of the sweep and its host, by the last launch in its ledger (Unsure
+    when they cannot be listed)."""
     qdir = os.path.join(root, "queues")
     try:
         names = sorted(n[:-len(".ledger")] for n in os.listdir(qdir) if n.endswith(".ledger"))
-    except OSError:
-        return {}
+    except OSError as err:
+        raise Unsure(f"cannot list the sweep's queues: {err}") from None
     out = {}
     for q in names:
         host = None
@@ -217,18 +219,26 @@ def cells_of(text: str, tasks: Mapping[str, int]) -> list[str]:
     return out
 
 
-def gather_fs(root: str, host: str, now: float, *, tasks: Mapping[str, int], steal: bool,
+class Unsure(Exception):
+    """The sweep could not be read: nothing is decided on what was not seen (never a stop)."""
+
+
+def gather_fs(root: str, host: str, now: float, *, tasks: Mapping[str, int],
+              steal_pick: Callable[[], Sequence[str]] | None = None,
               unverified: Mapping[str, str] | None = None, keepers: Sequence[str] | None = None,
-              cancelled: bool = False) -> Facts:
-    """What this instance sees of the sweep on the shared FS at `now` (its own clock; the same
-    machine as its queues' processes, so a running queue is one whose heartbeat says running and
-    whose process is alive here). `unverified`: its published results not verified in place (the
-    caller's verification, cached by manifest); `keepers`: the election's answer, once made."""
+              cancelled: bool = False, fresh: float = 30.0) -> Facts:
+    """What this instance sees of the sweep on the shared FS at `now` (the FS's clock: `now` and
+    the files' mtimes come from the same server). A running queue of its own is one whose heartbeat
+    says running and whose process is alive here (the same machine); another host's, one whose
+    heartbeat says running and beat within `fresh` seconds. `steal_pick`: what a steal would give
+    it now (the runner's own rule, asked only when nothing of its own is left; None: stealing is
+    off); `unverified`: its published results not verified in place (the caller's verification,
+    cached by manifest); `keepers`: the election's answer, once made. Unsure when the sweep's
+    queues cannot be listed."""
     queues = queues_of(root)
     exists = os.path.exists
     running: list[str] = []
     own: list[str] = []
-    other: list[str] = []
     waiting: list[str] = []
     last = 0.0
     for q, h in sorted(queues.items()):
@@ -251,24 +261,28 @@ def gather_fs(root: str, host: str, now: float, *, tasks: Mapping[str, int], ste
             if exists(os.path.join(root, "final_ckpts", c, "MANIFEST.json")):
                 continue
             if not exists(os.path.join(root, "claims", c)):
-                (own if h == host else other).append(c)
+                if h == host:
+                    own.append(c)
             else:
                 owner = (_read(os.path.join(root, "claims", c, "owner")) or "").split()
                 oq = owner[1] if len(owner) >= 2 else None
-                if oq is None or not _running(root, owner[0], oq):
+                if oq is None or not _running(root, owner[0], oq, now, fresh):
                     waiting.append(c)
+    stealable = sorted(set(steal_pick())) if steal_pick is not None and not running and not own else []
     return Facts(now=now, host=host, running=running, own_unclaimed=sorted(set(own)),
-                 stealable=sorted(set(other)) if steal else (), unverified=dict(unverified or {}),
+                 stealable=stealable, unverified=dict(unverified or {}),
                  waiting=sorted(set(waiting)), keepers=keepers, last_work=last, cancelled=cancelled)
 
 
-def _running(root: str, host: str, queue: str) -> bool:
-    """A queue's heartbeat says running (on another instance its process cannot be checked here)."""
+def _running(root: str, host: str, queue: str, now: float, fresh: float) -> bool:
+    """A queue's heartbeat says running and beat within `fresh` (on another instance its process
+    cannot be checked here)."""
+    path = os.path.join(root, "heartbeats", f"{host}.{queue}")
     try:
-        hb = json.loads(_read(os.path.join(root, "heartbeats", f"{host}.{queue}")) or "null")
+        hb = json.loads(_read(path) or "null")
     except ValueError:
         return False
-    return isinstance(hb, dict) and hb.get("state") == "running"
+    return isinstance(hb, dict) and hb.get("state") == "running" and now - _mtime(path) < fresh
 
 
 def unverified_of(root: str, host: str, artifacts: dict[str, object], cache: dict[str, str | None],
@@ -276,8 +290,9 @@ def unverified_of(root: str, host: str, artifacts: dict[str, object], cache: dic
     """Its published results that are not verified in place, cell -> why: each result whose
     MANIFEST.json names this host, checked as `reconcile --fs` checks it (ablate/remote/checkpoints/
     verify.py: sizes, sha256 against the manifest, each file loaded or checked by its structure,
-    never a pickle executed). `cache` (manifest sha256 -> why, None when verified) keeps a result
-    from being read again while its manifest is the same."""
+    never a pickle executed). `cache` (manifest sha256s of the results verified) keeps a verified
+    result from being read again while its manifest is the same; one that failed is checked again
+    at each call."""
     import hashlib
 
     from ablate.remote.checkpoints import verify
@@ -301,10 +316,11 @@ def unverified_of(root: str, host: str, artifacts: dict[str, object], cache: dic
         if not isinstance(manifest, dict) or manifest.get("host") != host:
             continue
         digest = hashlib.sha256(data).hexdigest()
-        if digest not in cache:
-            problems = verify.verify_cell_dir(os.path.join(final, name), dict(artifacts), load=load)
-            cache[digest] = "; ".join(f"{p['file'] or name}: {p['error']}" for p in problems[:3]) or None
-        why = cache[digest]
-        if why is not None:
-            out[name] = why
+        if digest in cache:
+            continue
+        problems = verify.verify_cell_dir(os.path.join(final, name), dict(artifacts), load=load)
+        if problems:  # checked again next time: a result mended in place (or set aside) counts then
+            out[name] = "; ".join(f"{p['file'] or name}: {p['error']}" for p in problems[:3])
+        else:
+            cache[digest] = None
     return out

@@ -81,7 +81,8 @@ def _heartbeats(lay: SweepLayout, prefix: str) -> dict[str, Any]:
 def snapshot(args: dict[str, Any]) -> dict[str, Any]:
     """Everything a reader of the sweep needs from the FS in one read (parsed by
     `ablate.sweep.snapshot.Snapshot.parse`): events, heartbeats, claims, results, ledgers, the FS
-    copies of the queues, failure details, release approvals and the last reconcile record."""
+    copies of the queues, failure details, release approvals, the last reconcile record and the
+    autostop watchers' files (`_autostop`; in the snapshot's `extra`)."""
     root = args["root"]
     lay = SweepLayout(root)
     now = fs_now(root) if args.get("touch", True) else time.time()
@@ -125,7 +126,43 @@ def snapshot(args: dict[str, Any]) -> dict[str, Any]:
     return {"now": now, "events": events, "heartbeats": heartbeats, "claims": claims,
             "final": final, "ledgers": ledgers, "queues": queues, "approvals": approvals,
             "reconcile": _read_json(lay.reconcile_record), "fs_lag": _read_json(lay.fs_lag),
+            **_autostop(root),
             **_failure_details(lay, final_entries, final, int(args.get("tail_lines", TAIL_LINES)))}
+
+
+AUTOSTOP_DIR = "autostop"  # <root>/autostop/: each instance's autostop watcher and its controls
+
+
+def _autostop(root: str) -> dict[str, Any]:
+    """What the autostop watchers and the controller left in `autostop/` (one listdir): each
+    host's last verdict (`<host>.state.json`, the watcher's, rewritten at every check), the hosts
+    whose autostop is on (`<host>.settings.json`, written at launch) and each host's control
+    record (`<host>.control.json`, `ablate autostop`'s). No directory: all empty."""
+    d = os.path.join(root, AUTOSTOP_DIR)
+    states: dict[str, Any] = {}
+    on: list[str] = []
+    control: dict[str, Any] = {}
+    for fn in _listdir(d):
+        if fn.endswith(".state.json"):  # (a temp file of an atomic write has another suffix)
+            rec = _read_json(os.path.join(d, fn))
+            if isinstance(rec, dict):
+                states[fn[: -len(".state.json")]] = rec
+        elif fn.endswith(".settings.json"):
+            on.append(fn[: -len(".settings.json")])
+        elif fn.endswith(".control.json"):
+            control[fn[: -len(".control.json")]] = _read_json(os.path.join(d, fn))
+    return {"autostop": states, "autostop_on": on, "autostop_control": control}
+
+
+def autostop(args: dict[str, Any]) -> dict[str, Any]:
+    """`ablate autostop`'s read: the FS clock, `autostop/` as `snapshot` reads it, and the ledgers
+    (a launch after a host stopped itself means it is back)."""
+    root = args["root"]
+    lay = SweepLayout(root)
+    now = fs_now(root) if args.get("touch", True) else time.time()
+    ledgers = {fn[: -len(".ledger")]: _read_jsonl(os.path.join(lay.queues, fn))
+               for fn in _listdir(lay.queues) if fn.endswith(".ledger")}
+    return {"now": now, "ledgers": ledgers, **_autostop(root)}
 
 
 TAIL_LINES = 40
@@ -405,7 +442,7 @@ def queue_copies(args: dict[str, Any]) -> dict[str, Any]:
 
 
 OPS = {"snapshot": snapshot, "mine": mine, "verify": verify, "now": now, "report": report,
-       "queues": queue_copies, "apply": fs_writes.apply}
+       "queues": queue_copies, "apply": fs_writes.apply, "autostop": autostop}
 
 
 def run(op: str, args: dict[str, Any]) -> Any:

@@ -74,6 +74,7 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
     agent = store_agent(base)
     if agent is not None:
         agent.start()
+    autostop(base)
     watcher = fence.Watcher((base[1], base[2]), claim_reader(base, agent),
                             env_secs("ABLATE_HEARTBEAT_SECS", HEARTBEAT_SECS),
                             env_secs("ABLATE_CLAIM_WAIT", CLAIM_WAIT))
@@ -101,6 +102,16 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
         with contextlib.suppress(Exception):
             agent.close()
     return 0
+
+
+def autostop(base: Sequence[str]) -> None:
+    """The instance's autostop watcher (`ablate/remote/host/autostop_watch.py`), started by the first
+    queue when the launch turned it on for this host (its settings file), unless it runs."""
+    root, host = base[0], base[1]
+    if os.path.exists(os.path.join(root, "autostop", f"{host}.settings.json")):
+        from ablate.remote.host import autostop_watch
+
+        autostop_watch.ensure(root, host)
 
 
 # A sweep kept in an object store (ABLATE_STORE): what run_queue and run_one ask of the queue's store
