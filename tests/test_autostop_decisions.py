@@ -44,6 +44,9 @@ def test_what_it_waits_for_in_order() -> None:
         "work left: 4 cells it could take (a b c (+1 more))"
     assert decide(ON, facts(unverified={"c4": "hash mismatch", "c2": "missing"})).why.startswith(
         "unverified result: c2 (missing) (+1 more): its disk may hold the only good copy")
+    other = decide(ON, facts(others=["/mnt/fs/ablate/sweep-b"]))
+    assert other.kind == "running"
+    assert other.why == "another sweep's queue runs on this instance (/mnt/fs/ablate/sweep-b)"
     idle = decide(ON, facts(last_work=T - 240))
     assert idle.why == "stops in 6 min" and idle.stop_at == T + 360
 

@@ -335,3 +335,31 @@ def test_a_stopping_record_whose_watcher_went_silent_is_a_stopped_host() -> None
     assert gone.stopped and gone.why().startswith("stopped itself at") and "billed 2 min idle" in gone.why()
     later = {"q1": [{"op": "launch", "host": "h1", "t": 1100.0, "start_index": 0}]}
     assert not autostop_view.read(1200.0, doc, later)["h1"].stopped  # launched on since
+
+
+def test_every_command_reading_the_sweep_skips_a_host_that_stopped_itself(
+        local_project: LocalProject, monkeypatch: pytest.MonkeyPatch) -> None:
+    """remediate, reconcile and the rest read the sweep through `snapshot.load`: h1's query hangs
+    as a connect to a powered-off instance does; the probe says h1 stopped itself, so the state is
+    built without it, h1 unreachable for that reason (remediate plans only the live hosts)."""
+    from ablate.sweep import hostview, snapshot
+
+    p = local_project
+    _sweep(p)
+    release = threading.Event()
+    real = hostview.ask_one
+
+    def slow(project: Any, host: str) -> Any:
+        if host == "h1":
+            release.wait(20)
+        return real(project, host)
+
+    monkeypatch.setattr(hostview, "ask_one", slow)
+    try:
+        t0 = time.monotonic()
+        state = snapshot.load(load_project(p.root))
+        assert time.monotonic() - t0 < 10
+        assert not state.reachable("h1") and state.unreachable["h1"] == "stopped itself (autostop)"
+        assert state.unreachable.get("h2") != "stopped itself (autostop)"  # asked (no tmux in this tier)
+    finally:
+        release.set()

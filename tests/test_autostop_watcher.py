@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ablate.remote.host import autostop_watch
+from ablate.remote.host import autostop, autostop_watch
 from ablate.remote.host.autostop_watch import Watcher
 from tests.helpers.results import make_result
 from tests.helpers.wait import wait_for
@@ -197,3 +197,36 @@ def test_one_detached_watcher_per_sweep_and_host(tmp_path: Path) -> None:
     finally:
         os.kill(pid, 15)
     wait_for(lambda: autostop_watch._try_lock(autostop_watch.lock_path(env_root, "h1")) is not None, 30)
+
+
+def test_another_sweeps_queue_on_the_instance_keeps_it_up(tmp_path: Path) -> None:
+    """Two sweeps on one box: this one is done with it, the other's queue still runs there."""
+    root = sweep(tmp_path / "s", idle=0)
+    other = tmp_path / "shared" / "ablate" / "other"
+    (other / "wrappers").mkdir(parents=True)
+    script = other / "wrappers" / "run_queue.0123456789ab.sh"
+    script.write_text("sleep 60\n")
+    p = subprocess.Popen(["bash", str(script), "spec.env", "q9", "0"])
+    ran: list[str] = []
+    w = Watcher(str(root), "h1", clock=Clock(T), run=lambda c: (ran.append(c), (0, ""))[1])
+    w.settle = 0.0
+    try:
+        wait_for(lambda: str(other) in autostop.other_sweeps(str(root)), 10)
+        w.step()
+        st = state(root)
+        assert st["kind"] == "running" and str(other) in str(st["why"]) and ran == []
+    finally:
+        p.kill()
+        p.wait()
+    w.step()
+    assert ran == ["stop-me"]
+    mine = root / "wrappers" / "run_queue.0123456789ab.sh"  # its own queues do not count here
+    mine.parent.mkdir()
+    mine.write_text("sleep 60\n")
+    q = subprocess.Popen(["bash", str(mine), "spec.env", "q1", "0"])
+    try:
+        wait_for(lambda: Path(f"/proc/{q.pid}/cmdline").read_bytes().count(b"run_queue") == 1, 10)
+        assert autostop.other_sweeps(str(root)) == []
+    finally:
+        q.kill()
+        q.wait()

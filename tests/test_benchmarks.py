@@ -147,6 +147,19 @@ def test_bench_testbed_plans_launches_and_measures() -> None:
     assert "plan + stealing: makespan / lower bound" in out
 
 
+@pytest.mark.bed
+def test_bench_autostop_stops_each_host_after_its_idle_time() -> None:
+    reason = missing_requirement()
+    if reason:
+        pytest.skip(reason)
+    out = run("bench_autostop.py", "--reps", "1", "--cell", "1", "--idle", "3", "--heartbeat", "1",
+              timeout=240)
+    body = {r[0]: r[1:] for r in rows(out)}
+    auto = float(body["idle billed with autostop (last work → stop)"][0].split()[0])
+    assert 2.0 <= auto <= 3.0 + 60.0, out
+    assert "premature stops: 0 of 3" in out and "**PASS**" in out
+
+
 def test_bench_testbed_peer_mode_draws_its_world_and_tabulates_without_a_bed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The pure parts of `bench_testbed.py --peer parallel` (the bed and GNU parallel are too slow

@@ -33,7 +33,7 @@ from tests.helpers.faults import Sweep, sweep_fixture
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
-IDLE = 6.0  # autostop.idle of the scenarios (heartbeat_secs 1)
+IDLE = 4.0  # autostop.idle of the scenarios (heartbeat_secs 1)
 SLACK = 8.0  # seconds past idle + a heartbeat a stop may take on a loaded machine (asserted)
 
 sweep = sweep_fixture()

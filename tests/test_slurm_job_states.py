@@ -33,8 +33,12 @@ def test_a_job_pending_for_a_reason_that_never_clears_is_flagged_with_its_fix(
     sw.ok("plan")
     sw.ok("launch", "--all")
     [job] = sw.jobs()
-    [row] = sw.ok("status")["queues"]
+    got = sw.ok("status")
+    [row] = got["queues"]
     assert row["job"]["reason"] == "JobHeldUser", row
+    # no autostop on a cluster: the job ends with its queue, and status says what it holds meanwhile
+    held = got["autostop"]["cluster"]
+    assert held["kind"] == "job_ends" and "1 still hold" in held["why"], held
     assert row["job"]["stuck"] == ("will not start by itself (JobHeldUser): the job is held (sbatch "
                                    f"--hold or scontrol hold): `scontrol release {job['id']}`"), row
     slurm_cluster.run("scontrol", "hold", job["id"])  # as root: the administrator's hold
@@ -45,6 +49,9 @@ def test_a_job_pending_for_a_reason_that_never_clears_is_flagged_with_its_fix(
     slurm_cluster.run("scontrol", "release", job["id"])
     sw.wait_done()
     sw.assert_all_verified_once()
+    wait_for(lambda: not sw.jobs(), timeout=60)
+    ended = sw.ok("status")["autostop"]["cluster"]
+    assert ended["why"] == "Slurm: its queues' jobs have ended with them: no allocation is held", ended
 
 
 def test_with_accounting_status_shows_each_queues_last_job_by_sacct(

@@ -234,7 +234,12 @@ def test_a_killed_instance_is_remediated_elsewhere(testbed_nofs: Testbed, bed_s3
         def cell_state() -> str:
             return str(cli.json(proj, "status")["cells"][held]["state"])
 
-        wait_for(lambda: cell_state() == "running", timeout=120, interval=0.5)
+        def started_in_store() -> bool:  # its heartbeat (a file) may reach the store before its events
+            obj = st.get(f"events/{victim}.{victim_q['queue']}.jsonl")
+            evs = [json.loads(x) for x in obj.data.decode().splitlines()] if obj is not None else []
+            return any(e["ev"] == "start" and e.get("cell") == held for e in evs)
+
+        wait_for(lambda: cell_state() == "running" and started_in_store(), timeout=120, interval=0.5)
         tb.kill(victim)
         wait_for(lambda: cell_state() == "lost", timeout=120, interval=1.0)
         assert st.head(f"commits/{held}") is None

@@ -247,6 +247,7 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
             row.job = {**job, "stuck": fix} if job and fix else job
             row.last_job = None if row.job else state.ended_jobs(h.name).get(session)
     autostop = {h: a for h, a in autostop_view.of_snapshot(snap).items() if a.on or a.record is not None}
+    autostop.update(_slurm_ends(project, rows, snap.now))
     report = StatusReport(
         sweep=project.sweep, roster=len(roster), synced=len(roster & set(snap.results)),
         verified=_last_verified(snap.reconcile, roster), verified_by=_verified_by(snap.reconcile, roster),
@@ -262,6 +263,18 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
         if host in report.hosts:
             report.hosts[host] = {**report.hosts[host], "error": STOPPED}
     return report
+
+
+def _slurm_ends(project: Project, rows: list[QueueRow], now: float) -> dict[str, HostAutostop]:
+    """A Slurm host needs no autostop: each queue's job ends when its queue drains."""
+    out = {}
+    for host in sorted({r.host for r in rows if r.host and project.hosts.get(r.host)
+                        and project.hosts[r.host].transport == "slurm"}):
+        live = [r.queue for r in rows if r.host == host and (r.job or r.state == "running")]
+        why = (f"Slurm: each queue's job ends when its queue drains ({len(live)} still hold an allocation)"
+               if live else "Slurm: its queues' jobs have ended with them: no allocation is held")
+        out[host] = HostAutostop(host, now, False, autostop_view.Record("job_ends", why))
+    return out
 
 
 STOPPED = "stopped (autostop)"  # a host that stopped itself, where its answer would be

@@ -20,13 +20,21 @@ import posixpath
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ablate.util.fmt import age as fmt_age
 from ablate.util.jsonv import as_int, as_num, as_str
 
-if TYPE_CHECKING:
-    from ablate.sweep.snapshot import Snapshot
+
+class Snapshot(Protocol):
+    """What is read of `ablate.sweep.snapshot.Snapshot` (which imports this module)."""
+
+    @property
+    def now(self) -> float: ...
+    @property
+    def extra(self) -> Mapping[str, Any]: ...
+    @property
+    def ledgers(self) -> Mapping[str, Any]: ...
 
 DIR = "autostop"
 STOPPED, STOPPING, STOP_FAILED = "stopped", "stopping", "stop_failed"

@@ -20,7 +20,9 @@ whose one command per host for `status` carries the same tmux and view sections.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,7 +190,46 @@ def ask_hosts(project: Project, hosts: Sequence[str] | None = None) -> Asked:
     """Every host (or those named) in parallel: one command each (`SCRIPT`, or where a host agent
     runs it, the `mine` probe that asks tmux first: `ask_split`)."""
     names = list(project.hosts) if hosts is None else list(hosts)
-    answers = fan_out(names, lambda n: ask_one(project, n))
+    return assemble(project, fan_out(names, lambda n: ask_one(project, n)))
+
+
+def start_asks(project: Project) -> dict[str, Future[Answer]]:
+    """Every host asked at once, each on a daemon thread of its own: a caller may leave the answer
+    of a host it learns meanwhile to be gone (one that stopped itself) unawaited, and nothing (the
+    interpreter's exit included) waits on that host's connect time-out."""
+    out: dict[str, Future[Answer]] = {}
+    for name in project.hosts:
+        fut: Future[Answer] = Future()
+        out[name] = fut
+        threading.Thread(target=_answer, args=(fut, project, name), name=f"ablate-ask-{name}",
+                         daemon=True).start()
+    return out
+
+
+def _answer(fut: Future[Answer], project: Project, name: str) -> None:
+    try:
+        fut.set_result(ask_one(project, name))
+    except BaseException as e:  # the caller reads it as that host's answer
+        fut.set_exception(e)
+
+
+def finish_asks(project: Project, futures: Mapping[str, Future[Answer]], gone: Mapping[str, str]) -> Asked:
+    """`start_asks`'s answers as `ask_hosts` gives them; a host in `gone` (host -> why) is not waited
+    for: unknown sessions, unreachable for that reason."""
+    answers: dict[str, Answer | Exception | None] = {}
+    for name, fut in futures.items():
+        if name in gone:
+            answers[name] = AblateError(gone[name])
+            continue
+        try:
+            answers[name] = fut.result()
+        except Exception as e:
+            answers[name] = e
+    return assemble(project, answers)
+
+
+def assemble(project: Project, answers: Mapping[str, Answer | Exception | None]) -> Asked:
+    """Per host its answer (or why there is none) as an `Asked`."""
     asked = Asked()
     for name in project.hosts:
         got = answers.get(name)
@@ -209,4 +250,5 @@ def ask_hosts(project: Project, hosts: Sequence[str] | None = None) -> Asked:
 
 
 __all__ = ["MARK", "SCRIPT", "STORE_VIEW", "TMUX", "VIEW", "Answer", "Asked", "TmuxAnswer", "ask_hosts",
-           "ask_one", "ask_split", "parse", "split_view", "tmux_answer", "view_answer", "view_args"]
+           "ask_one", "ask_split", "assemble", "finish_asks", "parse", "split_view", "start_asks",
+           "tmux_answer", "view_answer", "view_args"]

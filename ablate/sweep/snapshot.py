@@ -24,8 +24,9 @@ from typing import Any
 from ablate.config.project import Project
 from ablate.errors import AblateError
 from ablate.remote.layout import session_name
+from ablate.sweep import autostop_view
 from ablate.sweep.cells import QueueFile, parse_queue_text, read_all_queues
-from ablate.sweep.hostview import Asked, ask_hosts
+from ablate.sweep.hostview import Asked, ask_hosts, finish_asks, start_asks
 from ablate.sweep.ledger import LedgerEntry, parse_entries
 from ablate.sweep.records import Approval, Claim, Event, Heartbeat, Result, Tail
 from ablate.sweep.views import FsLag, merge_views
@@ -416,8 +417,13 @@ def load(project: Project, fs: SharedFS | None = None, *, op: str = "snapshot",
         got = (ask or (lambda: ask_hosts(project)))()
         raw = fs.probe(op, {"root": fs.root, "touch": touch, **(args or {})})
         return state_of(project, raw, got)
+    if ask is None:  # a host the probe says stopped itself (autostop) is not waited for
+        futures = start_asks(project)
+        raw = fs.probe(op, {"root": fs.root, "touch": touch, **(args or {})})
+        gone = {h: "stopped itself (autostop)" for h in autostop_view.stopped_hosts(raw)}
+        return state_of(project, raw, finish_asks(project, futures, gone))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        asked = pool.submit(ask or (lambda: ask_hosts(project)))
+        asked = pool.submit(ask)
         raw = fs.probe(op, {"root": fs.root, "touch": touch, **(args or {})})
         got = asked.result()
     return state_of(project, raw, got)

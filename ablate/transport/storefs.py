@@ -68,7 +68,7 @@ VIA = "store"  # the "host" an FSError of this transport names
 FINAL = "final_ckpts"
 # What each probe op reads of the sweep (the mirror's prefixes) and which files of a result.
 _SNAPSHOT = ("claims/", "commits/", "aside/", "events/", "heartbeats/", "queues/", "gate/", "tails/",
-             "released/")
+             "released/", "autostop/")  # autostop/: each instance's watcher, as status shows it
 _PLANS: dict[str, tuple[tuple[str, ...], str]] = {
     "snapshot": (_SNAPSHOT, "manifest"), "mine": (_SNAPSHOT, "manifest"),
     "report": (_SNAPSHOT, "small"), "queues": (("queues/",), "manifest"), "now": ((), "manifest")}

@@ -15,7 +15,8 @@ not hold is what it waits for, and what `status` will say):
 5. it is not one of the `keep` instances kept up while cells of the sweep wait for `ablate
    remediate` (failed, lost or unverified): who stays is decided once, on the sweep's storage, so
    that two instances never each count on the other (`kept for remediation`);
-6. its idle time has passed since its last useful work (`stops in 6 min`); then `stop`.
+6. no other sweep's queue runs on the instance (`other_sweeps`: two sweeps on one box);
+7. its idle time has passed since its last useful work (`stops in 6 min`); then `stop`.
 
 `elect` picks the instances kept for remediation: the fastest by learned speed, ties by name.
 `gather_fs` reads what an instance sees of the sweep on the shared FS: the launched queues and their
@@ -58,6 +59,7 @@ class Facts:
     keepers: Sequence[str] | None = None  # the instances kept for remediation, once elected
     last_work: float = 0.0  # when it last did useful work (a cell's end or sync, a launch, an append)
     cancelled: bool = False  # `ablate autostop --cancel`
+    others: Sequence[str] = ()  # other sweeps whose queues run on this instance (their roots)
 
 
 @dataclass(frozen=True)
@@ -100,10 +102,39 @@ def decide(s: Settings | None, f: Facts) -> Verdict:
         who = "who stays for remediation is not decided yet" if f.keepers is None else "kept for remediation"
         return Verdict("kept", f"{who}: {len(f.waiting)} cell(s) wait for `ablate remediate` "
                                f"({_names(f.waiting)})")
+    if f.others:  # the instance is not this sweep's alone: never stopped under another's queue
+        return Verdict("running", f"another sweep's queue runs on this instance ({_names(f.others, 2)})")
     stop_at = f.last_work + s.idle
     if f.now < stop_at:
         return Verdict("idle", f"stops in {_minutes(stop_at - f.now)}", stop_at)
     return Verdict("stop", f"idle since {_minutes(f.now - f.last_work)} ago: stopping", stop_at)
+
+
+def other_sweeps(root: str, proc: str = "/proc") -> list[str]:
+    """The sweep roots of run_queue processes on this instance other than `root`'s (their command
+    line: `bash <root>/wrappers/run_queue.<sha12>.sh SPEC QUEUE START`). This instance's processes
+    are those in this process's network namespace: a container's all share it, and on the test bed,
+    where the instances share one PID namespace, each has its own."""
+    mine = os.path.realpath(root)
+    out = set()
+    try:
+        pids = [p for p in os.listdir(proc) if p.isdigit()]
+        here = os.readlink(os.path.join(proc, "self", "ns", "net"))
+    except OSError:
+        return []
+    for pid in pids:
+        try:  # this instance's processes: its network namespace (a container's, a box's)
+            if os.readlink(os.path.join(proc, pid, "ns", "net")) != here:
+                continue
+            with open(os.path.join(proc, pid, "cmdline"), "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        script = next((a.decode("utf-8", "replace") for a in argv[:3]
+                       if b"/wrappers/run_queue." in a and a.endswith(b".sh")), None)
+        if script is not None and os.path.realpath(os.path.dirname(os.path.dirname(script))) != mine:
+            out.add(os.path.dirname(os.path.dirname(script)))
+    return sorted(out)
 
 
 def elect(speeds: Mapping[str, float], keep: int) -> tuple[str, ...]:

@@ -24,6 +24,9 @@ result verified again from scratch, records `stopping` and runs the command thro
 `stopped` (the instance is expected to go; if it is still up after `SETTLE` seconds, `stop_failed`).
 Otherwise `stop_failed` with the command's output; it tries again after `retry_after(idle)`.
 Nothing it cannot read ever stops an instance: an unreadable sweep is `unsure`.
+
+On a storage host ROOT is the instance's own copy of the sweep, kept in step with the store by
+`StoreSide` (autostop_store.py): a store it cannot read is `unsure`; no stop the store did not hear of.
 """
 
 from __future__ import annotations
@@ -36,11 +39,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ablate.remote.host import autostop
 from ablate.remote.host.autostop import Facts, Settings, Unsure, Verdict
+from ablate.remote.store.client import StoreError
+
+if TYPE_CHECKING:
+    from ablate.remote.host.autostop_store import StoreSide
 
 SETTLE = 300.0  # seconds a stopped instance may take to go before its stop counts as failed
 COMMAND_TIMEOUT = 300.0  # seconds the stop command may run
@@ -200,9 +207,11 @@ def autostop_hosts(root: str) -> list[str]:
     return []
 
 
-def keepers(root: str, host: str, keep: int, now: float) -> tuple[str, ...]:
+def keepers(root: str, host: str, keep: int, now: float,
+            elect_once: Callable[..., tuple[str, ...]] = autostop.elect_once) -> tuple[str, ...]:
     """Who stays for remediation: the newest generation's election, or a new one when every keeper
-    of the last has stopped (decided once per generation, on the sweep's storage)."""
+    of the last has stopped (decided once per generation, on the sweep's storage: `elect_once`, the
+    store's on a storage host)."""
     gens = []
     with contextlib.suppress(OSError):
         for n in os.listdir(_dir(root)):
@@ -214,22 +223,24 @@ def keepers(root: str, host: str, keep: int, now: float) -> tuple[str, ...]:
     gen = max(gens, default=0)
     path = os.path.join(_dir(root), f"keepers.{gen}.json")
     if gen:
-        chosen = autostop.elect_once(path, speeds(root, live), keep, host, now)
+        chosen = elect_once(path, speeds(root, live), keep, host, now)
         if not chosen or any(h not in stopped for h in chosen):
             return chosen
         gen += 1  # every keeper of that generation has stopped: a new election among the live
     path = os.path.join(_dir(root), f"keepers.{gen or 1}.json")
-    return autostop.elect_once(path, speeds(root, live), keep, host, now)
+    return elect_once(path, speeds(root, live), keep, host, now)
 
 
 # ------------------------------------------------------------------ one check
 
 class Watcher:
     def __init__(self, root: str, host: str, *, clock: Callable[[str, str], float] = fs_now,
-                 run: Callable[[str], tuple[int, str]] | None = None) -> None:
+                 run: Callable[[str], tuple[int, str]] | None = None, store: StoreSide | None = None) -> None:
         self.root, self.host = root, host
         self.clock = clock
-        self.run = run or (lambda command: run_command(command, host))
+        self.store = store  # a sweep kept in an object store: ROOT, its copy, kept in step by it
+        hidden = store.credentials if store is not None else ()
+        self.run = run or (lambda command: run_command(command, host, hidden))
         self.cache: dict[str, str | None] = {}  # manifest sha256s of its results verified
         self.last_kind: str | None = None
         self.failed: dict[str, Any] | None = None  # the last failed stop: {t, rc, out, why}
@@ -250,17 +261,30 @@ class Watcher:
         if cfg.cancelled or f.running or f.own_unclaimed or f.stealable:
             return f
         cache: dict[str, str | None] = {} if fresh_verify else self.cache
+        if self.store is not None:
+            self.store.verify_files(self.store.pending(cache))
         bad = autostop.unverified_of(self.root, self.host, cfg.artifacts, cache, load=cfg.load)
         if bad:
             return _with(f, unverified=bad)
         last = max(f.last_work, _mtime(settings_path(self.root, self.host)))
+        others = autostop.other_sweeps(self.root)
         if f.waiting:
-            return _with(f, keepers=keepers(self.root, self.host, cfg.settings.keep, now), last_work=last)
-        return _with(f, last_work=last)
+            elect = self.store.elect_once if self.store is not None else autostop.elect_once
+            chosen = keepers(self.root, self.host, cfg.settings.keep, now, elect)
+            return _with(f, keepers=chosen, last_work=last, others=others)
+        return _with(f, last_work=last, others=others)
 
     def check(self) -> tuple[Verdict, Config | None, float, Facts | None]:
+        unsynced = None
+        if self.store is not None:
+            try:
+                self.store.sync()
+            except StoreError as e:  # decided on nothing: the copy may be behind the store
+                unsynced = str(e)
         cfg = read_config(self.root, self.host)
         now = self.clock(self.root, self.host)
+        if unsynced is not None and cfg is not None:
+            return Verdict("unsure", f"not deciding: the sweep's store: {unsynced}"), cfg, now, None
         if cfg is None:
             return Verdict("off", "autostop is off for this host (no settings from a launch)"), cfg, now, None
         try:
@@ -283,12 +307,16 @@ class Watcher:
             state.update(stop_rc=self.failed.get("rc"), stop_out=self.failed.get("out"))
         state.update(extra)
         _write_json(self.state_path, state)
+        if self.store is not None:
+            self.store.publish([self.state_path])
         if v.kind != self.last_kind and v.kind not in ACTS:  # an act is its own event
             self.event("verdict", now, kind=v.kind, why=v.why)
         self.last_kind = v.kind
 
     def event(self, ev: str, now: float, **fields: Any) -> None:
         _append(self.events_path, {"t": now, "host": self.host, "ev": ev, **fields})
+        if self.store is not None:
+            self.store.publish([self.events_path])
 
     def step(self) -> float:
         """One check (and, when it says so, the stop); the seconds until the next (< 0: it ends)."""
@@ -325,6 +353,11 @@ class Watcher:
         why = f"idle {autostop._minutes(billed)} since its last work: stopping (`{cfg.settings.command}`)"
         self.record(Verdict("stopping", why), cfg, now, f, billed_idle=billed)
         self.event("stopping", now, command=cfg.settings.command, billed_idle=billed)
+        if self.store is not None and self.store.error:  # the store does not know: not stopping blind
+            self.stopped_at = None
+            self.record(Verdict("unsure", f"not stopping: the sweep's store did not take its record: "
+                                          f"{self.store.error}"), cfg, now, f)
+            return cfg.heartbeat
         rc, out = self.run(cfg.settings.command)
         tail = out[-OUT_TAIL:]
         after = self.clock(self.root, self.host)
@@ -384,13 +417,15 @@ def _tasks(text: str) -> dict[str, int]:
     return grammar.task_epochs(text)
 
 
-def run_command(command: str, host: str) -> tuple[int, str]:
+def run_command(command: str, host: str, hidden: Collection[str] = ()) -> tuple[int, str]:
     """The stop command through `sh -c` in the watcher's environment (the queue's: the profile's env
-    activated) with ABLATE_HOST set, its output kept (never logged elsewhere: it may name ids)."""
+    activated) without the variables `hidden` (a store's credentials) and with ABLATE_HOST set, its
+    output kept (never logged elsewhere: it may name ids)."""
+    env = {k: v for k, v in os.environ.items() if k not in hidden}
     try:
         p = subprocess.run(["sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=COMMAND_TIMEOUT, check=False,
-                           env={**os.environ, "ABLATE_HOST": host})
+                           env={**env, "ABLATE_HOST": host})
     except subprocess.TimeoutExpired as e:
         out = e.stdout if isinstance(e.stdout, bytes) else b""
         return 124, out.decode("utf-8", "replace") + f"\n(timed out after {int(COMMAND_TIMEOUT)} s)"
@@ -465,7 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGHUP, signal.SIGINT):  # detached: only a TERM or KILL ends it
         signal.signal(sig, signal.SIG_IGN)
     try:
-        return Watcher(root, host).loop()
+        from ablate.remote.host.autostop_store import from_env  # None without ABLATE_STORE
+
+        return Watcher(root, host, store=from_env(root, host)).loop()
     finally:
         os.close(fd)
 

@@ -74,7 +74,7 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
     agent = store_agent(base)
     if agent is not None:
         agent.start()
-    autostop(base)
+    autostop(base, agent)
     watcher = fence.Watcher((base[1], base[2]), claim_reader(base, agent),
                             env_secs("ABLATE_HEARTBEAT_SECS", HEARTBEAT_SECS),
                             env_secs("ABLATE_CLAIM_WAIT", CLAIM_WAIT))
@@ -104,10 +104,16 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
     return 0
 
 
-def autostop(base: Sequence[str]) -> None:
+def autostop(base: Sequence[str], agent: Agent | None = None) -> None:
     """The instance's autostop watcher (`ablate/remote/host/autostop_watch.py`), started by the first
-    queue when the launch turned it on for this host (its settings file), unless it runs."""
+    queue when the launch turned it on for this host (its settings file), unless it runs. A storage
+    host's launch wrote the settings into the store: they are brought into its copy first."""
     root, host = base[0], base[1]
+    if agent is not None:
+        try:
+            agent.autostop_settings()
+        except Exception as e:  # the queue goes on; the copy keeps the settings it had
+            print(f"runner: autostop's settings could not be read from the store: {e}", file=sys.stderr)
     if os.path.exists(os.path.join(root, "autostop", f"{host}.settings.json")):
         from ablate.remote.host import autostop_watch
 

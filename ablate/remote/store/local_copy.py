@@ -223,6 +223,39 @@ class Mirror:
             if entry and "/" not in entry:
                 os.makedirs(os.path.join(final, f".aside.{entry}"), exist_ok=True)
 
+    def fetch_result(self, name: str) -> bool:
+        """Every file of the committed result `name` into its directory here, as a sync with
+        results="all" brings them, for this one result only (its commit synced first: the MANIFEST.json
+        and the publish it is of are here). False when the copy holds no commit of it. Not under the
+        copy's lock (a checkpoint takes minutes; the queues' pulls go on meanwhile): each file lands
+        by a rename, and a result another publish replaced meanwhile is not marked complete."""
+        here = os.path.join(self.root, "final_ckpts", name)
+        nonce = _read(os.path.join(here, _NONCE))
+        if not nonce or not os.path.exists(os.path.join(here, MANIFEST)):
+            return False
+        if _complete(here, "all"):
+            return True
+        base = f"results/{name}/{nonce.decode('utf-8', 'replace')}/"
+        mtime = os.stat(os.path.join(here, MANIFEST)).st_mtime
+        for o in self.store.list(base):
+            rel = o.key[len(base):]
+            dst = os.path.join(here, rel)
+            if rel == MANIFEST or not _plain(rel) or os.path.exists(dst):
+                continue
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            tmp = f"{dst}.part.{os.getpid()}"
+            try:
+                self.store.download(o.key, tmp)
+                os.utime(tmp, (mtime, mtime))
+                os.replace(tmp, dst)
+            finally:
+                _unlink(tmp)
+            self.fetched += 1
+        if _read(os.path.join(here, _NONCE)) != nonce:
+            return False  # set aside and published again meanwhile: the next call fetches that one
+        write_atomic(os.path.join(here, _MARKS["all"]), b"", mtime)
+        return True
+
     def adopt(self, rel: str, data: bytes, etag: str) -> None:
         """A key this host just wrote to the store itself (its claim): in the copy at once, and the
         copy's like any other (gone from here when it is gone from the store)."""
@@ -269,6 +302,13 @@ def _complete(path: str, results: str) -> bool:
         return True
     marks = [_MARKS["all"]] if results == "all" else list(_MARKS.values())
     return any(os.path.exists(os.path.join(path, m)) for m in marks)
+
+
+def _plain(rel: str) -> bool:
+    """A result's file name safe to write under its directory: relative, no empty, '.' or '..'
+    part, none of the copy's own marks."""
+    marks = (_NONCE, *_MARKS.values())
+    return bool(rel) and rel not in marks and all(p not in ("", ".", "..") for p in rel.split("/"))
 
 
 def _small(manifest: Any) -> list[str]:

@@ -16,6 +16,8 @@ so that run_queue, run_one and the walk go on reading and writing files.
   pass sends files before the events, so a reader that sees an `end` finds its tail.
 - `claim NAME IDX`: the claim itself, a conditional create of `claims/<name>/owner` (exactly one
   claimer gets it), then in the local copy as the store has it (released there, gone here).
+- `autostop_settings`: this host's `autostop/<host>.settings.json` (the launch's) into the copy as
+  the queue starts, so that its runner process starts the autostop watcher.
 - `config CFG WORKDIR`: a cell's config the instance's clone of the repo lacks, from launch's copy
   in the store (`cfgs/<cfg>`).
 - `commit NAME STAGING STARTED`: run_one's publish: the staged files uploaded under a name of this
@@ -107,6 +109,14 @@ class Agent:
             self.mirror.sync(WALK)
             self._mark_all()
             self.pulled = time.monotonic()
+
+    def autostop_settings(self) -> None:
+        """This host's autostop settings (`autostop/<host>.settings.json`, written into the store by
+        the launch) brought into the copy as the store has them (gone there: gone here), so that the
+        queue's start finds them and starts the watcher (ablate/remote/host/autostop_watch.py), which
+        keeps them in step from then on."""
+        with self.lock:
+            self.mirror.sync((f"autostop/{self.host}.settings.json",))
 
     def push(self) -> None:
         with self.lock:
