@@ -363,3 +363,33 @@ def test_every_command_reading_the_sweep_skips_a_host_that_stopped_itself(
         assert state.unreachable.get("h2") != "stopped itself (autostop)"  # asked (no tmux in this tier)
     finally:
         release.set()
+
+
+def test_launch_all_does_not_wait_for_a_host_that_stopped_itself(
+        local_project: LocalProject, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`launch --all` plans only the live hosts: h1's queue is reported at once, not launched, with
+    what to do; h1 itself is never waited for (its ask hangs as a connect to a powered-off box)."""
+    from ablate.run import pipeline
+    from ablate.run.launch import launch_all
+
+    p = local_project
+    _sweep(p)
+    for q in ("q2", "q3"):  # only h1's queue is planned
+        (p.root / "queues" / f"{q}.txt").unlink()
+    release = threading.Event()
+    real = pipeline._ask
+
+    def slow(ctx: Any, host: Any) -> Any:
+        if host.name == "h1":
+            release.wait(20)
+        return real(ctx, host)
+
+    monkeypatch.setattr(pipeline, "_ask", slow)
+    try:
+        t0 = time.monotonic()
+        [got] = launch_all(load_project(p.root))
+        assert time.monotonic() - t0 < 10
+        assert got.status == "failed" and "h1 stopped itself at" in str(got.error), got
+        assert "`ablate launch QUEUE --host h1`" in str(got.error)
+    finally:
+        release.set()

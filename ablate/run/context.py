@@ -18,9 +18,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ablate.config.project import Project
+from ablate.errors import RemoteError
 from ablate.run.store_launch import controller_credentials
+from ablate.sweep import autostop_view
 from ablate.sweep.cells import QueueFile, Roster, build_roster, check_queue_name, read_all_queues, read_queue
 from ablate.sweep.lock import controller_lock
+from ablate.sweep.snapshot import Snapshot
 from ablate.transport import HostTransport, SharedFS, connect_ahead, host_transport, shared_fs
 from ablate.util.fmt import Log
 
@@ -77,6 +80,7 @@ class LaunchContext:
     local: LocalQueues
     fs: SharedFS
     log: Log | None
+    skip_stopped: bool = False  # launch --all: plan only the live hosts
     _transports: dict[str, HostTransport] = field(default_factory=dict, repr=False, compare=False)
     _mutex: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _creds: list[dict[str, str]] = field(default_factory=list, repr=False, compare=False)
@@ -87,6 +91,15 @@ class LaunchContext:
             if host not in self._transports:
                 self._transports[host] = host_transport(self.project, self.project.hosts[host])
             return self._transports[host]
+
+    def gone(self, snap: Snapshot) -> dict[str, Exception]:
+        """`launch --all` (`skip_stopped`): the hosts that stopped themselves (autostop) and had no
+        launch since, each with why it is not asked (a connect time-out would be all it answers)."""
+        if not self.skip_stopped:
+            return {}
+        gone = [a for a in autostop_view.of_snapshot(snap).values() if a.stopped]
+        return {a.host: RemoteError(f"{a.host} {a.why()} (autostop); once it is up again: `ablate launch "
+                                    f"QUEUE --host {a.host}`") for a in gone}
 
     def credentials(self) -> dict[str, str]:
         """The controller's AWS credentials for storage hosts' queues, read once per launch (never
@@ -99,11 +112,11 @@ class LaunchContext:
 
 @contextlib.contextmanager
 def launch_context(project: Project, local: LocalQueues, op: str, hosts: Iterable[str],
-                   log: Log | None) -> Iterator[LaunchContext]:
+                   log: Log | None, skip_stopped: bool = False) -> Iterator[LaunchContext]:
     """The controller lock (as `op`), entered once with the one shared FS, for the block; the
     context over `local` (read again only where a file changed meanwhile). `hosts`: those the
     launch will ask, connected to in the background while the lock is taken."""
     connect_ahead(project, hosts)
     fs = shared_fs(project)
     with controller_lock(project, op, log=log, fs=fs):
-        yield LaunchContext(project, local.fresh(project), fs, log)
+        yield LaunchContext(project, local.fresh(project), fs, log, skip_stopped)

@@ -24,7 +24,7 @@ def launch_all(project: Project, log: Log | None = None) -> list[LaunchResult]:
     with the error) and the others still go."""
     local = LocalQueues.read(project)  # a name collision refuses before the lock (and its file) is taken
     ahead = [r.host for r in _planned(local, None)]  # connected to while the lock is taken
-    with launch_context(project, local, "launch --all", ahead, log) as ctx:
+    with launch_context(project, local, "launch --all", ahead, log, skip_stopped=True) as ctx:
         return launch_each(ctx, _planned(ctx.local, log))
 
 

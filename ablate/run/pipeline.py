@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -51,6 +50,7 @@ from ablate.sweep.ledger import check_prefix, entry_line, new_entry
 from ablate.sweep.snapshot import Snapshot, probe_only
 from ablate.transport import HostTransport, fan_out, host_transport
 from ablate.transport.base import AppendLine, FSOp, Remove, WriteAtomic, apply_groups
+from ablate.transport.fanout import gather, start_each
 from ablate.transport.shellhost import LIST_SESSIONS, NO_TMUX_SERVER
 from ablate.transport.slurm import SlurmHost
 from ablate.util.fmt import Log
@@ -245,10 +245,9 @@ def _observe(ctx: LaunchContext, checked: Iterable[_Checked]) -> tuple[Snapshot,
     project = ctx.project
     checked = list(checked)
     requested = sorted({c.host for c in checked})
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        snapped = pool.submit(probe_only, project, ctx.fs)
-        asked = fan_out(requested, lambda name: _ask(ctx, project.hosts[name]))
-        snap = snapped.result()
+    pending = start_each(requested, lambda name: _ask(ctx, project.hosts[name]))
+    snap = probe_only(project, ctx.fs)
+    asked = gather(pending, ctx.gone(snap))  # launch --all: a host that stopped itself is not waited for
     sessions: dict[str, set[str] | Exception] = {
         h: a.sessions if isinstance(a, _Asked) else a for h, a in asked.items()}
     moved: set[str] = set()

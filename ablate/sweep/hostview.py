@@ -20,7 +20,6 @@ whose one command per host for `status` carries the same tmux and view sections.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from ablate.errors import AblateError
 from ablate.remote.layout import SweepLayout
 from ablate.transport import fan_out, host_transport
 from ablate.transport.base import HostTransport
+from ablate.transport.fanout import FanOut, gather, start_each
 from ablate.transport.shellhost import BASH_C, LIST_SESSIONS, NO_TMUX_SERVER, ShellHost
 from ablate.transport.sshfs import PROBE_RUN, PYC, lib_digest, probe_command
 
@@ -194,38 +194,16 @@ def ask_hosts(project: Project, hosts: Sequence[str] | None = None) -> Asked:
 
 
 def start_asks(project: Project) -> dict[str, Future[Answer]]:
-    """Every host asked at once, each on a daemon thread of its own: a caller may leave the answer
-    of a host it learns meanwhile to be gone (one that stopped itself) unawaited, and nothing (the
-    interpreter's exit included) waits on that host's connect time-out."""
-    out: dict[str, Future[Answer]] = {}
-    for name in project.hosts:
-        fut: Future[Answer] = Future()
-        out[name] = fut
-        threading.Thread(target=_answer, args=(fut, project, name), name=f"ablate-ask-{name}",
-                         daemon=True).start()
-    return out
-
-
-def _answer(fut: Future[Answer], project: Project, name: str) -> None:
-    try:
-        fut.set_result(ask_one(project, name))
-    except BaseException as e:  # the caller reads it as that host's answer
-        fut.set_exception(e)
+    """Every host asked at once, each on a daemon thread (`start_each`): `finish_asks` need not wait
+    for a host it learns meanwhile to be gone."""
+    return start_each(project.hosts, lambda n: ask_one(project, n))
 
 
 def finish_asks(project: Project, futures: Mapping[str, Future[Answer]], gone: Mapping[str, str]) -> Asked:
     """`start_asks`'s answers as `ask_hosts` gives them; a host in `gone` (host -> why) is not waited
     for: unknown sessions, unreachable for that reason."""
-    answers: dict[str, Answer | Exception | None] = {}
-    for name, fut in futures.items():
-        if name in gone:
-            answers[name] = AblateError(gone[name])
-            continue
-        try:
-            answers[name] = fut.result()
-        except Exception as e:
-            answers[name] = e
-    return assemble(project, answers)
+    got: FanOut[str, Answer] = gather(futures, {h: AblateError(why) for h, why in gone.items()})
+    return assemble(project, got)
 
 
 def assemble(project: Project, answers: Mapping[str, Answer | Exception | None]) -> Asked:
