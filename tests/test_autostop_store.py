@@ -34,8 +34,12 @@ from tests.helpers.wait import wait_for
 
 
 @pytest.fixture(autouse=True)
-def _short_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+def _short_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ABLATE_FS_WAIT", "5")  # a store that does not answer fails the test, soon
+    # the instance runs this sweep alone: its watchers read an empty /proc of their own, not this
+    # machine's, where other tests' queues run (autostop.other_sweeps)
+    (tmp_path / "proc").mkdir()
+    monkeypatch.setenv("ABLATE_AUTOSTOP_PROC", str(tmp_path / "proc"))
 
 
 def settings(idle: float, command: str) -> bytes:

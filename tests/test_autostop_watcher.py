@@ -10,12 +10,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ablate.remote.host import autostop, autostop_watch
 from ablate.remote.host.autostop_watch import Watcher
 from tests.helpers.results import make_result
 from tests.helpers.wait import wait_for
 
 T = 1_800_000_000.0
+
+
+@pytest.fixture(autouse=True)
+def _alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The instance runs this sweep alone: the watchers here (in-process and detached) read an empty
+    /proc of their own, not this machine's, where other tests' queues run."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    monkeypatch.setenv("ABLATE_AUTOSTOP_PROC", str(proc))
 
 
 class Clock:
@@ -202,31 +213,41 @@ def test_one_detached_watcher_per_sweep_and_host(tmp_path: Path) -> None:
 def test_another_sweeps_queue_on_the_instance_keeps_it_up(tmp_path: Path) -> None:
     """Two sweeps on one box: this one is done with it, the other's queue still runs there."""
     root = sweep(tmp_path / "s", idle=0)
+    proc = Path(os.environ["ABLATE_AUTOSTOP_PROC"])  # this instance's processes (the fixture's)
+    (proc / "self" / "ns").mkdir(parents=True)
+    (proc / "self" / "ns" / "net").symlink_to("net:[4026531840]")
     other = tmp_path / "shared" / "ablate" / "other"
-    (other / "wrappers").mkdir(parents=True)
-    script = other / "wrappers" / "run_queue.0123456789ab.sh"
-    script.write_text("sleep 60\n")
-    p = subprocess.Popen(["bash", str(script), "spec.env", "q9", "0"])
+    for pid, net in (("4242", "net:[4026531840]"), ("4343", "net:[4026532999]")):  # the 2nd: not here
+        (proc / pid / "ns").mkdir(parents=True)
+        (proc / pid / "ns" / "net").symlink_to(net)
+        argv = ["bash", f"{other}{pid}/wrappers/run_queue.0123456789ab.sh", "spec.env", "q9", "0"]
+        (proc / pid / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
     ran: list[str] = []
     w = Watcher(str(root), "h1", clock=Clock(T), run=lambda c: (ran.append(c), (0, ""))[1])
     w.settle = 0.0
-    try:
-        wait_for(lambda: str(other) in autostop.other_sweeps(str(root)), 10)
-        w.step()
-        st = state(root)
-        assert st["kind"] == "running" and str(other) in str(st["why"]) and ran == []
-    finally:
-        p.kill()
-        p.wait()
+    w.step()
+    st = state(root)
+    assert st["kind"] == "running" and f"{other}4242" in str(st["why"]) and ran == []
+    assert f"{other}4343" not in str(st["why"])
+    (proc / "4242" / "cmdline").unlink()  # its queue ended
     w.step()
     assert ran == ["stop-me"]
-    mine = root / "wrappers" / "run_queue.0123456789ab.sh"  # its own queues do not count here
-    mine.parent.mkdir()
-    mine.write_text("sleep 60\n")
-    q = subprocess.Popen(["bash", str(mine), "spec.env", "q1", "0"])
+
+
+def test_other_sweeps_reads_the_run_queue_processes_of_this_machine(tmp_path: Path) -> None:
+    """On the real /proc: another root's run_queue is seen, this root's own is not."""
+    root = sweep(tmp_path / "s", idle=0)
+    other = tmp_path / "shared" / "ablate" / "other"
+    procs = []
+    for where in (other, root):
+        script = where / "wrappers" / "run_queue.0123456789ab.sh"
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text("sleep 60\n")
+        procs.append(subprocess.Popen(["bash", str(script), "spec.env", "q1", "0"]))
     try:
-        wait_for(lambda: Path(f"/proc/{q.pid}/cmdline").read_bytes().count(b"run_queue") == 1, 10)
-        assert autostop.other_sweeps(str(root)) == []
+        wait_for(lambda: str(other) in autostop.other_sweeps(str(root)), 10)
+        assert str(root) not in autostop.other_sweeps(str(root))
     finally:
-        q.kill()
-        q.wait()
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from typing import Any
 
 from ablate.config.project import Project
 from ablate.sweep import hostview
-from ablate.transport import fan_out, host_transport
+from ablate.transport import fan_out, fanout, host_transport
 from ablate.transport.shellhost import BASH_C
 
 TAIL_BYTES = 16384
@@ -306,49 +305,35 @@ def _tmux_and_view(project: Project, host: str) -> HostLive:
     return HostLive(host, sessions=sessions, tmux_error=why, view=view, view_error=vwhy)
 
 
-def _answer(fut: Future[HostLive], ask: Callable[[], HostLive]) -> None:
-    try:
-        fut.set_result(ask())
-    except Exception as e:  # the host's failure is its answer, as in `fan_out`
-        fut.set_exception(e)
-
-
 def ask_each(project: Project, live: bool = True, nbytes: int = TAIL_BYTES) -> dict[str, Future[HostLive]]:
-    """Every host asked at once, each on a daemon thread of its own, so that a caller may leave a
-    host's answer unawaited (one that stopped itself: `status`) without anything, the interpreter's
-    exit included, waiting on its connect time-out. `live`: `host_live` (GPUs, log tails), else its
-    tmux and view alone (`hostview.ask_one`). A host whose query from an earlier call is still out
-    is not asked again: that query's answer is this one's."""
-    out: dict[str, Future[HostLive]] = {}
-    for name in project.hosts:
-        key = (str(project.dir), project.sweep, name, live)
-        with _PENDING_LOCK:
-            fut = _PENDING.get(key)
-            if fut is None or fut.done():
-                fut = _PENDING[key] = Future()
-                ask = (partial(host_live, project, name, nbytes) if live
-                       else partial(_tmux_and_view, project, name))
-                threading.Thread(target=_answer, args=(fut, ask), name=f"ablate-ask-{name}",
-                                 daemon=True).start()
-        out[name] = fut
-    return out
+    """Every host asked at once, each on a daemon thread of its own (`fanout.start_each`), so that a
+    caller may leave a host's answer unawaited (one that stopped itself: `status`) without anything,
+    the interpreter's exit included, waiting on its connect time-out. `live`: `host_live` (GPUs, log
+    tails), else its tmux and view alone (`hostview.ask_one`). A host whose query from an earlier
+    call is still out is not asked again: that query's answer is this one's."""
+    def ask(name: str) -> HostLive:
+        return host_live(project, name, nbytes) if live else _tmux_and_view(project, name)
+
+    def key(name: str) -> tuple[str, str, str, bool]:
+        return str(project.dir), project.sweep, name, live
+
+    with _PENDING_LOCK:
+        todo = [n for n in project.hosts if (f := _PENDING.get(key(n))) is None or f.done()]
+        _PENDING.update((key(n), f) for n, f in fanout.start_each(todo, ask).items())
+        return {n: _PENDING[key(n)] for n in project.hosts}
 
 
 def collect(futures: Mapping[str, Future[HostLive]], skip: Collection[str] = ()
             ) -> dict[str, HostLive | Exception]:
     """The answers of `ask_each`, as `gather` gives them; a host in `skip` is waited for not at all:
     its answer is used only when it came already and is one (tmux answered), else it is left out."""
-    out: dict[str, HostLive | Exception] = {}
-    for host, fut in futures.items():
-        if host in skip:
-            got = fut.result() if fut.done() and fut.exception() is None else None
-            if got is not None and got.sessions is not None:
-                out[host] = got
-            continue
-        try:
-            out[host] = fut.result()
-        except Exception as e:
-            out[host] = e
+    waited: fanout.FanOut[str, HostLive] = fanout.gather({h: f for h, f in futures.items() if h not in skip})
+    out: dict[str, HostLive | Exception] = dict(waited)
+    for host in skip:
+        fut = futures.get(host)
+        got = fut.result() if fut is not None and fut.done() and fut.exception() is None else None
+        if got is not None and got.sessions is not None:
+            out[host] = got
     return out
 
 

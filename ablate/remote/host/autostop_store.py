@@ -34,7 +34,7 @@ from collections.abc import Collection, Iterable, Mapping
 from ablate.remote.host import autostop
 from ablate.remote.host.autostop import Unsure
 from ablate.remote.store.client import Store, StoreError
-from ablate.remote.store.local_copy import MANIFEST, WALK, Mirror, json_or_none, write_atomic
+from ablate.remote.store.local_copy import MANIFEST, WALK, Mirror, json_or_none, read_or_none, write_atomic
 
 PREFIXES = (*WALK, "autostop/")  # WALK has estimates.tsv (the speeds an election is by)
 # The launch's credentials, in the watcher's environment for the store alone: never the stop command's
@@ -85,7 +85,7 @@ class StoreSide:
             return []
         out = []
         for name in names:
-            data = _read(os.path.join(final, name, MANIFEST))
+            data = read_or_none(os.path.join(final, name, MANIFEST))
             if data is not None and hashlib.sha256(data).hexdigest() not in verified \
                     and _host_of(data) == self.host:
                 out.append(name)
@@ -99,7 +99,7 @@ class StoreSide:
         for name in names:
             here = os.path.join(self.root, "final_ckpts", name)
             if not name or name.startswith(".") or "/" in name \
-                    or _host_of(_read(os.path.join(here, MANIFEST))) != self.host:
+                    or _host_of(read_or_none(os.path.join(here, MANIFEST))) != self.host:
                 continue  # another host's result: its own watcher verifies it
             try:
                 if self.mirror.fetch_result(name):
@@ -145,7 +145,7 @@ class StoreSide:
                 continue
             try:
                 if rel == self.state:
-                    data = _read(path)
+                    data = read_or_none(path)
                     if data is not None:
                         self.store.put(rel, data)
                 else:
@@ -159,7 +159,7 @@ class StoreSide:
         return not self.failed
 
     def _push_events(self) -> None:
-        data = _read(os.path.join(self.root, self.events))
+        data = read_or_none(os.path.join(self.root, self.events))
         if data is None:
             return
         if not os.path.exists(self.sent_path):
@@ -187,14 +187,6 @@ class StoreSide:
                 return int(f.read().strip() or 0)
         except (OSError, ValueError):
             return 0
-
-
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
 
 
 def _host_of(manifest: bytes | None) -> str | None:

@@ -267,7 +267,7 @@ class Watcher:
         if bad:
             return _with(f, unverified=bad)
         last = max(f.last_work, _mtime(settings_path(self.root, self.host)))
-        others = autostop.other_sweeps(self.root)
+        others = autostop.other_sweeps(self.root, os.environ.get("ABLATE_AUTOSTOP_PROC", "/proc"))
         if f.waiting:
             elect = self.store.elect_once if self.store is not None else autostop.elect_once
             chosen = keepers(self.root, self.host, cfg.settings.keep, now, elect)

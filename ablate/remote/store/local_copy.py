@@ -188,7 +188,7 @@ class Mirror:
             m = self.store.get(base + MANIFEST)
             if m is None:
                 return
-            if _read(os.path.join(here, _NONCE)) != nonce.encode():
+            if read_or_none(os.path.join(here, _NONCE)) != nonce.encode():
                 shutil.rmtree(here, ignore_errors=True)  # another publish's files (set aside, re-run)
             write_atomic(os.path.join(here, MANIFEST), m.data, mtime)
             write_atomic(os.path.join(here, _NONCE), nonce.encode(), None)
@@ -230,7 +230,7 @@ class Mirror:
         copy's lock (a checkpoint takes minutes; the queues' pulls go on meanwhile): each file lands
         by a rename, and a result another publish replaced meanwhile is not marked complete."""
         here = os.path.join(self.root, "final_ckpts", name)
-        nonce = _read(os.path.join(here, _NONCE))
+        nonce = read_or_none(os.path.join(here, _NONCE))
         if not nonce or not os.path.exists(os.path.join(here, MANIFEST)):
             return False
         if _complete(here, "all"):
@@ -251,7 +251,7 @@ class Mirror:
             finally:
                 _unlink(tmp)
             self.fetched += 1
-        if _read(os.path.join(here, _NONCE)) != nonce:
+        if read_or_none(os.path.join(here, _NONCE)) != nonce:
             return False  # set aside and published again meanwhile: the next call fetches that one
         write_atomic(os.path.join(here, _MARKS["all"]), b"", mtime)
         return True
@@ -323,7 +323,8 @@ def _small(manifest: Any) -> list[str]:
     return out
 
 
-def _read(path: str) -> bytes | None:
+def read_or_none(path: str) -> bytes | None:
+    """A file's bytes; None when it cannot be read."""
     try:
         with open(path, "rb") as f:
             return f.read()
