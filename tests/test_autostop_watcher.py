@@ -251,3 +251,27 @@ def test_other_sweeps_reads_the_run_queue_processes_of_this_machine(tmp_path: Pa
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_failing_check_is_said_and_the_watcher_goes_on(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug (or an unreadable file) in one check never ends the watcher silently: its record says
+    so, and the next check runs."""
+    root = sweep(tmp_path / "s", idle=3600)
+    w = Watcher(str(root), "h1", clock=Clock(T))
+    calls: list[int] = []
+    real = w.step
+
+    def step() -> float:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("a damaged record")
+        real()
+        return -1.0  # end the loop after the second check
+
+    monkeypatch.setattr(w, "step", step)
+    monkeypatch.setattr(autostop_watch.time, "sleep", lambda s: None)
+    assert w.loop() == 0 and len(calls) == 2
+    evs = events(root)
+    assert [e.get("kind") or e["ev"] for e in evs][:3] == ["watch_start", "unsure", "idle"], evs
+    assert evs[1]["why"] == "not deciding: it failed (ValueError): a damaged record", evs[1]

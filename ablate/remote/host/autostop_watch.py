@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -388,10 +389,12 @@ class Watcher:
         while True:
             try:
                 wait = self.step()
-            except OSError as e:  # the storage went away: say so where we can, and look again
-                with contextlib.suppress(OSError):
-                    self.record(Verdict("unsure", f"not deciding: the sweep's storage: {e}"), None,
-                                time.time())
+            except Exception as e:  # the storage went away, or a bug: said where status reads it (the
+                # traceback in its log), never a watcher gone silently while its instance bills
+                traceback.print_exc()
+                what = "the sweep's storage" if isinstance(e, OSError) else f"it failed ({type(e).__name__})"
+                with contextlib.suppress(Exception):
+                    self.record(Verdict("unsure", f"not deciding: {what}: {e}"), None, time.time())
                 wait = 10.0
             if wait < 0:
                 return 0
