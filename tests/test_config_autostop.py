@@ -181,7 +181,9 @@ def test_a_slurm_host_has_no_autostop_even_when_ablate_yaml_sets_one(local_proje
 # --------------------------------------------------------------------------- the shipped profiles
 
 EXAMPLE = re.compile(r"^# (autostop: .*)$", re.MULTILINE)
-COMMANDS = {"autodl": "shutdown", "runpod": RUNPOD, "vast": "vastai stop instance $CONTAINER_ID",
+# RunPod's reads PID 1's environment when the SSH session lacks the pod's variables
+RUNPOD_SHIPPED = "runpodctl stop pod ${RUNPOD_POD_ID:-$(tr '\\0' '\\n' </proc/1/environ | sed -n 's/^RUNPOD_POD_ID=//p')}"
+COMMANDS = {"autodl": "shutdown", "runpod": RUNPOD_SHIPPED, "vast": "vastai stop instance $CONTAINER_ID",
             "bare": "sudo shutdown -h now"}
 
 
