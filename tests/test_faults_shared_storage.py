@@ -95,8 +95,10 @@ def test_13_storage_outage_mid_queue(testbed: Testbed, sweep: Callable[..., Swee
     for c in firsts.values():
         sw.clear(c, "hang")  # (the backing dir: the server's own disk, written here)
     # The trainers go on (their checkpoints are on the local disks; the marker reads fail with EIO
-    # and count as absent) and finish while the FS is away; then the outage lasts its 20 s.
-    wait_for(lambda: all(sw.epochs_done(h, c) == 3 for h, c in firsts.items()), timeout=60)
+    # and count as absent) and finish while the FS is away; then the outage lasts its 20 s. Each
+    # marker read blocks until sshfs gives up (15-20 s for the first, a reconnect's 5 s for each
+    # after it: about 40 s for the two epochs left), longer on a loaded machine.
+    wait_for(lambda: all(sw.epochs_done(h, c) == 3 for h, c in firsts.items()), timeout=150)
     wait_for(lambda: time.monotonic() - began >= 20, timeout=30, interval=0.5)
     testbed.storage_up()
 
