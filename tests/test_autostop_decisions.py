@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from ablate.remote.host.autostop import Facts, Settings, decide, elect, elect_once, gather_fs, unverified_of
@@ -31,17 +30,15 @@ def test_it_stops_only_when_everything_holds() -> None:
 
 
 def test_what_it_waits_for_in_order() -> None:
-    everything = {"running": ["q1"], "own_unclaimed": ["c1"], "unverified": {"c3": "hash mismatch"},
-                  "waiting": ["c9"], "keepers": ["h1"], "last_work": T - 10}
-    order = ["running", "work_left", "unverified", "kept", "idle"]
-    dropped = ["running", "own_unclaimed", "unverified", "waiting"]
+    everything = {"running": ["q1"], "unverified": {"c3": "hash mismatch"}, "waiting": ["c9"],
+                  "keepers": ["h1"], "last_work": T - 10}
+    order = ["running", "unverified", "kept", "idle"]
+    dropped = ["running", "unverified", "waiting"]
     for i, kind in enumerate(order):
         kw = {k: v for k, v in everything.items() if k not in dropped[:i]}
         v = decide(ON, facts(**kw))
         assert v.kind == kind and not v.stop, (kind, v)
     assert decide(ON, facts(running=["q2", "q1"])).why == "running cells: q1 q2"
-    assert decide(ON, facts(stealable=["a", "b", "c", "d"])).why == \
-        "work left: 4 cells it could take (a b c (+1 more))"
     assert decide(ON, facts(unverified={"c4": "hash mismatch", "c2": "missing"})).why.startswith(
         "unverified result: c2 (missing) (+1 more): its disk may hold the only good copy")
     other = decide(ON, facts(others=["/mnt/fs/ablate/sweep-b"]))
@@ -130,47 +127,38 @@ def sweep_root(root: Path) -> Path:
     return root
 
 
-def steals(*cells: str) -> Callable[[], list[str]]:
-    asked: list[int] = []
-
-    def pick() -> list[str]:
-        asked.append(1)
-        return list(cells)
-
-    pick.asked = asked  # type: ignore[attr-defined]
-    return pick
-
-
 def test_gather_what_a_drained_instance_sees(tmp_path: Path) -> None:
     root = str(sweep_root(tmp_path / "sweep"))
-    for p in ("heartbeats/h2.q2",):
-        os.utime(Path(root) / p, (T - 5, T - 5))  # h2's queue beat just now: c3 is its, not waiting
-    f = gather_fs(root, "h1", T, tasks=TASKS, steal_pick=steals("c4"))
-    seen = (list(f.running), list(f.own_unclaimed), list(f.stealable), list(f.waiting))
-    assert seen == ([], [], ["c4"], ["c2"])
+    os.utime(Path(root) / "heartbeats" / "h2.q2", (T - 5, T - 5))  # h2's queue beat just now
+    f = gather_fs(root, "h1", T, tasks=TASKS)
+    # c2 crashed after its claim (q1 drained): it waits; c4, not reached yet by h2's live queue, does not
+    assert (list(f.running), list(f.waiting)) == ([], ["c2"])
     assert f.last_work == T - 700  # its events file, the newest of its queue's files
-    assert decide(ON, f).kind == "work_left"  # a steal would give it c4
-    f = gather_fs(root, "h1", T, tasks=TASKS, steal_pick=steals())  # the runner's rule gives it nothing
-    assert list(f.stealable) == [] and decide(ON, f).kind == "kept"  # c2 waits; nobody elected yet
-    f = gather_fs(root, "h1", T, tasks=TASKS)  # stealing off
-    assert list(f.stealable) == [] and decide(ON, f).kind == "kept"
+    assert decide(ON, f).kind == "kept"  # nobody elected yet
     assert decide(ON, gather_fs(root, "h1", T, tasks=TASKS, keepers=["h2"])).stop
-    # h2: its own unclaimed line (a steal is not even asked); running when its process is alive here
-    pick = steals("c9")
-    f2 = gather_fs(root, "h2", T, tasks=TASKS, steal_pick=pick)
-    assert list(f2.own_unclaimed) == ["c4"] and list(f2.running) == [] and list(f2.stealable) == []
-    assert not pick.asked  # type: ignore[attr-defined]
+    # h2: its queue runs when its process is alive here
+    f2 = gather_fs(root, "h2", T, tasks=TASKS)
+    assert list(f2.running) == []  # its process is gone
     hb = Path(root) / "heartbeats" / "h2.q2"
     hb.write_text(json.dumps({"state": "running", "pid": os.getpid()}) + "\n")
+    os.utime(hb, (T - 5, T - 5))
     assert list(gather_fs(root, "h2", T, tasks=TASKS).running) == ["q2"]
 
 
-def test_a_claim_whose_queue_went_silent_waits_for_remediate(tmp_path: Path) -> None:
+def test_lines_no_running_queue_will_take_wait_for_remediate(tmp_path: Path) -> None:
+    """Lines of a queue that no longer runs (its instance gone, or stopped) wait for remediate,
+    unless a queue that runs lists them too (a remediation queue)."""
     root = sweep_root(tmp_path / "sweep")
     os.utime(root / "heartbeats" / "h2.q2", (T - 5, T - 5))
     assert list(gather_fs(str(root), "h1", T, tasks=TASKS).waiting) == ["c2"]
-    os.utime(root / "heartbeats" / "h2.q2", (T - 31, T - 31))  # its instance went away: c3 is lost
-    assert list(gather_fs(str(root), "h1", T, tasks=TASKS, fresh=30).waiting) == ["c2", "c3"]
+    os.utime(root / "heartbeats" / "h2.q2", (T - 31, T - 31))  # its instance went away
+    # c3 claimed by a queue gone silent (lost), c4 never claimed and nobody left to take it
+    assert list(gather_fs(str(root), "h1", T, tasks=TASKS, fresh=30).waiting) == ["c2", "c3", "c4"]
+    (root / "queues" / "rq1.txt").write_text("cfgs/c4.yaml recon\n")  # remediate put c4 on h1
+    (root / "queues" / "rq1.ledger").write_text(json.dumps({"op": "launch", "host": "h1"}) + "\n")
+    os.utime(root / "queues" / "rq1.ledger", (T - 10, T - 10))  # launched, starting
+    f = gather_fs(str(root), "h1", T, tasks=TASKS, fresh=30)
+    assert list(f.waiting) == ["c2", "c3"] and list(f.running) == ["rq1"]
 
 
 def test_a_sweep_that_cannot_be_listed_decides_nothing(tmp_path: Path) -> None:

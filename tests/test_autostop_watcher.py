@@ -119,10 +119,16 @@ def test_work_coming_back_resets_the_idle_time(tmp_path: Path) -> None:
     with (root / "queues" / "q1.txt").open("a") as f:  # an append: its queue file is written
         f.write("cfgs/c2.yaml recon\n")
     os.utime(root / "queues" / "q1.txt", (T - 100, T - 100))
+    hb = root / "heartbeats" / "h1.q1"  # and the drained queue restarted: it runs the new line
+    hb.write_text(json.dumps({"state": "running", "pid": os.getpid()}) + "\n")
     w.clock = Clock(T)
     w.step()
     st = state(root)
-    assert st["kind"] == "work_left" and "c2" in str(st["why"]) and ran == []
+    assert st["kind"] == "running" and ran == []
+    hb.write_text(json.dumps({"state": "drained", "pid": os.getpid()}) + "\n")  # c2 not taken: it ended
+    w.step()
+    st = state(root)
+    assert st["kind"] == "kept" and "c2" in str(st["why"]) and ran == []  # nobody will take it: kept
     (root / "claims" / "c2").mkdir()
     (root / "claims" / "c2" / "owner").write_text("h1 q1 1 2.0 - -\n")
     make_result(root / "final_ckpts", "cfgs/c2.yaml", "recon", 1, host="h1")
@@ -196,7 +202,11 @@ def test_one_detached_watcher_per_sweep_and_host(tmp_path: Path) -> None:
     env_root = str(root)
     assert autostop_watch.ensure(env_root, "h1")
     path = root / "autostop" / "h1.state.json"
-    wait_for(lambda: path.exists() and json.loads(path.read_text()).get("kind") == "idle", 30)
+    try:
+        wait_for(lambda: path.exists() and json.loads(path.read_text()).get("kind") == "idle", 30)
+    except AssertionError:  # it ends by itself once its settings are gone: never left running
+        (root / "autostop" / "h1.settings.json").unlink()
+        raise
     pid = json.loads(path.read_text())["pid"]
     try:
         assert os.getsid(pid) == pid  # a session of its own: it outlives the queue that started it

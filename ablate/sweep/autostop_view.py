@@ -59,7 +59,7 @@ def _when(t: float) -> str:
 class Record:
     """`autostop/<host>.state.json`: the watcher's last verdict (times on the FS's clock)."""
 
-    kind: str  # off | running | work_left | unverified | kept | idle | stopping | stopped | stop_failed
+    kind: str  # off | running | unsure | unverified | kept | idle | stopping | stopped | stop_failed
     why: str
     t: float | None = None
     every: float | None = None

@@ -1,29 +1,32 @@
-"""Autostop's decision (issue 46, first step: the decision alone, not yet run on an instance): may
-this instance stop itself now? Stdlib only (it is meant to run on the instance, in the runner's
-zipapp, with the controller absent).
+"""Autostop's decision: may this instance stop itself now? Stdlib only (it runs on the instance,
+in the runner's zipapp, with the controller absent: ablate/remote/host/autostop_watch.py).
 
 An instance stops itself only when all of these hold, checked in this order (the first that does
-not hold is what it waits for, and what `status` will say):
+not hold is what it waits for, and what `status` says):
 
 1. autostop is on for it and was not cancelled;
-2. none of its queues has a running or claimable cell (`running cells: q1 q2`);
-3. nothing in the sweep is left that it could take: an unclaimed line of its own queues, or (with
-   stealing on) one a steal would give it (`work left: 3 cells`);
-4. every result it published is durable and verified in place, the way `reconcile --fs` checks
+2. none of its queues runs (`running cells: q1 q2`): a queue runs its own lines and, drained, takes
+   what a steal gives it; once it has ended, nothing on this instance takes any more work (only a
+   launch, an `append` or `remediate --launch` puts a queue there again, and resets the idle time);
+3. every result it published is durable and verified in place, the way `reconcile --fs` checks
    (never a pickle executed): while one is not, its own disk may hold the only good copy
    (`unverified result: c4 (hash mismatch)`);
-5. it is not one of the `keep` instances kept up while cells of the sweep wait for `ablate
-   remediate` (failed, lost or unverified): who stays is decided once, on the sweep's storage, so
-   that two instances never each count on the other (`kept for remediation`);
-6. no other sweep's queue runs on the instance (`other_sweeps`: two sweeps on one box);
-7. its idle time has passed since its last useful work (`stops in 6 min`); then `stop`.
+4. it is not one of the `keep` instances kept up while cells of the sweep wait for `ablate
+   remediate`: claimed with no result by a queue that no longer runs (failed, lost), or not claimed
+   by anyone while no queue that lists them runs (a queue stopped, or its instance gone); who stays
+   is decided once, on the sweep's storage, so that two instances never each count on the other
+   (`kept for remediation`);
+5. no other sweep's queue runs on the instance (`other_sweeps`: two sweeps on one box);
+6. its idle time has passed since its last useful work (`stops in 6 min`); then `stop`.
+
+Lines a live queue elsewhere has yet to reach keep no other instance up: that queue runs them.
 
 `elect` picks the instances kept for remediation: the fastest by learned speed, ties by name.
 `gather_fs` reads what an instance sees of the sweep on the shared FS: the launched queues and their
-hosts (ledgers), their lines, claims and published results, its own queues' heartbeats (a running
-queue's process is alive on this machine) and its last useful work (its events, a launch or an
-append rewrite its queues' files); `unverified_of` checks the results it published, as `reconcile
---fs` does, once per manifest.
+hosts (ledgers), their lines, claims and published results, the queues' heartbeats (one of its own
+runs when its process is alive on this machine) and its last useful work (its events, a launch or
+an append rewrite its queues' files); `unverified_of` checks the results it published, as
+`reconcile --fs` does, once per manifest.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -51,11 +54,9 @@ class Facts:
 
     now: float
     host: str
-    running: Sequence[str] = ()  # its queues with a running or claimable cell
-    own_unclaimed: Sequence[str] = ()  # cells of its own queues' lines nobody has claimed
-    stealable: Sequence[str] = ()  # cells a steal would give it (stealing on)
+    running: Sequence[str] = ()  # its queues that run
     unverified: Mapping[str, str] = field(default_factory=dict)  # cell -> why its result is not verified
-    waiting: Sequence[str] = ()  # cells of the sweep failed, lost or unverified, waiting for remediate
+    waiting: Sequence[str] = ()  # cells of the sweep that wait for remediate (4. of the docstring)
     keepers: Sequence[str] | None = None  # the instances kept for remediation, once elected
     last_work: float = 0.0  # when it last did useful work (a cell's end or sync, a launch, an append)
     cancelled: bool = False  # `ablate autostop --cancel`
@@ -64,7 +65,7 @@ class Facts:
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str  # off | running | work_left | unverified | kept | idle | stop
+    kind: str  # off | running | unverified | kept | idle | stop
     why: str  # one line, as status shows it
     stop_at: float | None = None  # idle: when it stops if nothing changes
 
@@ -88,10 +89,6 @@ def decide(s: Settings | None, f: Facts) -> Verdict:
         return Verdict("off", "autostop cancelled" if s is not None else "autostop is off")
     if f.running:
         return Verdict("running", f"running cells: {_names(f.running)}")
-    left = [*f.own_unclaimed, *f.stealable]
-    if left:
-        cells = f"{len(left)} cell{'s' if len(left) != 1 else ''}"
-        return Verdict("work_left", f"work left: {cells} it could take ({_names(left)})")
     bad = dict(f.unverified)
     if bad:
         name = sorted(bad)[0]
@@ -255,22 +252,21 @@ class Unsure(Exception):
 
 
 def gather_fs(root: str, host: str, now: float, *, tasks: Mapping[str, int],
-              steal_pick: Callable[[], Sequence[str]] | None = None,
               unverified: Mapping[str, str] | None = None, keepers: Sequence[str] | None = None,
               cancelled: bool = False, fresh: float = 30.0) -> Facts:
     """What this instance sees of the sweep on the shared FS at `now` (the FS's clock: `now` and
-    the files' mtimes come from the same server). A running queue of its own is one whose heartbeat
-    says running and whose process is alive here (the same machine); another host's, one whose
-    heartbeat says running and beat within `fresh` seconds. `steal_pick`: what a steal would give
-    it now (the runner's own rule, asked only when nothing of its own is left; None: stealing is
-    off); `unverified`: its published results not verified in place (the caller's verification,
-    cached by manifest); `keepers`: the election's answer, once made. Unsure when the sweep's
-    queues cannot be listed."""
+    the files' mtimes come from the same server). A queue of its own runs when its heartbeat says
+    running and its process is alive here (the same machine); another host's, when its heartbeat
+    says running and beat within `fresh` seconds; any queue launched and not started yet, for
+    `STARTING` seconds. `unverified`: its published results not verified in place (the caller's
+    verification, cached by manifest); `keepers`: the election's answer, once made. Unsure when
+    the sweep's queues cannot be listed."""
     queues = queues_of(root)
     exists = os.path.exists
     running: list[str] = []
-    own: list[str] = []
-    waiting: list[str] = []
+    waiting: set[str] = set()
+    unclaimed_live: set[str] = set()  # listed by a queue that runs: it takes them
+    unclaimed_dead: set[str] = set()  # listed only by queues that do not run
     last = 0.0
     for q, h in sorted(queues.items()):
         cells = cells_of(_read(os.path.join(root, "queues", f"{q}.txt")) or "", tasks)
@@ -280,29 +276,30 @@ def gather_fs(root: str, host: str, now: float, *, tasks: Mapping[str, int],
         except ValueError:
             hb = None
         ledger = os.path.join(root, "queues", f"{q}.ledger")
+        starting = hb is None and now - _mtime(ledger) < STARTING  # launched, not started yet
         if h == host:
-            live = isinstance(hb, dict) and hb.get("state") == "running" and _pid_alive(hb.get("pid"))
-            starting = hb is None and now - _mtime(ledger) < STARTING  # launched, not started yet
-            if live or starting:
+            alive = starting or (isinstance(hb, dict) and hb.get("state") == "running"
+                                 and _pid_alive(hb.get("pid")))
+            if alive:
                 running.append(q)
             last = max(last, _mtime(os.path.join(root, "events", f"{h}.{q}.jsonl")),
                        _mtime(os.path.join(root, "queues", f"{q}.txt")),
                        _mtime(ledger))
+        else:
+            alive = starting or _running(root, h, q, now, fresh)
         for c in cells:
             if exists(os.path.join(root, "final_ckpts", c, "MANIFEST.json")):
                 continue
             if not exists(os.path.join(root, "claims", c)):
-                if h == host:
-                    own.append(c)
+                (unclaimed_live if alive else unclaimed_dead).add(c)
             else:
                 owner = (_read(os.path.join(root, "claims", c, "owner")) or "").split()
                 oq = owner[1] if len(owner) >= 2 else None
                 if oq is None or not _running(root, owner[0], oq, now, fresh):
-                    waiting.append(c)
-    stealable = sorted(set(steal_pick())) if steal_pick is not None and not running and not own else []
-    return Facts(now=now, host=host, running=running, own_unclaimed=sorted(set(own)),
-                 stealable=stealable, unverified=dict(unverified or {}),
-                 waiting=sorted(set(waiting)), keepers=keepers, last_work=last, cancelled=cancelled)
+                    waiting.add(c)
+    waiting |= unclaimed_dead - unclaimed_live
+    return Facts(now=now, host=host, running=running, unverified=dict(unverified or {}),
+                 waiting=sorted(waiting), keepers=keepers, last_work=last, cancelled=cancelled)
 
 
 def _running(root: str, host: str, queue: str, now: float, fresh: float) -> bool:

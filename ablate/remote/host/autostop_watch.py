@@ -12,8 +12,8 @@ sooner when its stop time comes first) it reads on the sweep's storage, under `R
 - `<host>.settings.json` (the launch's: `idle`, `command`, `keep`, `artifacts`, `steal`,
   `heartbeat`, `tasks`); gone → autostop is off for it, and it ends;
 - `<host>.control.json` (`ablate autostop`: `cancelled`, `idle`);
-- the sweep (ledgers, lines, claims, results, heartbeats: `autostop.gather_fs`), what a steal would
-  give it (the runner's own `drained` decision), its published results verified in place
+- the sweep (ledgers, lines, claims, results, heartbeats: `autostop.gather_fs`), its published
+  results verified in place
   (`autostop.unverified_of`), and, while cells wait for remediation, who stays
   (`keepers.<gen>.json`, elected once per generation: a new one only when every keeper of the last
   has stopped);
@@ -130,46 +130,6 @@ def read_config(root: str, host: str) -> Config | None:
 
 # ------------------------------------------------------------------ what it asks of the sweep
 
-def steal_pick(root: str, host: str, cfg: Config) -> Callable[[], list[str]] | None:
-    """What a steal would give this host now: the runner's own `drained` decision
-    (ablate/remote/queue/runner.py) asked for one of its queues, as if that queue had just drained."""
-    if not cfg.steal:
-        return None
-
-    def pick() -> list[str]:
-        from ablate.remote.queue import runner
-
-        mine = sorted(q for q, h in autostop.queues_of(root).items() if h == host)
-        if not mine:
-            return []
-        q = mine[0]
-        rows, _ = runner.own_rows(os.path.join(root, "queues", f"{q}.txt"), {})
-        os.environ["ABLATE_HEARTBEAT_SECS"] = str(int(cfg.heartbeat))
-        os.environ["ABLATE_TASK_EPOCHS"] = cfg.tasks
-        out: list[str] = []
-        rc = runner.run(["drained", root, host, q, _slot_of(root, q), "--next", str(len(rows)),
-                         "--head", "0", "--steal", "1"], out.append)
-        if rc == 3:
-            raise Unsure("the sweep could not be read to ask what a steal would give it")
-        return [w[5] for w in (ln.split() for ln in out) if len(w) > 5 and w[:2] == ["take", "steal"]]
-
-    return pick
-
-
-def _slot_of(root: str, queue: str) -> str:
-    slot = None
-    try:
-        with open(os.path.join(root, "queues", f"{queue}.ledger"), encoding="utf-8") as f:
-            for line in f:
-                with contextlib.suppress(ValueError):
-                    e = json.loads(line)
-                    if isinstance(e, dict) and e.get("op", "launch") == "launch":
-                        slot = e.get("slot")
-    except OSError:
-        pass
-    return str(slot) if isinstance(slot, int) and slot >= 0 else "-"
-
-
 def speeds(root: str, candidates: list[str]) -> dict[str, float]:
     """Each candidate's learned speed (its fastest slot; 1.0 without a figure): the sweep's ended
     cells fitted as a draining runner fits them, else the controller's estimates."""
@@ -253,13 +213,12 @@ class Watcher:
         self.events_path = os.path.join(dir_, f"{host}.jsonl")
 
     def facts(self, cfg: Config, now: float, fresh_verify: bool = False) -> Facts:
-        """What it sees, asked lazily in the decision's order: a steal, the verification and the
-        election only when everything before them holds."""
+        """What it sees, asked lazily in the decision's order: the verification and the election
+        only when everything before them holds."""
         fresh = max(3 * cfg.heartbeat, 30.0)
         f = autostop.gather_fs(self.root, self.host, now, tasks=_tasks(cfg.tasks),
-                               steal_pick=steal_pick(self.root, self.host, cfg),
                                cancelled=cfg.cancelled, fresh=fresh)
-        if cfg.cancelled or f.running or f.own_unclaimed or f.stealable:
+        if cfg.cancelled or f.running:
             return f
         cache: dict[str, str | None] = {} if fresh_verify else self.cache
         if self.store is not None:
@@ -326,7 +285,7 @@ class Watcher:
             self.record(v, None, now)
             return -1.0  # off: the watcher ends
         every = cfg.heartbeat
-        if v.kind in ("running", "work_left", "off"):
+        if v.kind in ("running", "off"):
             self.failed = None  # work came back (or autostop was cancelled): a later stop tries afresh
         if v.kind == "stop" and self.failed is not None and now < self.failed["next"]:
             v = Verdict("stop_failed", self.failed["why"], self.failed["next"])  # tried; again later
