@@ -13,23 +13,12 @@ import pytest
 import yaml
 
 from ablate.config.project import Profile, load_profile, load_project, parse_size, shipped_profiles
-from ablate.errors import AblateError, ConfigError, QueueError
+from ablate.errors import ConfigError, QueueError
 from ablate.sweep import cells
 from tests.helpers.cli import Cli
-from tests.helpers.project import TRAIN, LocalProject
+from tests.helpers.project import TRAIN, LocalProject, refused
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def refused(p: LocalProject, *needles: str, exc: type[AblateError] = ConfigError) -> str:
-    with pytest.raises(exc) as ei:
-        load_project(p.root)
-    assert ei.value.exit_code == 2
-    msg = ei.value.message
-    assert "\n" not in msg, "one-line messages"
-    for needle in needles:
-        assert needle in msg, (needle, msg)
-    return msg
 
 
 # --------------------------------------------------------------------------- ablate.yaml

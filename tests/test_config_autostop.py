@@ -19,21 +19,10 @@ import pytest
 from ablate.config.project import Project, load_profile, load_project, shipped_profiles
 from ablate.config.settings import Autostop
 from ablate.errors import ConfigError
-from tests.helpers.project import LocalProject, yaml_text
+from tests.helpers.project import LocalProject, refused, yaml_text
 
 RUNPOD = "runpodctl stop pod $RUNPOD_POD_ID"
 ON = {"idle": "10m", "command": RUNPOD}
-
-
-def refused(p: LocalProject, *needles: str) -> str:
-    with pytest.raises(ConfigError) as ei:
-        load_project(p.root)
-    assert ei.value.exit_code == 2
-    msg = ei.value.message
-    assert "\n" not in msg, "one-line messages"
-    for needle in needles:
-        assert needle in msg, (needle, msg)
-    return msg
 
 
 def load(p: LocalProject, **overrides: object) -> Project:

@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 import ablate.demo.train as demo_train
+from ablate.errors import AblateError, ConfigError
 from ablate.remote.layout import session_name
 from ablate.transport.local import LocalHost
 from tests.helpers.wait import wait_for
@@ -107,3 +109,17 @@ def drained(lp: LocalProject, host: str, queue: str, since: int = 0) -> list[dic
     result = wait_for(done, timeout=180)
     assert isinstance(result, list)
     return result
+
+
+def refused(p: LocalProject, *needles: str, exc: type[AblateError] = ConfigError) -> str:
+    """`load_project` refuses the project: `exc`, exit 2, a one-line message naming each needle."""
+    from ablate.config.project import load_project
+
+    with pytest.raises(exc) as ei:
+        load_project(p.root)
+    assert ei.value.exit_code == 2
+    msg = ei.value.message
+    assert "\n" not in msg, "one-line messages"
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+    return msg
