@@ -2,10 +2,12 @@
 with Slurm's window for the trainer to save) and launched again resumes the cut cell;
 `stop --after-current` lets the cell finish and the job end by itself; the time limit cuts the
 cell resumable and the job requeues itself, until a cell cut twice with its checkpoint unchanged
-is stopped as `too_long`."""
+is stopped as `too_long`; Slurm's USR2 that comes as the job starts (before the queue knows its
+attempt) is acted on once it can be, not fatal."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,7 +116,7 @@ def test_a_cell_cut_twice_at_the_time_limit_with_its_checkpoint_unchanged_is_sto
     (sw.work / "faults").mkdir(exist_ok=True)
     (sw.work / "faults" / f"{stuck}.stall").write_text("1\n")  # epoch 1 saved, epoch 2 never
     sw.ok("launch", "--all")
-    wait_for(lambda: sw.published() == {after} and not sw.jobs(), timeout=480, interval=1)
+    sw.wait_until(lambda: sw.published() == {after} and not sw.jobs(), timeout=480, interval=1)
     [end] = _ev(sw, "end", cell=stuck)
     assert end["rc"] == 124 and end["reason"] == "no_progress", end
     # Each attempt that ran it was cut at its time limit (2, or 3 when Slurm's first signal came
@@ -130,3 +132,31 @@ def test_a_cell_cut_twice_at_the_time_limit_with_its_checkpoint_unchanged_is_sto
     assert cell["state"] == "too_long" and "raise slurm.time" in cell["reason"], cell
     fix = sw.ok("remediate")
     assert fix["targets"][stuck]["state"] == "too_long", fix
+
+
+def test_slurms_usr2_at_the_jobs_start_requeues_it_rather_than_ending_it(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """slurmctld signals a job whose time left is within grace + 30 s at its next check, which may
+    come as the job starts: here the queue's first Python start is held 3 s (the profile's python),
+    and the USR2 (`scancel --signal=USR2 --batch`, as slurmctld sends it) lands in it, before
+    run_queue knows its attempt. Bash's default for USR2 would end the job, unrequeued, its cells
+    never run; the queue notes it, then stops as at the time limit and asks for a requeue, and the
+    next attempt runs the cells."""
+    work = slurm_cluster.shared_dir / "work"
+    work.mkdir(exist_ok=True)
+    held, slow = work / f"held-{tmp_path.name}", work / f"slowpy-{tmp_path.name}"
+    slow.write_text(f"#!/bin/sh\n[ -n \"$SLURM_JOB_ID\" ] && mkdir {held} 2>/dev/null && sleep 3\n"
+                    f"exec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=2, queues=1, epochs=2, step_time=0.1,
+               slurm={"time": "1:00", "grace": 50}, python=str(slow))
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    sw.wait_until(lambda: held.exists() and [j["state"] for j in sw.jobs()] == ["RUNNING"], timeout=60,
+                  interval=0.05)
+    [job] = sw.jobs()
+    slurm_cluster.run("scancel", "--signal=USR2", "--batch", job["id"])
+    sw.wait_done(timeout=240)
+    sw.assert_all_verified_once()
+    [first, *_] = [e for e in sw.events() if e["ev"] == "queue_stop"]
+    assert first["reason"] == "time_limit" and first["requeue"] == 1 and first["cell"] is None, first

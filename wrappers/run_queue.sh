@@ -12,6 +12,11 @@
 # step a short script of what to do, done here in order; no decision costs a Python start. Values
 # from the spec and the walk are safe by construction ([A-Za-z0-9._/+@,=-], checked again here),
 # so they go into JSON and commands without escaping.
+# Slurm's USR2 (`--signal=B:USR2@grace`) may come the moment the job starts: slurmctld checks time
+# limits every 30 s and signals a job whose time left is within grace + 30 s, so a job whose time is
+# under grace + 30 s gets it at once. Until this shell can act on it (it knows its attempt: below,
+# before `calibrate`) it is noted, not fatal (bash's default for USR2 ends the job unrequeued).
+trap 'EARLY_USR2=1' USR2
 # One compound command, parsed whole before any of it runs: bash reads a script as it goes, and
 # this file is on the shared FS, which can go away mid-run (an outage of a network FS).
 {
@@ -271,7 +276,6 @@ on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or t
   fi
   exit 0
 }
-trap on_time_limit USR2
 RANG=
 trap 'RANG=1' USR1  # the fence's ring: run_cell's wait for its cell is cut short (the runner's watcher)
 trap 'on_signal 129' HUP
@@ -601,6 +605,8 @@ elif [[ $ABLATE_PIN_GPU == 0 ]]; then
   ABLATE_GPU=${CUDA_VISIBLE_DEVICES-}
 fi
 
+trap on_time_limit USR2
+[[ -n ${EARLY_USR2-} ]] && on_time_limit  # Slurm's USR2 came before this shell could act on it
 calibrate
 # ---- the walk (ablate/remote/queue/walk.py, docs/ARCHITECTURE.md "run_queue"): each step asked of the
 # runner's process, a short script of what to do, done here in order. Its position is held here

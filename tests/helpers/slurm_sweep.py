@@ -7,6 +7,7 @@ import json
 import shutil
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ class Sweep:
     """A user's project whose one host is the cluster (`queues: N`), on the bed's shared dir."""
 
     def __init__(self, sb: SlurmBed, tmp: Path, cli: Cli, *, cells: int, queues: int, epochs: int,
-                 step_time: float, slurm: dict[str, Any] | None = None, login: Path | None = None) -> None:
+                 step_time: float, slurm: dict[str, Any] | None = None, login: Path | None = None,
+                 python: str | None = None) -> None:
         self.sb, self.cli, self.epochs = sb, cli, epochs
         self.sweep = f"s{uuid.uuid4().hex[:6]}"
         shared = sb.shared_dir
@@ -34,7 +36,7 @@ class Sweep:
         self.scratch = shared / "scratch" / self.sweep
         (self.proj / "profiles" / "cluster.yaml").write_text(yaml.safe_dump({
             "transport": "slurm", "shared_fs": str(shared / "fs"), "ckpt_root": str(self.scratch),
-            "python": sys.executable, "slurm": {"time": "10:00", "grace": 30,
+            "python": python or sys.executable, "slurm": {"time": "10:00", "grace": 30,
                                                 **({"login": "slurm-login"} if login else {}),
                                                 **(slurm or {})}}))
         self.cells = [f"c{i}" for i in range(cells)]
@@ -66,17 +68,26 @@ class Sweep:
         return {p.parent.name for p in (self.root / "final_ckpts").glob("*/MANIFEST.json")}
 
     def wait_done(self, timeout: float = 240.0) -> None:
+        self.wait_until(lambda: self.published() == set(self.cells) and not self.jobs(), timeout=timeout)
+
+    def wait_until(self, cond: Callable[[], object], timeout: float, interval: float = 0.5) -> None:
+        """`wait_for`, saying at the deadline what the sweep looks like (`explain`)."""
         try:
-            wait_for(lambda: self.published() == set(self.cells) and not self.jobs(), timeout=timeout,
-                     interval=0.5)
+            wait_for(cond, timeout=timeout, interval=interval)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{self.explain()}") from None
 
     def explain(self) -> str:
-        """What the sweep looks like: published cells, jobs, the last events, the jobs' output."""
+        """What the sweep looks like: published cells, jobs, the last events, the jobs' output, and
+        what the controller logged last."""
         outs = {p.name: p.read_text()[-1500:] for p in (self.root / "slurm").glob("*.out")}
+        try:
+            ctld = (self.sb.dir / "slurmctld.log").read_text(errors="replace")[-6000:]
+        except OSError as e:
+            ctld = str(e)
         return (f"published {sorted(self.published())} of {self.cells}; jobs {self.jobs()}\n"
-                f"events: {json.dumps(self.events()[-25:])}\noutputs: {json.dumps(outs, indent=1)}")
+                f"events: {json.dumps(self.events()[-25:])}\noutputs: {json.dumps(outs, indent=1)}\n"
+                f"slurmctld.log's end:\n{ctld}")
 
     def trace(self, cell: str) -> list[dict[str, Any]]:
         path = self.scratch / cell / "trace.jsonl"
