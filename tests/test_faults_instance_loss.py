@@ -1,6 +1,7 @@
 """Fault scenarios where an instance or its link goes away mid-cell (tests/helpers/faults.py: each
 ends with every cell verified, none run to completion twice, and the release gate closed until
-then): an instance killed (its cells `lost`, re-run elsewhere by remediate), a link that drops
+then): an instance killed (its cells `lost`, re-run elsewhere by remediate, the cut one from its
+durable resume copy), a link that drops
 and heals (a fresh heartbeat is not lost: nothing re-runs), an instance that reboots (its cut
 cell resumes from its last checkpoint on the local disk)."""
 
@@ -28,7 +29,9 @@ def test_01_instance_killed_mid_cell(testbed: Testbed, sweep: Callable[..., Swee
     sw.ok("launch", "--all")
     wait_for(lambda: sw.epochs_done(victim, cut) >= 1, timeout=30)
 
-    testbed.kill(victim)
+    # Its epoch-1 checkpoint made durable on the sweep while it runs (ablate/remote/resume/)
+    wait_for(lambda: list((sw.root / "resume" / cut).glob("[0-9]*/RESUME.json")), timeout=30)
+    testbed.kill(victim)  # the instance and its disk gone
     sw.clear(cut, "hang")
     # Unreachable with a fresh heartbeat is not lost: never on one signal.
     assert sw.states()[cut] == "running"
@@ -49,9 +52,14 @@ def test_01_instance_killed_mid_cell(testbed: Testbed, sweep: Callable[..., Swee
     assert json.loads((released / "release.json").read_text())["state"] == "lost"
     assert (released / "owner").read_text().split()[:2] == [victim, victim]
     sw.wait_synced()
-    for c in (cut, unstarted):  # re-run elsewhere, from scratch, with the same config
-        m = sw.manifest(c)
-        assert m["host"] != victim and m["resume"] == 0 and m["cfg"] == sw.cfg(c)
+    for c in (cut, unstarted):  # re-run elsewhere with the same config: the cut one resumes from
+        m = sw.manifest(c)       # its durable copy, the other from scratch
+        assert m["host"] != victim and m["resume"] == (c == cut) and m["cfg"] == sw.cfg(c)
+    [restored] = sw.evs("restore", cut)
+    assert restored["from"] == "copy" and restored["made_on"] == victim and restored["host"] != victim
+    [start] = [e for e in sw.trace(restored["host"], cut) if e["ev"] == "start"]
+    assert start["start_epoch"] >= 1, start  # the work done on the dead instance is not done again
+    assert not sw.evs("restore", unstarted)
     sw.finish()
 
 

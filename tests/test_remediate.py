@@ -131,7 +131,8 @@ def test_remediate_identical_lines_recorded_releases_idempotent_then_launch_comp
     ends = Counter(e["cell"] for e in all_events(p) if e["ev"] == "end" and e["rc"] == 0)
     assert ends == dict.fromkeys("abcde", 1)  # no cell ran to completion twice
     manifest = json.loads((p.shared / "final_ckpts" / "d" / "MANIFEST.json").read_text())
-    assert manifest["resume"] == 0 and manifest["queue"].startswith("remediate-1-")
+    # the interrupted cell went on from the checkpoint it left ({resume} 1: ablate/remote/resume/)
+    assert manifest["resume"] == 1 and manifest["queue"].startswith("remediate-1-")
     assert states(cli, p) == dict.fromkeys("abcde", "verified")
     # Everything verified: a further remediate has nothing to do.
     assert cli.json(p, "remediate")["nothing_new"]

@@ -383,7 +383,7 @@ def test_a_stale_slurm_attempt_does_not_publish_over_the_current_one(local_proje
     (claim / "owner").write_text("h1 q1 0 1700000000.0 41.1 node2\n")  # attempt 1 of job 41 owns it
 
     def attempt(a: str) -> int:
-        env = {**os.environ, "ABLATE_QUEUE": "q1", "ABLATE_ATTEMPT": a}
+        env = {**os.environ, "ABLATE_QUEUE": "q1", "ABLATE_JOB_ATTEMPT": a}
         return subprocess.run(["bash", str(run_one), str(spec), "fz", cfg, "recon", "1", "a", "1"],
                               capture_output=True, env=env, timeout=60).returncode
 

@@ -43,6 +43,20 @@ if [[ -n ${ABLATE_STORE-} && $CFG != /* && $CFG != *..* && ! -e $ABLATE_WORKDIR/
   (( rc == 0 )) || { echo "run_one: $CFG is neither in $ABLATE_WORKDIR nor in the store (rc $rc)" >&2; exit 125; }
 fi
 
+# The cell's resume state (ablate/remote/resume/keeper.py): its newest durable copy restored when
+# {ckpt_dir} holds nothing to resume from, RESUME 1 when something is there now; while the trainer
+# runs, the queue's runner process copies each new complete checkpoint to the sweep.
+RSPEC=("$CKPT_DIR" "${ABLATE_RESUME:--}" "${ABLATE_RESUME_PICK:-newest}" shared)
+[[ -n ${ABLATE_STORE-} ]] && RSPEC[3]=none
+RUN_ID='' ATTEMPT_NO=1 STEP=''
+if ask_runner "r$$" resume-prep "$NAME" "${RSPEC[0]}" "$RESUME" "${RSPEC[@]:1}" \
+    && [[ $DECISION =~ ^resume=([01])\ attempt=([0-9]{1,9})\ run_id=([0-9a-f]{16})\ step=([0-9]{0,12})\ ev=([^$'\n']*) ]]; then
+  RESUME=${BASH_REMATCH[1]} ATTEMPT_NO=${BASH_REMATCH[2]} RUN_ID=${BASH_REMATCH[3]} STEP=${BASH_REMATCH[4]}
+  [[ ${BASH_REMATCH[5]} != - ]] && ev restore ", \"cell\": \"$NAME\", ${BASH_REMATCH[5]}"
+  [[ $DECISION == *$'\n'?* ]] && printf '%s' "${DECISION#*$'\n'}" >>"$LOG"
+fi
+export ABLATE_RUN_ID=$RUN_ID ABLATE_ATTEMPT=$ATTEMPT_NO ABLATE_RESUME_STEP=$STEP
+
 # Render the train template. Field values were validated to [A-Za-z0-9._/+@,=-] before launch.
 cmd=$ABLATE_TRAIN
 cmd=${cmd//"{cfg}"/"$CFG"}
@@ -53,6 +67,8 @@ cmd=${cmd//"{ckpt_dir}"/"$CKPT_DIR"}
 cmd=${cmd//"{cat}"/"$CAT"}
 cmd=${cmd//"{resume}"/"$RESUME"}
 cmd=${cmd//"{gpu}"/"$GPU"}
+cmd=${cmd//"{run_id}"/"$RUN_ID"}
+cmd=${cmd//"{attempt}"/"$ATTEMPT_NO"}
 first=1
 for kv in ${ABLATE_PORTS-}; do  # `name=port ...` from run_queue (services:); the first is {port}
   (( first )) && cmd=${cmd//"{port}"/"${kv#*=}"}
@@ -81,6 +97,8 @@ trap 'CUT=1' TERM
   eval "$cmd"
 ) </dev/null >>"$LOG" 2>&1 3>&- 4>&-  # (3 and 4: the queue's runner process, not the trainer's)
 rc=$?
+# The keeper stops; a cell that did not succeed has its last checkpoint copied if it is new.
+ask_runner "r$$" resume-end "$NAME" "$rc" "${RSPEC[@]}" && [[ -n $DECISION ]] && printf '%s' "$DECISION" >>"$LOG"
 now
 ENDED=$T
 printf '# ablate end %s rc=%s\n' "$ENDED" "$rc" >>"$LOG"
@@ -109,6 +127,11 @@ fail() {
   printf '# ablate sync failed: %s\n' "$1" >>"$LOG"
   exit 3
 }
+synced() {  # published: the cell's resume copies go (nothing resumes from them any more)
+  ev synced ", \"cell\": \"$NAME\""
+  [[ ${RSPEC[3]} == shared ]] && ask_runner "r$$" resume-drop "$NAME"
+  exit 0
+}
 ours() {  # the published result is this very run's (a rename whose answer the outage lost)
   local m=  # read by bash itself: no process per cell (MANIFEST.json is one line)
   { IFS= read -r -d '' m <"$FINAL/MANIFEST.json"; } 2>/dev/null
@@ -118,7 +141,7 @@ sync_all() {  # stage, check, publish; exits 0 (synced) or through fail
   if [[ -n ${ABLATE_STORE-} ]]; then
     :  # a sweep kept in a store: its commit is the one check (commit below)
   elif [[ -e $FINAL ]]; then
-    (( SYNC_TRIES )) && ours && { ev synced ", \"cell\": \"$NAME\""; exit 0; }
+    (( SYNC_TRIES )) && ours && synced
     fail "final_ckpts/$NAME already exists; a durable result is never overwritten"
   fi
   STAGING=$FINAL_PARENT/.staging.$NAME.$ABLATE_HOST.$$
@@ -154,19 +177,18 @@ sync_all() {  # stage, check, publish; exits 0 (synced) or through fail
   [[ -e $FINAL ]] && fail "final_ckpts/$NAME appeared while syncing; a durable result is never overwritten"
   # A Slurm attempt publishes only while the claim is its own: a newer attempt of the queue (the job
   # requeued while this one was cut off) took the cell over, and only it may publish.
-  if [[ -n ${ABLATE_ATTEMPT-} ]]; then
+  if [[ -n ${ABLATE_JOB_ATTEMPT-} ]]; then
     local o_attempt=
     { read -r _ _ _ _ o_attempt _ <"$ABLATE_ROOT/claims/$NAME/owner"; } 2>/dev/null
-    [[ $o_attempt == "$ABLATE_ATTEMPT" ]] \
-      || fail "fenced: attempt ${o_attempt:-?} owns the claim of $NAME now, not this run's ($ABLATE_ATTEMPT); it does not publish"
+    [[ $o_attempt == "$ABLATE_JOB_ATTEMPT" ]] \
+      || fail "fenced: attempt ${o_attempt:-?} owns the claim of $NAME now, not this run's ($ABLATE_JOB_ATTEMPT); it does not publish"
   fi
   mv -T -n -- "$STAGING" "$FINAL" 2>/dev/null
   # Published means this run's MANIFEST.json opens under the final name (asked of the server: a
   # cached stat of the staging dir could say it moved when the outage cut the rename).
   ours || fail "could not rename $STAGING to final_ckpts/$NAME (it exists now?)"
   STAGING=
-  ev synced ", \"cell\": \"$NAME\""
-  exit 0
+  synced
 }
 commit_to_store() {  # the staged files uploaded, then the one conditional commit
   # (ablate/remote/store/queue_side.py): asked of the queue's runner process, else a Python start of its own
@@ -177,8 +199,7 @@ commit_to_store() {  # the staged files uploaded, then the one conditional commi
   (( rc == 0 )) || fail "${reason:-the commit to the store exited $rc; see the log}"
   rm -rf -- "$STAGING"
   STAGING=
-  ev synced ", \"cell\": \"$NAME\""
-  exit 0
+  synced
 }
 sync_all
 exit

@@ -417,7 +417,7 @@ job_attempt() {  # the runner's `attempt` (ablate/remote/slurm/stop_plan.py), in
   (( rc == 1 )) && return 0  # not a Slurm job
   [[ $rc == 0 && $DECISION =~ $att ]] || helper_failed $(( rc ? rc : 4 ))
   ATTEMPT=${BASH_REMATCH[1]} SLURM_SELF=${BASH_REMATCH[2]} RESTARTS=${BASH_REMATCH[3]} TOO_OFTEN=${BASH_REMATCH[4]}
-  export ABLATE_ATTEMPT=$ATTEMPT
+  export ABLATE_JOB_ATTEMPT=$ATTEMPT
 }
 write_tail() {  # write_tail NAME: tails/NAME.log = the last 100 lines of the cell's log (tmp + mv)
   local log=$ABLATE_CKPT_ROOT/$1.log tmp=$TAILS/.$1.$ABLATE_HOST.$$.tmp

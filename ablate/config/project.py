@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from ablate import resources as packaged
+from ablate.config.entries import Resume, checkpoint_entries, parse_resume, relative
 from ablate.config.reader import Reader, UniqueKeyLoader, check_template, load_yaml, suggest, tname
 from ablate.config.services import Service, gpus_per_queue, parse_services, train_fields
 from ablate.config.settings import (
@@ -42,7 +43,7 @@ from ablate.remote.queue.defaults import HEARTBEAT_SECS
 
 CONFIG_NAME = "ablate.yaml"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
-TRAIN_FIELDS = {"cfg", "task", "epochs", "name", "ckpt_dir", "cat", "resume", "gpu"}
+TRAIN_FIELDS = {"cfg", "task", "epochs", "name", "ckpt_dir", "cat", "resume", "gpu", "run_id", "attempt"}
 TRANSPORTS = ("local", "ssh", "slurm")
 VERIFY = ("load", "structure", "hash")  # artifacts.verify: strongest first
 
@@ -171,6 +172,7 @@ class Project:
     services: tuple[Service, ...] = ()
     calibrate: Calibrate = NO_CALIBRATE
     autostop: Autostop | None = None  # ablate.yaml's; a host's own is Host.autostop
+    resume: Resume | None = None  # what a cell resumes from (ablate/config/entries.py); None: off
 
     @property
     def queues_dir(self) -> Path:
@@ -257,33 +259,6 @@ def load_profile(name: str, project_dir: Path, where: str) -> Profile:
 
 
 _SAFE_GLOB = re.compile(r"^[A-Za-z0-9._/+@,=*?\[\]-]+$")
-_SAFE_GLOB_PATH = re.compile(r"^[A-Za-z0-9._/+@,=~*?\[\]-]+$")
-
-
-def _relative(path: str, pattern: re.Pattern[str]) -> bool:
-    return bool(pattern.match(path)) and not path.startswith("/") and ".." not in path.split("/")
-
-
-def _checkpoint_entries(a: Reader) -> tuple[str, ...]:
-    """artifacts.checkpoint: a file, directory or glob relative to {ckpt_dir}, or a list of them."""
-    raw = a.data.get("checkpoint")
-    if raw is None:
-        raise a.err("checkpoint", "is required")
-    items = raw if isinstance(raw, list) else [raw]
-    if not items or not all(isinstance(i, str) and i.strip() for i in items):
-        raise a.err("checkpoint", f"must be a file, directory or glob inside {{ckpt_dir}}, or a list "
-                                  f"of them, got {raw!r}")
-    out: list[str] = []
-    for item in items:
-        entry = item.strip().rstrip("/")
-        if not entry or entry == "." or not _relative(entry, _SAFE_GLOB_PATH):
-            raise a.err("checkpoint", f"{item!r} must be a relative path inside {{ckpt_dir}} of plain "
-                                      "characters (a glob may use * ? [ ])")
-        if entry not in out:
-            out.append(entry)
-    return tuple(out)
-
-
 def _verify(a: Reader, entries: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """artifacts.verify: one check for every checkpoint entry, or {entry: check} for some of them."""
     raw = a.data.get("verify")
@@ -307,7 +282,7 @@ def _verify(a: Reader, entries: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 TOP_KEYS = {
     "profile", "sweep", "workdir", "train", "artifacts", "tasks", "cells", "budget", "resources",
     "candidates", "ssh_config", "hosts", "heartbeat_secs", "costs", "monitor", "report", "steal",
-    "services", "calibrate", "stop_grace", "autostop",
+    "services", "calibrate", "stop_grace", "autostop", "resume",
 }
 HOST_KEYS = {"profile", "ssh", "speed", "gpus", "slots", "instance_id", "transport", "queues"}
 
@@ -343,9 +318,9 @@ def load_project(directory: Path | str = ".") -> Project:
         raise r.err("train", "must use {cfg} so each cell trains its own config")
 
     a = r.sub("artifacts", {"checkpoint", "metrics", "metrics_keys", "pick", "verify"})
-    checkpoint = _checkpoint_entries(a)
+    checkpoint = checkpoint_entries(a)
     metrics = a.text("metrics")
-    if metrics is not None and not _relative(metrics, SAFE_PATH):
+    if metrics is not None and not relative(metrics, SAFE_PATH):
         raise a.err("metrics", f"{metrics!r} must be a plain relative file name inside {{ckpt_dir}}")
     pick = a.text("pick", "all") or "all"
     if pick not in PICKS:
@@ -416,6 +391,7 @@ def load_project(directory: Path | str = ".") -> Project:
         services=services,
         calibrate=parse_calibrate(r),
         autostop=autostop,
+        resume=parse_resume(r, checkpoint),
     )
 
 

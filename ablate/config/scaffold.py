@@ -37,7 +37,7 @@ profile: local                  # profiles/local.yaml: this machine; the "shared
 sweep: example                  # names this sweep's directory on the shared FS
 # The train command, run once per cell in the repo root. Fields: {{cfg}} {{task}} {{epochs}} {{name}}
 # (cfg basename) {{ckpt_dir}} (where the checkpoint must be written) {{cat}} (cfg's directory
-# name) {{resume}} (1 when re-entering an interrupted cell) {{gpu}}.
+# name) {{resume}} (1 when {{ckpt_dir}} holds a checkpoint to resume from) {{gpu}} {{run_id}} {{attempt}}.
 # This one is ablate's tiny demo trainer; replace it with yours.
 train: {train}
 artifacts:                      # what each cell must leave in {{ckpt_dir}}; checked by loading it
@@ -61,7 +61,8 @@ sweep: ablation-v1              # names this sweep's directory on the shared FS
 workdir: {workdir}   # CHANGE-ME: the repo on the {where}; cwd of the train command
 # The train command, run once per cell. Fields: {{cfg}} {{task}} {{epochs}} {{name}} (cfg basename)
 # {{ckpt_dir}} (write the checkpoint there) {{cat}} (cfg's directory name) {{resume}} (1 when
-# re-entering an interrupted cell: load your last checkpoint) {{gpu}}.
+# {{ckpt_dir}} holds a checkpoint to resume from: load it) {{gpu}} {{run_id}} (the same on every
+# run of the cell: a wandb run id) {{attempt}}.
 train: >-
   python train.py --config {{cfg}} training.epochs={{epochs}}
   training.checkpoint_dir={{ckpt_dir}} wandb.group={{task}}_{{cat}} wandb.name={{name}}

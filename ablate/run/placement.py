@@ -78,6 +78,7 @@ RUNNER_MODULES = ("ablate.remote.checkpoints.artifacts", "ablate.remote.checkpoi
                   "ablate.remote.queue.fence", "ablate.remote.queue.grammar", "ablate.remote.queue.learn",
                   "ablate.remote.queue.publish", "ablate.remote.queue.rules", "ablate.remote.queue.runner",
                   "ablate.remote.queue.serve", "ablate.remote.queue.walk",
+                  "ablate.remote.resume.copies", "ablate.remote.resume.keeper",
                   "ablate.remote.slurm.signal_window", "ablate.remote.slurm.stop_plan",
                   "ablate.remote.slurm.time_limit_cuts", "ablate.remote.store.client",
                   "ablate.remote.store.local_copy", "ablate.remote.store.queue_side")
@@ -118,6 +119,9 @@ def render_spec(project: Project, host: Host, run_one_path: str, runner_path: st
         "ABLATE_CHECKPOINT": " ".join(project.artifacts.checkpoint),  # entries hold no spaces
         "ABLATE_PICK": project.artifacts.pick,
         "ABLATE_METRICS": project.artifacts.metrics or "",
+        # `resume:` (ablate/remote/resume/keeper.py): what a cell resumes from, "-" when off
+        "ABLATE_RESUME": " ".join(project.resume.checkpoint) if project.resume is not None else "-",
+        "ABLATE_RESUME_PICK": project.resume.pick if project.resume is not None else "newest",
         "ABLATE_TASK_EPOCHS": " ".join(f"{t.name}={t.epochs}" for t in project.tasks.values()),
         "ABLATE_RUN_ONE": run_one_path,
         "ABLATE_HEARTBEAT_SECS": str(project.heartbeat_secs),

@@ -281,6 +281,8 @@ class Sweep:
             assert 1 <= len(self.evs("synced", c)) <= most, (c, self.evs("synced", c))
         assert self.manifests() == set(self.cells)
         assert not list((self.root / "final_ckpts").glob(".staging.*"))
+        # A published cell's resume copies are gone (ablate/remote/resume/copies.py)
+        assert not list((self.root / "resume").glob("*/[0-9]*")), list((self.root / "resume").iterdir())
         # Counted apart from our own events: the trainers' own records of a run that reached its
         # last epoch, on every instance's local disk.
         for c in self.cells:

@@ -338,9 +338,10 @@ class Watcher:
         self.stopped_at = None
         self.failed = {"t": after, "rc": rc, "out": tail, "why": why,
                        "next": after + retry_after(cfg.settings.idle)}
+        # the event first: whoever reads the state `stop_failed` finds its event there too
+        self.event("stop_failed", after, rc=rc, out=tail, why=why)
         self.record(Verdict("stop_failed", why, self.failed["next"]), cfg, after, f, stop_rc=rc,
                     stop_out=tail)
-        self.event("stop_failed", after, rc=rc, out=tail, why=why)
         return cfg.heartbeat
 
     def loop(self) -> int:

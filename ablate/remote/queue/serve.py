@@ -7,6 +7,7 @@ answers one request per line of its stdin, `ID<TAB>VERB<TAB>OPTION<TAB>...`, by 
 `ablate/remote/queue/runner.py` (run with ROOT HOST QUEUE SLOT), `next` (the walk's step,
 `ablate/remote/queue/walk.py`), `publish` (run_one's, asked over the fds run_queue gives it:
 `ablate/remote/queue/publish.py`), the fence's `watch` and `fence` (`ablate/remote/queue/fence.py`), the
+resume copies' `resume-prep`, `resume-end` and `resume-drop` (`ablate/remote/resume/keeper.py`), the
 stop path's `attempt` and `stop-plan`
 (`ablate/remote/slurm/stop_plan.py`) and the store's `pull`, `push`, `claim` and `commit`
 (`ablate/remote/store/queue_side.py`, whose thread sends what the queue writes as it writes it; without a
@@ -38,6 +39,7 @@ from ablate.remote.queue import fence
 from ablate.remote.queue.defaults import CLAIM_WAIT, HEARTBEAT_SECS
 from ablate.remote.queue.grammar import SAFE_NAME
 from ablate.remote.queue.runner import FsDown, run
+from ablate.remote.resume import keeper as resume_keeper
 from ablate.remote.slurm import stop_plan
 
 if TYPE_CHECKING:
@@ -78,6 +80,7 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
     watcher = fence.Watcher((base[1], base[2]), claim_reader(base, agent),
                             env_secs("ABLATE_HEARTBEAT_SECS", HEARTBEAT_SECS),
                             env_secs("ABLATE_CLAIM_WAIT", CLAIM_WAIT))
+    keepers = resume_keeper.Keepers(base, lambda name: not _superseded(watcher.check_now(name)))
     for raw in iter(inp.readline, b""):
         rid, *args = raw.decode("utf-8", "replace").rstrip("\n").split("\t")
         rows: list[str] = []
@@ -89,6 +92,8 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
             rc = fence_verb(base, watcher, claim_reader(base, agent), args, rows.append)
         elif args[:1] and args[0] in stop_plan.VERBS:
             rc = answer(args, rows.append, step=stop_verb)
+        elif args[:1] and args[0] in resume_keeper.VERBS:
+            rc = answer(args, rows.append, step=keepers.verb)
         elif args[:1] == ["next"]:
             if agent is not None and store_verb(agent, ["pull", "1"], rows.append) != 0:
                 rc = 3
@@ -180,6 +185,10 @@ def store_verb(agent: Agent | None, args: Sequence[str], out: Callable[[str], No
 FENCE_VERBS = ("watch", "fence")
 
 
+def _superseded(v: fence.Verdict | None) -> bool:
+    return v is not None and v.superseded
+
+
 def env_secs(name: str, default: float) -> float:
     v = os.environ.get(name, "")
     return float(v) if v.isdigit() and len(v) <= 7 else float(default)
@@ -231,7 +240,7 @@ def fence_verb(base: Sequence[str], watcher: fence.Watcher | None, read: Callabl
 
 def attempt() -> str:
     """This Slurm job's attempt, as run_queue's (`stop_plan.job_of`): "" outside a job. From the
-    job's own variables: this process may start before run_queue exports ABLATE_ATTEMPT."""
+    job's own variables: this process may start before run_queue exports ABLATE_JOB_ATTEMPT."""
     job = stop_plan.job_of(os.environ)
     return job.attempt if job is not None else ""
 
@@ -315,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc = fence_verb(args[1:5], None, claim_reader(args[1:5], agent), [args[0], *args[5:]], rows.append)
     elif args[:1] and args[0] in stop_plan.VERBS and len(args) >= 5:  # VERB ROOT HOST QUEUE SLOT ARGS...
         rc = answer([args[0], *args[5:]], rows.append, step=stop_verb)
+    elif args[:1] and args[0] in resume_keeper.VERBS and len(args) >= 5:  # VERB ROOT HOST QUEUE SLOT ARGS...
+        alone = resume_keeper.Keepers(args[1:5])
+        rc = answer([args[0], *args[5:]], rows.append, step=lambda a, o: alone.verb(a, o, serve=False))
     else:
         rc = answer(args, rows.append)
     sys.stdout.write("".join(r + "\n" for r in rows))
