@@ -1,0 +1,85 @@
+"""A real Hugging Face `Trainer` (tests/helpers/hf_resume_train.py: `save_steps`, `save_total_limit`,
+`train(resume_from_checkpoint=True)`) whose queue is killed mid-run with its disk wiped, as a
+spot instance is taken away: `remediate --launch` runs the cell again, its newest durable copy is
+restored into the new {ckpt_dir} (ablate/remote/resume/), and the trainer goes on from that step
+instead of from zero (real tmux, real files, the library's own checkpoint dirs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import hf_resume_train
+from tests.helpers.cli import Cli
+from tests.helpers.project import LocalProject, live
+from tests.helpers.tmux import require_tmux
+from tests.helpers.wait import wait_for
+
+pytestmark = pytest.mark.tmux  # tests/helpers/tiers.py
+
+
+@pytest.fixture(autouse=True)
+def _tmux() -> None:
+    require_tmux()
+
+
+def _trace(ckpt: Path) -> list[dict[str, object]]:
+    path = ckpt / "trace.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_killed_hf_trainer_resumes_elsewhere_from_its_durable_checkpoint(local_project: LocalProject,
+                                                                           cli: Cli) -> None:
+    p = local_project
+    shutil.copyfile(hf_resume_train.__file__, p.root / "hf_train.py")
+    p.write_config(
+        steal=False,
+        train=f"{sys.executable} hf_train.py --config {{cfg}} --out {{ckpt_dir}} --resume {{resume}} "
+              "--steps 8 --name {name}",
+        artifacts={"checkpoint": "trainer/checkpoint-*", "pick": "newest", "metrics": "metrics.json",
+                   "metrics_keys": ["val_loss"]},
+        budget={"ckpt_size": "20MB", "scratch": "50MB"})
+    (p.root / "faults").mkdir()
+    (p.root / "faults" / "c1.hold").write_text("4\n")  # held after checkpoint-4 is saved
+    p.queue("h1", ["# ablate: host=h1", f"{p.cfg('cfgs/c1.yaml')} recon"])
+    cli.json(p, "launch", "h1", "--host", "h1")
+    copies = p.shared / "resume" / "c1"
+
+    def durable_step() -> object:
+        recs = [json.loads(r.read_text()) for r in copies.glob("[0-9]*/RESUME.json")]
+        return max((r["step"] for r in recs), default=0) >= 4
+
+    wait_for(durable_step, timeout=120, interval=0.2)
+    # The instance goes: every process of its queue killed at once, its disk with them.
+    hb = json.loads((p.shared / "heartbeats" / "h1.h1").read_text())
+    os.killpg(hb["pgid"], signal.SIGKILL)
+    wait_for(lambda: not live("h1", "h1"), timeout=30)
+    h1_ckpt = p.root / ".ablate" / "local" / "h1" / "ckpt"
+    shutil.rmtree(h1_ckpt / "c1")
+    (p.root / "faults" / "c1.hold").unlink()
+
+    fix = cli.json(p, "remediate", "--launch")
+    assert fix["targets"]["c1"]["state"] in ("interrupted", "lost"), fix
+    wait_for(lambda: (p.shared / "final_ckpts" / "c1" / "MANIFEST.json").exists(), timeout=180, interval=0.3)
+    manifest = json.loads((p.shared / "final_ckpts" / "c1" / "MANIFEST.json").read_text())
+    host = manifest["host"]
+    ckpt = p.root / ".ablate" / "local" / host / "ckpt" / "c1"
+    [start] = _trace(ckpt)  # the run after the kill, on a disk that held nothing of the cell
+    assert start["resumed"] is True and start["first_step"] == 4, start
+    assert manifest["resume"] == 1
+    assert json.loads((ckpt / "metrics.json").read_text())["global_step"] == 8
+    events = [json.loads(ln) for f in (p.shared / "events").glob("*.jsonl")
+              for ln in f.read_text().splitlines()]
+    [restored] = [e for e in events if e["ev"] == "restore"]
+    assert restored["from"] == "copy" and restored["step"] == 4 and restored["made_on"] == "h1", restored
+    log = (ckpt.parent / "c1.log").read_text()
+    assert "restored durable copy" in log and "step 4" in log, log[-2000:]
+    rec = cli.json(p, "reconcile", "--fs")
+    assert rec["complete"] is True, rec
+    assert not list(copies.glob("[0-9]*")), "a published cell's copies are removed"
