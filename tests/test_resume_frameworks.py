@@ -1,21 +1,26 @@
-"""A real Hugging Face `Trainer` (tests/helpers/hf_resume_train.py: `save_steps`, `save_total_limit`,
-`train(resume_from_checkpoint=True)`) whose queue is killed mid-run with its disk wiped, as a
-spot instance is taken away: `remediate --launch` runs the cell again, its newest durable copy is
-restored into the new {ckpt_dir} (ablate/remote/resume/), and the trainer goes on from that step
-instead of from zero (real tmux, real files, the library's own checkpoint dirs)."""
+"""Real trainers whose queue is taken away mid-run with its disk, as a spot instance is: a Hugging
+Face `Trainer` (tests/helpers/hf_resume_train.py: `save_steps`, `save_total_limit`,
+`train(resume_from_checkpoint=True)`) killed at once, and a Lightning run
+(tests/helpers/lightning_resume_train.py: `ModelCheckpoint(save_last="link")`, `fit(ckpt_path=
+"last")`) sent TERM then KILL 5 s later, as RunPod stops a spot pod. `remediate --launch` runs the
+cell again, its newest durable copy is restored into the new {ckpt_dir} (ablate/remote/resume/),
+and the library goes on from there instead of from zero (real tmux, real files, the libraries' own
+checkpoints)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import hf_resume_train
+from tests.helpers import hf_resume_train, lightning_resume_train
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject, live
 from tests.helpers.tmux import require_tmux
@@ -83,3 +88,47 @@ def test_a_killed_hf_trainer_resumes_elsewhere_from_its_durable_checkpoint(local
     rec = cli.json(p, "reconcile", "--fs")
     assert rec["complete"] is True, rec
     assert not list(copies.glob("[0-9]*")), "a published cell's copies are removed"
+
+
+def test_a_lightning_run_stopped_as_a_spot_pod_resumes_from_its_last_link(local_project: LocalProject,
+                                                                         cli: Cli) -> None:
+    p = local_project
+    shutil.copyfile(lightning_resume_train.__file__, p.root / "pl_train.py")
+    p.write_config(
+        steal=False,
+        train=f"{sys.executable} pl_train.py --config {{cfg}} --out {{ckpt_dir}} --resume {{resume}} "
+              "--epochs 5 --name {name}",
+        artifacts={"checkpoint": "ckpts/epoch=*.ckpt", "pick": "newest", "metrics": "metrics.json",
+                   "metrics_keys": ["val_loss"]},
+        resume="ckpts/last.ckpt",  # a link to the newest epoch's file
+        budget={"ckpt_size": "1MB", "scratch": "10MB"})
+    (p.root / "faults").mkdir()
+    (p.root / "faults" / "c1.hold").write_text("2\n")  # held as epoch 2 starts: epoch 1's saved
+    p.queue("h1", ["# ablate: host=h1", f"{p.cfg('cfgs/c1.yaml')} recon"])
+    cli.json(p, "launch", "h1", "--host", "h1")
+    copies = p.shared / "resume" / "c1"
+
+    def durable() -> object:
+        recs = [json.loads(r.read_text()) for r in copies.glob("[0-9]*/RESUME.json")]
+        return any(r["links"] == [{"path": "ckpts/last.ckpt", "target": "ckpts/epoch=1-step=8.ckpt"}]
+                   for r in recs)
+
+    wait_for(durable, timeout=120, interval=0.2)
+    hb = json.loads((p.shared / "heartbeats" / "h1.h1").read_text())
+    os.killpg(hb["pgid"], signal.SIGTERM)  # RunPod: SIGTERM, then SIGKILL 5 s later
+    time.sleep(5)  # the provider's grace, not a wait for a condition
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(hb["pgid"], signal.SIGKILL)
+    wait_for(lambda: not live("h1", "h1"), timeout=30)
+    shutil.rmtree(p.root / ".ablate" / "local" / "h1" / "ckpt" / "c1")
+    (p.root / "faults" / "c1.hold").unlink()
+
+    cli.json(p, "remediate", "--launch")
+    wait_for(lambda: (p.shared / "final_ckpts" / "c1" / "MANIFEST.json").exists(), timeout=180, interval=0.3)
+    manifest = json.loads((p.shared / "final_ckpts" / "c1" / "MANIFEST.json").read_text())
+    ckpt = p.root / ".ablate" / "local" / manifest["host"] / "ckpt" / "c1"
+    [start] = _trace(ckpt)
+    assert start["resumed"] is True and start["first_epoch"] == 2, start
+    assert os.readlink(ckpt / "ckpts" / "last.ckpt") == "epoch=4-step=20.ckpt"  # Lightning went on
+    assert json.loads((ckpt / "metrics.json").read_text())["epochs"] == 5
+    assert cli.json(p, "reconcile", "--fs")["complete"] is True
