@@ -154,3 +154,28 @@ def test_the_served_verbs_prep_keep_end_and_drop(tmp_path: Path) -> None:
     assert keepers.verb(["resume-prep", "c1", "relative/c1", "0", *spec[1:]], out.append) == 2
     rows: list[str] = []
     assert serve.main(["resume-drop", str(root), "h1", "q1", "-", "c1"]) == 0 and not rows
+
+
+def test_status_says_what_a_cut_cell_resumes_from_before_it_runs() -> None:
+    from ablate.sweep.classify import CellState
+    from ablate.sweep.resume_view import lines, resume_from
+
+    cells = {"a": CellState("a", "lost", "its host stopped answering"),
+             "b": CellState("b", "interrupted", "its queue was stopped"),
+             "c": CellState("c", "running", "epoch 3"), "d": CellState("d", "verified", "ok"),
+             "e": CellState("e", "running", "epoch 1")}
+    copies_seen = {"a": [{"seq": 3, "step": 30, "top": ["trainer"], "committed": 1000.0, "made_on": "h2"},
+                         {"seq": 2, "step": 20, "top": ["trainer"], "committed": 900.0, "made_on": "h2"}],
+                   "c": [{"seq": 1, "step": None, "top": ["model.safetensors"], "committed": 1030.0,
+                          "made_on": "h1"}],
+                   "d": [{"seq": 1, "step": 5, "top": ["x"], "committed": 1.0, "made_on": "h1"}]}
+    got = resume_from(copies_seen, cells, now=1240.0)
+    assert got == {"a": {"from": "copy", "seq": 3, "step": 30, "what": "trainer", "age": 240.0,
+                         "made_on": "h2"},
+                   "b": {"from": "none"},
+                   "c": {"from": "copy", "seq": 1, "step": None, "what": "model.safetensors", "age": 210.0,
+                         "made_on": "h1"}}
+    text = lines(got, cells)
+    assert text == ["  a (lost) will resume from trainer (step 30), 4m00s old, made on h2",
+                    "  b (interrupted) will start from scratch: nothing durable to resume from",
+                    "  c durable so far: model.safetensors, 3m30s old, made on h1"], text

@@ -69,8 +69,13 @@ def test_a_killed_hf_trainer_resumes_elsewhere_from_its_durable_checkpoint(local
     shutil.rmtree(h1_ckpt / "c1")
     (p.root / "faults" / "c1.hold").unlink()
 
+    # Before it runs again, status and remediate say what it will resume from.
+    said = cli.json(p, "status")["resume"]["c1"]
+    assert said["from"] == "copy" and said["step"] == 4 and said["made_on"] == "h1", said
+    assert said["what"] == "trainer", said
     fix = cli.json(p, "remediate", "--launch")
     assert fix["targets"]["c1"]["state"] in ("interrupted", "lost"), fix
+    assert fix["resume"]["c1"]["from"] == "copy" and fix["resume"]["c1"]["step"] == 4, fix["resume"]
     wait_for(lambda: (p.shared / "final_ckpts" / "c1" / "MANIFEST.json").exists(), timeout=180, interval=0.3)
     manifest = json.loads((p.shared / "final_ckpts" / "c1" / "MANIFEST.json").read_text())
     host = manifest["host"]

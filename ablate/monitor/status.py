@@ -95,6 +95,7 @@ class StatusReport:
     # the last reconcile's verified cells by the weakest check of their checkpoint files
     verified_by: dict[str, int] = field(default_factory=dict)
     autostop: dict[str, HostAutostop] = field(default_factory=dict)  # hosts with autostop on or a record
+    resume: dict[str, Any] = field(default_factory=dict)  # what cut cells resume from (sweep/resume_view)
 
     @property
     def eta(self) -> float | None:
@@ -117,6 +118,7 @@ class StatusReport:
             "calibrate": self.calibrate.to_json() if self.calibrate else None,
             "verified_by": self.verified_by,
             "autostop": {h: a.to_json() for h, a in self.autostop.items()},
+            "resume": self.resume,
         }
 
     def lines(self) -> list[str]:
@@ -155,7 +157,10 @@ class StatusReport:
             out.append(f"host {host} unreachable: {why}{note}")
         out += [a.line() for a in self.autostop.values()]
         out += [f"view of {h}: {v['why']}" for h, v in self.views.items() if v.get("unsettled")]
-        return out + state_lines(self.cells, self.idle) + live_lines(self) + warning_lines(self.warnings)
+        from ablate.sweep import resume_view
+
+        return (out + state_lines(self.cells, self.idle) + resume_view.lines(self.resume, self.cells)
+                + live_lines(self) + warning_lines(self.warnings))
 
 
 
@@ -248,6 +253,8 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
             row.last_job = None if row.job else state.ended_jobs(h.name).get(session)
     autostop = {h: a for h, a in autostop_view.of_snapshot(snap).items() if a.on or a.record is not None}
     autostop.update(_slurm_ends(project, rows, snap.now))
+    from ablate.sweep import resume_view
+
     report = StatusReport(
         sweep=project.sweep, roster=len(roster), synced=len(roster & set(snap.results)),
         verified=_last_verified(snap.reconcile, roster), verified_by=_verified_by(snap.reconcile, roster),
@@ -256,6 +263,7 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
         warnings=list(state.warnings), views=_views(state),
         lag={"seconds": state.lag.seconds, "measured": state.lag.measured, "note": state.lag.note},
         calibrate=calibration(snap.events), autostop=autostop,
+        resume=resume_view.resume_from(snap.extra.get("resume") or {}, got.cells, snap.now),
     )
     if host_data is not None:
         attach_live(project, report, host_data)

@@ -39,6 +39,7 @@ from ablate.errors import AblateError, CheckFailed
 from ablate.plan.balance import balance
 from ablate.plan.cost import known_cells, learn
 from ablate.remote.layout import SweepLayout
+from ablate.sweep import resume_view
 from ablate.sweep.cells import QueueFile, check_queue_name, load_roster
 from ablate.sweep.classify import TARGETS, CellState, Classification, cell_lines, collect, count_line, warn
 from ablate.sweep.lock import controller_lock, whoami
@@ -90,6 +91,7 @@ class RemediateResult:
     down: dict[str, str] = field(default_factory=dict)  # host -> why it is not live
     # cells that look like targets on a view that may be stale: left alone this time (classify)
     unconfirmed: dict[str, CellState] = field(default_factory=dict)
+    resume: dict[str, Any] = field(default_factory=dict)  # what each cut target resumes from (resume_view)
 
     @property
     def nothing_new(self) -> bool:
@@ -118,7 +120,7 @@ class RemediateResult:
             "hung": {c.name: c.to_json() for c in self.hung}, "advice": self.advice(),
             "down": self.down, "launched": [r.to_json() for r in self.launched],
             "unconfirmed": {n: c.to_json() for n, c in self.unconfirmed.items()},
-            "states": _counts(self.cells.values()),
+            "states": _counts(self.cells.values()), "resume": self.resume,
         }
 
     def lines(self) -> list[str]:
@@ -128,6 +130,8 @@ class RemediateResult:
             out.append(f"{len(rerun)} cell(s) to re-run "
                        f"({', '.join(f'{n} {s}' for s, n in _counts(rerun).items())}):")
             out += cell_lines(rerun)
+            out += resume_view.lines({n: r for n, r in self.resume.items() if n not in self.pending},
+                                     self.targets)
         for nq in self.queues:
             slot = "" if nq.slot is None else f" slot {nq.slot}"
             out.append(f"wrote queues/{nq.queue}.txt for {nq.host}{slot}: {len(nq.cells)} cell(s), "
@@ -212,6 +216,7 @@ def _remediate(project: Project, fs: SharedFS, got: Classification, selected: li
             pending_of.setdefault(ln.cell.name, q.name)
     targets = {n: c for n, c in got.cells.items() if c.state in TARGETS and not c.unconfirmed}
     result.targets = targets
+    result.resume = resume_view.resume_from(snap.extra.get("resume") or {}, targets, snap.now)
     result.unconfirmed = {n: c for n, c in got.cells.items() if c.state in TARGETS and c.unconfirmed}
     result.pending = {n: pending_of[n] for n in targets if n in pending_of}
     rerun = [n for n in targets if n not in pending_of]

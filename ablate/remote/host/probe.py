@@ -126,7 +126,7 @@ def snapshot(args: dict[str, Any]) -> dict[str, Any]:
     return {"now": now, "events": events, "heartbeats": heartbeats, "claims": claims,
             "final": final, "ledgers": ledgers, "queues": queues, "approvals": approvals,
             "reconcile": _read_json(lay.reconcile_record), "fs_lag": _read_json(lay.fs_lag),
-            **_autostop(root),
+            **_autostop(root), "resume": _resume_copies(root),
             **_failure_details(lay, final_entries, final, int(args.get("tail_lines", TAIL_LINES)))}
 
 
@@ -169,6 +169,28 @@ TAIL_LINES = 40
 # What classification calls an out-of-memory death in a cell's log tail (container OOM kills often
 # leave only exit 137 and a shell's "Killed"; CUDA and Python say so in the trace).
 OOM_RE = re.compile(r"(?i:out of memory)|OutOfMemoryError|\bMemoryError\b|\bKilled\b|\boom[-_ ]kill")
+
+
+def _resume_copies(root: str) -> dict[str, list[dict[str, Any]]]:
+    """Each cell's committed resume copies (`resume/<cell>/<n>/RESUME.json`, ablate/remote/resume/),
+    newest first: {seq, step, committed, made_on, top}. Only cells with a copy have a directory."""
+    d = os.path.join(root, "resume")
+    out: dict[str, list[dict[str, Any]]] = {}
+    for cell in _listdir(d):
+        if cell.startswith("."):
+            continue
+        seqs = sorted((int(n) for n in _listdir(os.path.join(d, cell)) if n.isdigit()), reverse=True)
+        for seq in seqs:
+            rec = _read_json(os.path.join(d, cell, str(seq), "RESUME.json"))
+            if not isinstance(rec, dict):
+                continue
+            files = [f.get("path") for f in rec.get("files") or [] if isinstance(f, dict)]
+            top = sorted({str(f).split("/")[0] for f in files if isinstance(f, str)})
+            src = rec.get("source")
+            out.setdefault(cell, []).append({"seq": seq, "step": rec.get("step"), "top": top[:3],
+                                             "committed": rec.get("committed"),
+                                             "made_on": src.get("host") if isinstance(src, dict) else None})
+    return out
 
 
 def _failure_details(lay: SweepLayout, entries: list[str], final: list[str],
