@@ -113,6 +113,16 @@ def test_bench_fence_stops_a_released_and_a_thawed_cell() -> None:
     assert all(float(r[2]) > 0 for r in body)
 
 
+@pytest.mark.tmux
+def test_bench_resume_measures_the_overhead_and_the_work_a_cut_does_not_redo() -> None:
+    out = run("bench_resume.py", "--reps", "1", "--size-mb", "4", "--epochs", "4", "--step", "0.3",
+              timeout=240)
+    body = {r[0].split(":")[-1].strip(): r[1:] for r in rows(out)}
+    redone = body["epochs the re-run trained"]
+    assert float(redone[0]) == 1 and float(redone[1]) == 4, out  # cut at epoch 3 of 4: 1 left with copies
+    assert float(body["seconds from the save at the cut to its copy's commit"][0]) > 0, out
+
+
 def test_bench_learn_times_the_shipped_helper_beside_bare_python() -> None:
     out = run("bench_learn.py", "--cells", "20,40", "--reps", "1")
     body = rows(out)
