@@ -97,8 +97,11 @@ trap 'CUT=1' TERM
   eval "$cmd"
 ) </dev/null >>"$LOG" 2>&1 3>&- 4>&-  # (3 and 4: the queue's runner process, not the trainer's)
 rc=$?
-# The keeper stops; a cell that did not succeed has its last checkpoint copied if it is new.
-ask_runner "r$$" resume-end "$NAME" "$rc" "${RSPEC[@]}" && [[ -n $DECISION ]] && printf '%s' "$DECISION" >>"$LOG"
+# The keeper stops; a cell that did not succeed has its last checkpoint copied if it is new. A
+# stopped one asks through a Python start of its own: Slurm's TERM reached the queue's shell too,
+# which may be asking the runner's process now, and two askers must not share its pipe.
+if [[ -n $CUT ]]; then ABLATE_ASK='' ask_runner "r$$" resume-end "$NAME" "$rc" "${RSPEC[@]}"
+else ask_runner "r$$" resume-end "$NAME" "$rc" "${RSPEC[@]}"; fi && [[ -n $DECISION ]] && printf '%s' "$DECISION" >>"$LOG"
 now
 ENDED=$T
 printf '# ablate end %s rc=%s\n' "$ENDED" "$rc" >>"$LOG"

@@ -89,6 +89,8 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
         elif args[:1] and args[0] in STORE_VERBS:
             rc = store_verb(agent, args, rows.append)
         elif args[:1] and args[0] in FENCE_VERBS:
+            if args[:2] == ["watch", "-"]:  # the cell has ended: its keeper too (run_one's own
+                keepers.end_all()           # resume-end may have come from a process of its own)
             rc = fence_verb(base, watcher, claim_reader(base, agent), args, rows.append)
         elif args[:1] and args[0] in stop_plan.VERBS:
             rc = answer(args, rows.append, step=stop_verb)

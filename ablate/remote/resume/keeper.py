@@ -198,6 +198,13 @@ class Keepers:
         self.still_ours = still_ours or (lambda _cell: True)
         self.running: dict[str, Keeper] = {}
 
+    def end_all(self) -> None:
+        """The queue's cell has ended: its keeper stops, a copy in flight not committed (a cut
+        cell's last look was run_one's `resume-end`)."""
+        for k in self.running.values():
+            k.stop(cancel=True)
+        self.running.clear()
+
     def verb(self, args: Sequence[str], out: Callable[[str], None], serve: bool = True) -> int:
         root, host, queue = self.base[0], self.base[1], self.base[2]
         return verb(args, out, root, host, queue, self if serve else None)
