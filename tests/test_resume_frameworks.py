@@ -39,22 +39,29 @@ def _trace(ckpt: Path) -> list[dict[str, object]]:
     return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
 
 
+def _launched(p: LocalProject, cli: Cli, trainer: str, length: str, checkpoint: str, hold: int,
+              **settings: object) -> Path:
+    """`trainer` copied into the project, one cell c1 launched on h1, held at `hold` (its
+    `faults/c1.hold`); the cell's resume copies' directory."""
+    shutil.copyfile(trainer, p.root / "trainer.py")
+    p.write_config(
+        steal=False,
+        train=f"{sys.executable} trainer.py --config {{cfg}} --out {{ckpt_dir}} --resume {{resume}} "
+              f"{length} --name {{name}}",
+        artifacts={"checkpoint": checkpoint, "pick": "newest", "metrics": "metrics.json",
+                   "metrics_keys": ["val_loss"]}, **settings)
+    (p.root / "faults").mkdir()
+    (p.root / "faults" / "c1.hold").write_text(f"{hold}\n")
+    p.queue("h1", ["# ablate: host=h1", f"{p.cfg('cfgs/c1.yaml')} recon"])
+    cli.json(p, "launch", "h1", "--host", "h1")
+    return p.shared / "resume" / "c1"
+
+
 def test_a_killed_hf_trainer_resumes_elsewhere_from_its_durable_checkpoint(local_project: LocalProject,
                                                                            cli: Cli) -> None:
     p = local_project
-    shutil.copyfile(hf_resume_train.__file__, p.root / "hf_train.py")
-    p.write_config(
-        steal=False,
-        train=f"{sys.executable} hf_train.py --config {{cfg}} --out {{ckpt_dir}} --resume {{resume}} "
-              "--steps 8 --name {name}",
-        artifacts={"checkpoint": "trainer/checkpoint-*", "pick": "newest", "metrics": "metrics.json",
-                   "metrics_keys": ["val_loss"]},
-        budget={"ckpt_size": "20MB", "scratch": "50MB"})
-    (p.root / "faults").mkdir()
-    (p.root / "faults" / "c1.hold").write_text("4\n")  # held after checkpoint-4 is saved
-    p.queue("h1", ["# ablate: host=h1", f"{p.cfg('cfgs/c1.yaml')} recon"])
-    cli.json(p, "launch", "h1", "--host", "h1")
-    copies = p.shared / "resume" / "c1"
+    copies = _launched(p, cli, hf_resume_train.__file__, "--steps 8", "trainer/checkpoint-*", hold=4,
+                       budget={"ckpt_size": "20MB", "scratch": "50MB"})  # held after checkpoint-4
 
     def durable_step() -> object:
         recs = [json.loads(r.read_text()) for r in copies.glob("[0-9]*/RESUME.json")]
@@ -98,20 +105,9 @@ def test_a_killed_hf_trainer_resumes_elsewhere_from_its_durable_checkpoint(local
 def test_a_lightning_run_stopped_as_a_spot_pod_resumes_from_its_last_link(local_project: LocalProject,
                                                                          cli: Cli) -> None:
     p = local_project
-    shutil.copyfile(lightning_resume_train.__file__, p.root / "pl_train.py")
-    p.write_config(
-        steal=False,
-        train=f"{sys.executable} pl_train.py --config {{cfg}} --out {{ckpt_dir}} --resume {{resume}} "
-              "--epochs 5 --name {name}",
-        artifacts={"checkpoint": "ckpts/epoch=*.ckpt", "pick": "newest", "metrics": "metrics.json",
-                   "metrics_keys": ["val_loss"]},
-        resume="ckpts/last.ckpt",  # a link to the newest epoch's file
-        budget={"ckpt_size": "1MB", "scratch": "10MB"})
-    (p.root / "faults").mkdir()
-    (p.root / "faults" / "c1.hold").write_text("2\n")  # held as epoch 2 starts: epoch 1's saved
-    p.queue("h1", ["# ablate: host=h1", f"{p.cfg('cfgs/c1.yaml')} recon"])
-    cli.json(p, "launch", "h1", "--host", "h1")
-    copies = p.shared / "resume" / "c1"
+    copies = _launched(p, cli, lightning_resume_train.__file__, "--epochs 5", "ckpts/epoch=*.ckpt", hold=2,
+                       budget={"ckpt_size": "1MB", "scratch": "10MB"},  # held as epoch 2 starts
+                       resume="ckpts/last.ckpt")  # a link to the newest epoch's file
 
     def durable() -> object:
         recs = [json.loads(r.read_text()) for r in copies.glob("[0-9]*/RESUME.json")]

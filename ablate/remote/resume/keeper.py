@@ -155,15 +155,21 @@ class Keeper:
                 self.prev = seen
                 if not stable:
                     return None
+            if self.published():  # a result stands: nothing resumes from a copy any more
+                return None
             try:
                 got = copies.commit(self.root, self.cell, self.ckpt_dir, seen, self.source,
-                                    lambda: not self.cancelled.is_set() and self.still_ours())
+                                    lambda: not self.cancelled.is_set() and self.still_ours()
+                                    and not self.published())
             except copies.CopyFailed as e:
                 self.say(f"ablate resume: {self.cell}: not copied: {e}")
                 self.prev = None
                 return None
             self.saved = seen
             return got
+
+    def published(self) -> bool:
+        return os.path.exists(os.path.join(self.root, "final_ckpts", self.cell, "MANIFEST.json"))
 
     def stop(self, cancel: bool = False) -> None:
         """No more looks; with `cancel` (the cell succeeded) a copy in flight is not committed and
@@ -210,6 +216,14 @@ class Keepers:
         return verb(args, out, root, host, queue, self if serve else None)
 
 
+def _holds(root: str, host: str, queue: str, name: str) -> bool:
+    """Read now (a process of its own, without the served fence): the cell's claim is not
+    another run's (a paused box's run_one, stopped as it thawed, never commits over the new owner)."""
+    from ablate.remote.queue import fence
+
+    return not fence.judge(None, (host, queue), fence.read_fs(root, name), 0.0, 1.0).superseded
+
+
 def _source(host: str, queue: str) -> dict[str, str]:
     """Where a copy was made: the host, queue and (on Slurm) the job's attempt."""
     return {"host": host, "queue": queue, "attempt": os.environ.get("ABLATE_JOB_ATTEMPT", "")}
@@ -251,7 +265,8 @@ def verb(args: Sequence[str], out: Callable[[str], None], root: str, host: str, 
             k.stop(cancel=rc == "0")
         if rc != "0" and entries != OFF and entries.strip() and where == "shared":
             k = k or Keeper(root, name, ckpt_dir, entries, pick, _source(host, queue),
-                            (lambda: keepers.still_ours(name)) if keepers is not None else (lambda: True))
+                            (lambda: keepers.still_ours(name)) if keepers is not None
+                            else (lambda: _holds(root, host, queue, name)))
             got = k.flush()
             if got is not None:
                 out(f"# ablate resume: its last checkpoint made durable as copy {got.seq}")
