@@ -88,7 +88,7 @@ two_passes() {
   local marks=$1 workers=$2 list files
   list=$(mktemp -d)/alone
   ABLATE_TEST_ALONE_FILES=$list python3 -m pytest -q "${NO_PLUGINS[@]}" -n "$workers" --dist loadgroup \
-    -m "$marks and not alone"
+    --no-loadscope-reorder -m "$marks and not alone"
   files=()
   [ -e "$list" ] && mapfile -t files <"$list"
   if [ ! -e "$list" ] || [ "${#files[@]}" -gt 0 ]; then
@@ -123,11 +123,11 @@ case $tier in
     python_packages
     lint
     shellcheck -x -S warning wrappers/*.sh
-    # The suite in two pytest-xdist workers, each session test bed (the SSH instances, the slow
+    # The suite in three pytest-xdist workers, each session test bed (the SSH instances, the slow
     # network FS, the Slurm cluster: tests/helpers/tiers.py) one group built once in one worker, so
     # the beds' waits overlap; then the tests marked `alone` (the host agent's timing tests) in one
     # process: they time a silent agent's seconds-long window, which the other worker's load stretches.
-    python3 -m pytest -q "${NO_PLUGINS[@]}" -n 2 --dist loadgroup -m "not alone"
+    python3 -m pytest -q "${NO_PLUGINS[@]}" -n 3 --dist loadgroup --no-loadscope-reorder -m "not alone"
     python3 -m pytest -q "${NO_PLUGINS[@]}" -m alone
     ;;
   *)

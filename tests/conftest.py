@@ -35,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tiers.classify(items)
+    tiers.groups_first(items)
     tiers.note_alone_files(items)
     schedule.longest_first(config, items)
 

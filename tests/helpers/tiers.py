@@ -28,6 +28,12 @@ import pytest
 # SSH beds, hence one group for the two.
 BED_GROUPS = (("slurm_cluster", "slurm"), ("testbed_slowfs", "slowfs"), ("testbed_sshfs", "ssh"),
               ("testbed", "ssh"), ("testbed_nofs", "nofs"))
+# The groups longest first (each one's seconds in a full run: slurm ~920, ssh ~810, nofs ~240, slowfs
+# ~130): the full run collects their tests first, in this order, and turns off xdist's own reorder (by
+# the number of tests in a group), so each of the two longest groups is a different worker's first
+# work. xdist hands every worker two units at the start: reordered by count, ssh (98 tests) and slurm
+# (31) were one worker's first two, 29 of a 30-minute run's minutes on one worker.
+GROUP_ORDER = ("slurm", "ssh", "nofs", "slowfs")
 TIERS = ("unit", "tmux", "bed")
 # What scripts/test.sh installs with apt-get (the commands of each package a test may run).
 APT_TOOLS = ("tmux", "ssh", "sshd", "scp", "sshfs", "rsync", "chromium", "parallel", "shellcheck",
@@ -55,6 +61,17 @@ def classify(items: list[pytest.Item]) -> None:
         group = next((g for fixture, g in BED_GROUPS if fixture in names), None)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def groups_first(items: list[pytest.Item]) -> None:
+    """The items of the long xdist groups first, longest group first (GROUP_ORDER); the rest keep
+    their order after them."""
+    def rank(item: pytest.Item) -> int:
+        marker = item.get_closest_marker("xdist_group")
+        group = marker.args[0] if marker and marker.args else None
+        return GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER)
+
+    items.sort(key=rank)  # stable: each group's tests, and the rest, in collection order
 
 
 def note_alone_files(items: list[pytest.Item]) -> None:
