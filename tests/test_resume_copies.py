@@ -142,7 +142,7 @@ def test_the_served_verbs_prep_keep_end_and_drop(tmp_path: Path) -> None:
     ckpt.mkdir(parents=True)
     keepers = keeper.Keepers([str(root), "h1", "q1", "-"])
     out: list[str] = []
-    spec = [str(ckpt), "checkpoint-*", "newest", "shared"]
+    spec = [str(ckpt), "checkpoint-*", "newest"]
     assert keepers.verb(["resume-prep", "c1", spec[0], "0", *spec[1:]], out.append) == 0
     assert out[0].startswith("resume=0 ") and "c1" in keepers.running
     _save(ckpt, 7)

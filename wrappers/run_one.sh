@@ -46,8 +46,7 @@ fi
 # The cell's resume state (ablate/remote/resume/keeper.py): its newest durable copy restored when
 # {ckpt_dir} holds nothing to resume from, RESUME 1 when something is there now; while the trainer
 # runs, the queue's runner process copies each new complete checkpoint to the sweep.
-RSPEC=("$CKPT_DIR" "${ABLATE_RESUME:--}" "${ABLATE_RESUME_PICK:-newest}" shared)
-[[ -n ${ABLATE_STORE-} ]] && RSPEC[3]=none
+RSPEC=("$CKPT_DIR" "${ABLATE_RESUME:--}" "${ABLATE_RESUME_PICK:-newest}")
 RUN_ID='' ATTEMPT_NO=1 STEP=''
 if ask_runner "r$$" resume-prep "$NAME" "${RSPEC[0]}" "$RESUME" "${RSPEC[@]:1}" \
     && [[ $DECISION =~ ^resume=([01])\ attempt=([0-9]{1,9})\ run_id=([0-9a-f]{16})\ step=([0-9]{0,12})\ ev=([^$'\n']*) ]]; then
@@ -132,7 +131,7 @@ fail() {
 }
 synced() {  # published: the cell's resume copies go (nothing resumes from them any more)
   ev synced ", \"cell\": \"$NAME\""
-  [[ ${RSPEC[3]} == shared ]] && ask_runner "r$$" resume-drop "$NAME"
+  ask_runner "r$$" resume-drop "$NAME"
   exit 0
 }
 ours() {  # the published result is this very run's (a rename whose answer the outage lost)

@@ -79,6 +79,7 @@ RUNNER_MODULES = ("ablate.remote.checkpoints.artifacts", "ablate.remote.checkpoi
                   "ablate.remote.queue.publish", "ablate.remote.queue.rules", "ablate.remote.queue.runner",
                   "ablate.remote.queue.serve", "ablate.remote.queue.walk",
                   "ablate.remote.resume.copies", "ablate.remote.resume.keeper",
+                  "ablate.remote.resume.store_place",
                   "ablate.remote.slurm.signal_window", "ablate.remote.slurm.stop_plan",
                   "ablate.remote.slurm.time_limit_cuts", "ablate.remote.store.client",
                   "ablate.remote.store.local_copy", "ablate.remote.store.queue_side")

@@ -67,8 +67,9 @@ from ablate.transport.storelock import LEASE, StoreLease, acquire
 VIA = "store"  # the "host" an FSError of this transport names
 FINAL = "final_ckpts"
 # What each probe op reads of the sweep (the mirror's prefixes) and which files of a result.
+# autostop/: each instance's watcher, as status shows it; resume/: the cells' resume copies' records
 _SNAPSHOT = ("claims/", "commits/", "aside/", "events/", "heartbeats/", "queues/", "gate/", "tails/",
-             "released/", "autostop/")  # autostop/: each instance's watcher, as status shows it
+             "released/", "autostop/", "resume/")
 _PLANS: dict[str, tuple[tuple[str, ...], str]] = {
     "snapshot": (_SNAPSHOT, "manifest"), "mine": (_SNAPSHOT, "manifest"),
     "report": (_SNAPSHOT, "small"), "queues": (("queues/",), "manifest"), "now": ((), "manifest")}

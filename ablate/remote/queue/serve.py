@@ -80,7 +80,8 @@ def serve(base: Sequence[str], inp: BinaryIO, out: TextIO) -> int:
     watcher = fence.Watcher((base[1], base[2]), claim_reader(base, agent),
                             env_secs("ABLATE_HEARTBEAT_SECS", HEARTBEAT_SECS),
                             env_secs("ABLATE_CLAIM_WAIT", CLAIM_WAIT))
-    keepers = resume_keeper.Keepers(base, lambda name: not _superseded(watcher.check_now(name)))
+    keepers = resume_keeper.Keepers(base, lambda name: not _superseded(watcher.check_now(name)),
+                                    resume_keeper.place_for(base[0], agent.store if agent else None))
     for raw in iter(inp.readline, b""):
         rid, *args = raw.decode("utf-8", "replace").rstrip("\n").split("\t")
         rows: list[str] = []
@@ -327,8 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args[:1] and args[0] in stop_plan.VERBS and len(args) >= 5:  # VERB ROOT HOST QUEUE SLOT ARGS...
         rc = answer([args[0], *args[5:]], rows.append, step=stop_verb)
     elif args[:1] and args[0] in resume_keeper.VERBS and len(args) >= 5:  # VERB ROOT HOST QUEUE SLOT ARGS...
-        alone = resume_keeper.Keepers(args[1:5])
-        rc = answer([args[0], *args[5:]], rows.append, step=lambda a, o: alone.verb(a, o, serve=False))
+        alone = resume_keeper.Keepers(args[1:5], served=False)
+        rc = answer([args[0], *args[5:]], rows.append, step=alone.verb)
     else:
         rc = answer(args, rows.append)
     sys.stdout.write("".join(r + "\n" for r in rows))

@@ -28,7 +28,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ablate.remote.checkpoints import filecheck, loaders
@@ -39,7 +39,7 @@ RECORD = "RESUME.json"
 ATTEMPTS = "attempts"
 KEEP = 2  # committed copies kept per cell: the newest, and the one before as its fallback
 STAGE = ".stage."
-_SEQ = re.compile(r"[0-9]{1,9}")
+SEQ_NAME = re.compile(r"[0-9]{1,9}")
 # The step a checkpoint's name says: HF's checkpoint-N, accelerate's checkpoint_N, Lightning's step=N
 _STEP = re.compile(r"(?:^|/)(?:checkpoint[-_]|[^/]*step=)([0-9]{1,12})(?:[^0-9/][^/]*)?(?:/|$)")
 
@@ -75,7 +75,7 @@ def committed(root: str, cell: str) -> list[Copy]:
         names = os.listdir(cell_dir(root, cell))
     except OSError:
         return []
-    seqs = sorted((int(n) for n in names if _SEQ.fullmatch(n)), reverse=True)
+    seqs = sorted((int(n) for n in names if SEQ_NAME.fullmatch(n)), reverse=True)
     return [Copy(s, os.path.join(cell_dir(root, cell), str(s))) for s in seqs]
 
 
@@ -97,7 +97,7 @@ def step_of(paths: Sequence[str]) -> int | None:
     return max(found) if found else None
 
 
-def _inside(ckpt_dir: str, rel: str) -> bool:
+def inside(ckpt_dir: str, rel: str) -> bool:
     return not rel.startswith("/") and ".." not in rel.split("/") and rel not in ("", ".")
 
 
@@ -110,7 +110,7 @@ def _link_target(ckpt_dir: str, rel: str) -> str | None:
     if raw.startswith("/"):
         return None
     target = os.path.normpath(os.path.join(os.path.dirname(rel), raw))
-    return target if _inside(ckpt_dir, target) else None
+    return target if inside(ckpt_dir, target) else None
 
 
 def look(ckpt_dir: str, rels: Sequence[str]) -> Look:
@@ -234,7 +234,7 @@ def verify(path: str, modes: Mapping[str, str] | None = None) -> str | None:
         return f"{RECORD} is missing or unreadable (a half-written copy)"
     for f in rec["files"]:
         rel = f.get("path") if isinstance(f, dict) else None
-        if not isinstance(rel, str) or not _inside(path, rel):
+        if not isinstance(rel, str) or not inside(path, rel):
             return f"{RECORD} names a file outside the copy: {rel!r}"
         full = os.path.join(path, rel)
         try:
@@ -254,9 +254,10 @@ def verify(path: str, modes: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
-def restore(path: str, ckpt_dir: str) -> list[str]:
+def restore(path: str, ckpt_dir: str, move: bool = False) -> list[str]:
     """The copy's files and links written into ckpt_dir at their paths, with their mtimes (each file
-    by a rename: a trainer never sees half of one). Returns the paths restored."""
+    by a rename: a trainer never sees half of one). `move`: the copy is a download of this run's
+    own, its files moved rather than copied where the disk allows. Returns the paths restored."""
     rec = read_record(path) or {"files": [], "links": []}
     done: list[str] = []
     for f in rec["files"]:
@@ -264,7 +265,12 @@ def restore(path: str, ckpt_dir: str) -> list[str]:
         dst = os.path.join(ckpt_dir, rel)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         tmp = f"{dst}.ablate-restore.{os.getpid()}"
-        shutil.copyfile(os.path.join(path, rel), tmp)
+        try:
+            if not move:
+                raise OSError
+            os.rename(os.path.join(path, rel), tmp)
+        except OSError:  # another disk (or a copy kept where it is): copied
+            shutil.copyfile(os.path.join(path, rel), tmp)
         ns = int(f.get("mtime_ns") or 0)
         if ns:
             os.utime(tmp, ns=(ns, ns))
@@ -278,6 +284,38 @@ def restore(path: str, ckpt_dir: str) -> list[str]:
         os.symlink(os.path.relpath(os.path.join(ckpt_dir, target), os.path.dirname(dst)), dst)
         done.append(rel)
     return done
+
+
+class FsPlace:
+    """Where a sweep on a shared FS keeps its copies: `resume/` under its root (the functions
+    above). The object store's: `store_place.StorePlace`, the same methods."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def committed(self, cell: str) -> list[Copy]:
+        return committed(self.root, cell)
+
+    def record(self, copy: Copy) -> dict[str, Any] | None:
+        return read_record(copy.path)
+
+    @contextlib.contextmanager
+    def fetched(self, copy: Copy) -> Iterator[tuple[str, bool]]:
+        """(a local dir holding the copy, whether restore may move its files): the copy itself."""
+        yield copy.path, False
+
+    def commit(self, cell: str, ckpt_dir: str, seen: Look, source: Mapping[str, str],
+               still_ours: Callable[[], bool] = lambda: True) -> Copy:
+        return commit(self.root, cell, ckpt_dir, seen, source, still_ours)
+
+    def published(self, cell: str) -> bool:
+        return os.path.exists(os.path.join(self.root, "final_ckpts", cell, "MANIFEST.json"))
+
+    def drop(self, cell: str) -> None:
+        drop(self.root, cell)
+
+    def count_attempt(self, cell: str, line: str) -> int:
+        return count_attempt(self.root, cell, line)
 
 
 def count_attempt(root: str, cell: str, line: str) -> int:

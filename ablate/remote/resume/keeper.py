@@ -2,17 +2,17 @@
 part of the runner's zipapp. Three verbs, asked by run_one of its queue's served runner process
 (else a Python start of its own):
 
-- `resume-prep NAME CKPT_DIR RESUME ENTRIES PICK COPIES` before the trainer starts: when the
-  entries (the spec's `resume:`, `-` when it is off) resolve to nothing in CKPT_DIR, the newest
-  committed copy that verifies (else the one before it) is restored there. COPIES: `shared` (the
-  sweep root is the shared FS: copies are made and restored there) or `none` (a sweep kept in an
-  object store, whose copies are not made yet: only this instance's own checkpoint counts).
-  Answers one line, `resume=R attempt=N run_id=X step=S ev=FIELDS` (R: 1 when CKPT_DIR now holds
-  something to resume from, else 0; RESUME, the walk's, when resume is off; S empty when the names
-  say no step; FIELDS the `restore` event's JSON fields, or `-`), then lines for the cell's log.
+- `resume-prep NAME CKPT_DIR RESUME ENTRIES PICK` before the trainer starts: when the entries
+  (the spec's `resume:`, `-` when it is off) resolve to nothing in CKPT_DIR, the newest committed
+  copy that verifies (else the one before it) is restored there. The copies are where the sweep
+  is: under its root on a shared FS (`copies.FsPlace`), in its object store when the run spec names
+  one (`store_place.StorePlace`: the runner process decides, by ABLATE_STORE). Answers one line,
+  `resume=R attempt=N run_id=X step=S ev=FIELDS` (R: 1 when CKPT_DIR now holds something to
+  resume from, else 0; RESUME, the walk's, when resume is off; S empty when the names say no step;
+  FIELDS the `restore` event's JSON fields, or `-`), then lines for the cell's log.
   In the served process it also starts the cell's keeper: a thread that copies each new complete
   checkpoint to the sweep.
-- `resume-end NAME RC CKPT_DIR ENTRIES PICK COPIES` when the trainer has exited: the keeper stops; a cell
+- `resume-end NAME RC CKPT_DIR ENTRIES PICK` when the trainer has exited: the keeper stops; a cell
   that did not succeed (cut, stopped, failed) gets one last look, its checkpoint copied if it is
   new (the trainer has ended: nothing is written any more).
 - `resume-drop NAME` once the result is published: every copy of the cell goes.
@@ -33,10 +33,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablate.remote.queue.publish import SyncFailed, resolve
 from ablate.remote.resume import copies
+from ablate.remote.resume.store_place import StorePlace
+from ablate.remote.store.client import StoreError
+
+if TYPE_CHECKING:
+    from ablate.remote.store.client import Store
 
 LOOK_SECS = 1.0
 VERBS = ("resume-prep", "resume-end", "resume-drop")
@@ -63,10 +68,20 @@ def _age(secs: float) -> str:
     return f"{secs / 60:.0f} min" if secs >= 90 else f"{secs:.0f} s"
 
 
-def prep(root: str, cell: str, ckpt_dir: str, walk_resume: str, entries: str, pick: str,
-         where: str, shared: bool = True) -> tuple[list[str], dict[str, object] | None]:
-    """(the answer's lines, the `restore` event's fields or None); see the module's docstring."""
-    attempt = copies.count_attempt(root, cell, f"{where} {time.time():.3f}")
+Place = copies.FsPlace | StorePlace
+
+
+def place_of(where: str | Place) -> Place:
+    """A sweep root's path is a shared FS's copies."""
+    return copies.FsPlace(where) if isinstance(where, str) else where
+
+
+def prep(where: str | Place, cell: str, ckpt_dir: str, walk_resume: str, entries: str, pick: str,
+         started: str) -> tuple[list[str], dict[str, object] | None]:
+    """(the answer's lines, the `restore` event's fields or None); see the module's docstring.
+    `started`: where it starts (`host queue`), for the cell's attempts."""
+    place = place_of(where)
+    attempt = place.count_attempt(cell, f"{started} {time.time():.3f}")
     log: list[str] = []
     event: dict[str, object] | None = None
     step: int | None = None
@@ -79,14 +94,16 @@ def prep(root: str, cell: str, ckpt_dir: str, walk_resume: str, entries: str, pi
     else:
         resume = "0"
         tried: list[str] = []
-        for copy in copies.committed(root, cell)[: copies.KEEP] if shared else []:
-            problem = copies.verify(copy.path)
+        for copy in place.committed(cell)[: copies.KEEP]:
+            with place.fetched(copy) as (local, move):
+                problem = copies.verify(local)
+                if problem is None:
+                    rec = copies.read_record(local) or {}
+                    files = copies.restore(local, ckpt_dir, move)
             if problem is not None:
                 tried.append(f"copy {copy.seq}: {problem}")
                 log.append(f"# ablate resume: durable copy {copy.seq} is damaged, not restored: {problem}")
                 continue
-            rec = copies.read_record(copy.path) or {}
-            files = copies.restore(copy.path, ckpt_dir)
             step = rec.get("step") if isinstance(rec.get("step"), int) else None
             age = time.time() - float(rec.get("committed") or time.time())
             src: dict[str, Any] = rec["source"] if isinstance(rec.get("source"), dict) else {}
@@ -103,7 +120,7 @@ def prep(root: str, cell: str, ckpt_dir: str, walk_resume: str, entries: str, pi
                            + (f" ({'; '.join(tried)})" if tried else ""))
                 event = {"from": "none", "skipped": tried}
     ev = json.dumps(event)[1:-1] if event is not None else OFF
-    head = (f"resume={resume} attempt={attempt} run_id={run_id(root, cell)} "
+    head = (f"resume={resume} attempt={attempt} run_id={run_id(place.root, cell)} "
             f"step={'' if step is None else step} ev={ev}")
     return [head, *log], event
 
@@ -118,17 +135,18 @@ class Keeper:
     complete checkpoint (see the module's docstring), while `still_ours` says the claim is this
     run's. `stop` ends it; `flush` takes one last look without waiting for it to settle."""
 
-    def __init__(self, root: str, cell: str, ckpt_dir: str, entries: str, pick: str,
+    def __init__(self, where: str | Place, cell: str, ckpt_dir: str, entries: str, pick: str,
                  source: dict[str, str], still_ours: Callable[[], bool] = lambda: True,
                  period: float = LOOK_SECS, say: Callable[[str], None] | None = None) -> None:
-        self.root, self.cell, self.ckpt_dir, self.entries, self.pick = root, cell, ckpt_dir, entries, pick
+        self.place = place_of(where)
+        self.cell, self.ckpt_dir, self.entries, self.pick = cell, ckpt_dir, entries, pick
         self.source, self.still_ours, self.period = source, still_ours, period
         self.say = say or (lambda s: print(s, file=sys.stderr, flush=True))
         self.lock = threading.Lock()  # one copy at a time: the thread's and a flush
         self.done = threading.Event()  # no more looks
         self.cancelled = threading.Event()  # and no commit: the cell succeeded (its copies go)
-        last = copies.committed(root, cell)
-        rec = copies.read_record(last[0].path) if last else None
+        last = self.place.committed(cell)
+        rec = self.place.record(last[0]) if last else None
         self.saved = _look_of(rec)  # what the newest committed copy holds: not copied again
         self.prev: copies.Look | None = None
         self.thread = threading.Thread(target=self._run, name=f"resume-{cell}", daemon=True)
@@ -155,21 +173,18 @@ class Keeper:
                 self.prev = seen
                 if not stable:
                     return None
-            if self.published():  # a result stands: nothing resumes from a copy any more
+            if self.place.published(self.cell):  # a result stands: nothing resumes from a copy
                 return None
             try:
-                got = copies.commit(self.root, self.cell, self.ckpt_dir, seen, self.source,
-                                    lambda: not self.cancelled.is_set() and self.still_ours()
-                                    and not self.published())
+                got = self.place.commit(self.cell, self.ckpt_dir, seen, self.source,
+                                        lambda: not self.cancelled.is_set() and self.still_ours()
+                                        and not self.place.published(self.cell))
             except copies.CopyFailed as e:
                 self.say(f"ablate resume: {self.cell}: not copied: {e}")
                 self.prev = None
                 return None
             self.saved = seen
             return got
-
-    def published(self) -> bool:
-        return os.path.exists(os.path.join(self.root, "final_ckpts", self.cell, "MANIFEST.json"))
 
     def stop(self, cancel: bool = False) -> None:
         """No more looks; with `cancel` (the cell succeeded) a copy in flight is not committed and
@@ -197,11 +212,16 @@ def _look_of(rec: dict[str, Any] | None) -> copies.Look | None:
 
 
 class Keepers:
-    """The served runner's keepers, one per running cell (a queue runs one cell at a time)."""
+    """The runner's keepers, one per running cell (a queue runs one cell at a time), and where the
+    sweep keeps its copies. `served`: in the queue's runner process, which keeps a cell's keeper
+    running between its verbs; else a Python start of run_one's own (one verb, no thread)."""
 
-    def __init__(self, base: Sequence[str], still_ours: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, base: Sequence[str], still_ours: Callable[[str], bool] | None = None,
+                 place: Place | None = None, served: bool = True) -> None:
         self.base = base
-        self.still_ours = still_ours or (lambda _cell: True)
+        self.place = place if place is not None else place_for(base[0])
+        self.still_ours = still_ours or (lambda cell: _holds(self.place, base[1], base[2], cell))
+        self.served = served
         self.running: dict[str, Keeper] = {}
 
     def end_all(self) -> None:
@@ -211,17 +231,34 @@ class Keepers:
             k.stop(cancel=True)
         self.running.clear()
 
-    def verb(self, args: Sequence[str], out: Callable[[str], None], serve: bool = True) -> int:
-        root, host, queue = self.base[0], self.base[1], self.base[2]
-        return verb(args, out, root, host, queue, self if serve else None)
+    def keeper(self, name: str, ckpt_dir: str, entries: str, pick: str) -> Keeper:
+        host, queue = self.base[1], self.base[2]
+        return Keeper(self.place, name, ckpt_dir, entries, pick, _source(host, queue),
+                      lambda: self.still_ours(name))
+
+    def verb(self, args: Sequence[str], out: Callable[[str], None]) -> int:
+        return verb(args, out, self)
 
 
-def _holds(root: str, host: str, queue: str, name: str) -> bool:
+def place_for(root: str, store: Store | None = None) -> Place:
+    """The sweep's copies: in its object store when the run spec names one (ABLATE_STORE; `store`,
+    the queue's own client, when there is one), else under its root on the shared FS."""
+    url = os.environ.get("ABLATE_STORE", "")
+    if store is None and url:
+        from ablate.remote.store.client import Store
+
+        store = Store(url, os.environ.get("ABLATE_STORE_ENDPOINT") or None)
+    return StorePlace(store, root) if store is not None else copies.FsPlace(root)
+
+
+def _holds(place: Place, host: str, queue: str, name: str) -> bool:
     """Read now (a process of its own, without the served fence): the cell's claim is not
     another run's (a paused box's run_one, stopped as it thawed, never commits over the new owner)."""
     from ablate.remote.queue import fence
 
-    return not fence.judge(None, (host, queue), fence.read_fs(root, name), 0.0, 1.0).superseded
+    seen = (fence.read_store(place.store, name) if isinstance(place, StorePlace)
+            else fence.read_fs(place.root, name))
+    return not fence.judge(None, (host, queue), seen, 0.0, 1.0).superseded
 
 
 def _source(host: str, queue: str) -> dict[str, str]:
@@ -229,49 +266,56 @@ def _source(host: str, queue: str) -> dict[str, str]:
     return {"host": host, "queue": queue, "attempt": os.environ.get("ABLATE_JOB_ATTEMPT", "")}
 
 
-def verb(args: Sequence[str], out: Callable[[str], None], root: str, host: str, queue: str,
-         keepers: Keepers | None = None) -> int:
-    """The three verbs (see the module's docstring); rc 2 for bad arguments."""
+def _on(entries: str) -> bool:
+    return entries != OFF and bool(entries.strip())
+
+
+def verb(args: Sequence[str], out: Callable[[str], None], keepers: Keepers) -> int:
+    """The three verbs (see the module's docstring); rc 2 for bad arguments, 3 when the store
+    could not be reached (run_one then starts the trainer as the walk said: nothing restored)."""
+    try:
+        return _verb(args, out, keepers)
+    except StoreError as e:
+        print(f"runner: {args[0]}: the store could not be reached: {e}", file=sys.stderr)
+        return 3
+
+
+def _verb(args: Sequence[str], out: Callable[[str], None], keepers: Keepers) -> int:
     from ablate.remote.queue.grammar import SAFE_NAME
 
+    host, queue = keepers.base[1], keepers.base[2]
     name = args[1] if len(args) > 1 else ""
     if not SAFE_NAME.fullmatch(name):
         print(f"runner: {args[0] if args else 'resume'}: a cell name, got {name!r}", file=sys.stderr)
         return 2
     if args[0] == "resume-prep":
-        if (len(args) != 7 or not os.path.isabs(args[2]) or os.path.basename(args[2].rstrip("/")) != name
-                or args[6] not in ("shared", "none")):
-            print("runner: resume-prep NAME CKPT_DIR RESUME ENTRIES PICK shared|none", file=sys.stderr)
+        if len(args) != 6 or not os.path.isabs(args[2]) or os.path.basename(args[2].rstrip("/")) != name:
+            print("runner: resume-prep NAME CKPT_DIR RESUME ENTRIES PICK", file=sys.stderr)
             return 2
-        _, _, ckpt_dir, walk_resume, entries, pick, where = args
-        lines, _event = prep(root, name, ckpt_dir, walk_resume, entries, pick, f"{host} {queue}",
-                             where == "shared")
+        _, _, ckpt_dir, walk_resume, entries, pick = args
+        lines, _event = prep(keepers.place, name, ckpt_dir, walk_resume, entries, pick, f"{host} {queue}")
         for line in lines:
             out(line)
-        if keepers is not None and entries != OFF and entries.strip() and where == "shared":
+        if keepers.served and _on(entries):
             old = keepers.running.pop(name, None)
             if old is not None:
                 old.stop()
-            keepers.running[name] = Keeper(root, name, ckpt_dir, entries, pick, _source(host, queue),
-                                           lambda: keepers.still_ours(name)).start()
+            keepers.running[name] = keepers.keeper(name, ckpt_dir, entries, pick).start()
         return 0
     if args[0] == "resume-end":
-        if len(args) != 7 or not args[2].isdigit() or not os.path.isabs(args[3]):
-            print("runner: resume-end NAME RC CKPT_DIR ENTRIES PICK shared|none", file=sys.stderr)
+        if len(args) != 6 or not args[2].isdigit() or not os.path.isabs(args[3]):
+            print("runner: resume-end NAME RC CKPT_DIR ENTRIES PICK", file=sys.stderr)
             return 2
-        _, _, rc, ckpt_dir, entries, pick, where = args
-        k = keepers.running.pop(name, None) if keepers is not None else None
+        _, _, rc, ckpt_dir, entries, pick = args
+        k = keepers.running.pop(name, None)
         if k is not None:
             k.stop(cancel=rc == "0")
-        if rc != "0" and entries != OFF and entries.strip() and where == "shared":
-            k = k or Keeper(root, name, ckpt_dir, entries, pick, _source(host, queue),
-                            (lambda: keepers.still_ours(name)) if keepers is not None
-                            else (lambda: _holds(root, host, queue, name)))
-            got = k.flush()
+        if rc != "0" and _on(entries):
+            got = (k or keepers.keeper(name, ckpt_dir, entries, pick)).flush()
             if got is not None:
                 out(f"# ablate resume: its last checkpoint made durable as copy {got.seq}")
         return 0
     if args[0] == "resume-drop":
-        copies.drop(root, name)
+        keepers.place.drop(name)
         return 0
     return 2

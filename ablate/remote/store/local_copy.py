@@ -46,7 +46,11 @@ from ablate.remote.store.client import Obj, Store
 # the queue files, the estimates, calibration) and every controller command (all of the state).
 WALK = ("claims/", "commits/", "control/", "events/", "heartbeats/", "queues/", "calib/",
         "estimates.tsv")
-STATE = (*WALK, "aside/", "tails/", "gate/", "released/", "remediation/", "services/", "DEPLOYED.json")
+STATE = (*WALK, "aside/", "tails/", "gate/", "released/", "remediation/", "services/", "resume/",
+         "DEPLOYED.json")
+# Of `resume/` (the cells' resume copies: ablate/remote/resume/store_place.py) only what `status`
+# reads: each committed copy's record and each cell's attempts, never a checkpoint's bytes.
+RESUME_READ = ("/RESUME.json", "/attempts")
 MANIFEST = "MANIFEST.json"
 _META = ".mirror"
 
@@ -118,6 +122,8 @@ class Mirror:
         return mtime - self.offset
 
     def _files(self, prefix: str, objs: list[Obj], state: dict[str, list[Any]]) -> None:
+        if prefix == "resume/":
+            objs = [o for o in objs if o.key.endswith(RESUME_READ)]
         seen = {o.key for o in objs}
         todo = [o for o in objs if o.key not in self.own and not _hidden(o.key)
                 and state.get(o.key) != [o.etag, o.size]]
