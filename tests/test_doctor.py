@@ -25,7 +25,7 @@ from tests.testbed import Testbed
 
 pytestmark = pytest.mark.tmux  # tests/helpers/tiers.py
 
-CHECKS = ["reachable", "bash", "tmux", "env", "shared_fs", "deployed", "disk", "inodes", "gpu",
+CHECKS = ["reachable", "bash", "tmux", "env", "shared_fs", "deployed", "disk", "shared_disk", "inodes", "gpu",
           "workdir", "commit"]
 
 
@@ -67,8 +67,13 @@ def test_absurd_disk_budget_fails_with_the_numbers_and_launch_refuses(
     code, report, _ = cli_doctor(cli, local_project.root)
     assert code == 1 and report["ok"] is False
     fails = failures(report)
-    assert list(fails) == [("h1", "disk")]  # h2 runs no cells: scratch only, which fits
+    # h2 runs no cells (scratch only, which fits); the shared FS both see holds neither the two
+    # results nor the resume copies of the one queue running at once
+    assert list(fails) == [("h1", "disk"), ("h1", "shared_disk"), ("h2", "shared_disk")]
     assert "need 1.8 PB (2 cell(s) x 900.0 TB + 1.0 MB scratch), free " in fails[("h1", "disk")]
+    assert fails[("h2", "shared_disk")].startswith(
+        "below budget: need 4.5 PB (2 result(s) to come + 3 resume copies (3 per running cell, 1 queue(s)) "
+        "x 900.0 TB), free "), fails
 
     before = local_project.snapshot()
     with pytest.raises(CheckFailed) as e:

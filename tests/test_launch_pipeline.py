@@ -202,8 +202,9 @@ def test_a_budget_refusal_changes_nothing_and_launch_all_starts_the_other_hosts(
         local_project: Proj, tmux_socket: str) -> None:
     lp = local_project
     free = shutil.disk_usage(lp.root).free
-    # 0.3 of the free space per checkpoint: h2's one cell fits, h1's four do not.
-    lp.write_config(budget={"ckpt_size": int(free * 0.3), "scratch": 1000})
+    # 0.05 of the free space per checkpoint and 0.9 of it scratch: h2's one cell fits, h1's four do
+    # not; the shared FS (the same disk here) holds the five results and the copies (0.55 of it).
+    lp.write_config(budget={"ckpt_size": int(free * 0.05), "scratch": int(free * 0.9)})
     lp.queue("q1", ["# ablate: host=h1", *(lp.cfg(f"cfgs/a/b{i}.yaml") + " recon 1" for i in range(4))])
     lp.queue("q2", ["# ablate: host=h2", lp.cfg("cfgs/b/fits.yaml") + " recon 1"])
     project = load_project(lp.root)

@@ -100,6 +100,9 @@ def test_a_killed_hf_trainer_resumes_elsewhere_from_its_durable_checkpoint(local
     rec = cli.json(p, "reconcile", "--fs")
     assert rec["complete"] is True, rec
     assert not list(copies.glob("[0-9]*")), "a published cell's copies are removed"
+    # each attempt and the work the kill lost: what the first run did after checkpoint-4 was written
+    tried = cli.json(p, "status")["attempts"]["c1"]
+    assert tried["runs"] == 2 and tried["cut"] == 1 and 0 < tried["lost_secs"] < 120, tried
 
 
 def test_a_lightning_run_stopped_as_a_spot_pod_resumes_from_its_last_link(local_project: LocalProject,

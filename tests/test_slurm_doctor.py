@@ -96,14 +96,18 @@ def test_the_probe_asks_two_minutes_and_starts_before_a_reservation_the_full_tim
     assert not doctor_jobs(bed)
 
 
-def test_a_node_local_ckpt_root_is_a_problem_naming_it_and_the_fix(
+def test_a_node_local_ckpt_root_without_resume_copies_is_a_problem_naming_the_fix(
         bed: SlurmBed, tmp_path: Path, cli: Cli) -> None:
     """ckpt_root on each node's private local disk (one path, a different directory on every
-    node): the nonce the first probe wrote there is not on the second node; doctor exits 1 naming
-    ckpt_root and shared scratch, and the nonce left on the first node is removed by a job there."""
+    node) and no durable resume copies (`resume: false`): the nonce the first probe wrote there is
+    not on the second node; doctor exits 1 naming ckpt_root and shared scratch, and the nonce left
+    on the first node is removed by a job there. (With the copies, the default, a node-local
+    ckpt_root is fine: tests/test_slurm_requeue.py resumes a dead node's cell from them.)"""
     sw = Sweep(bed, tmp_path, cli, cells=1, queues=1, epochs=1, step_time=0.0)
     local = f"{bed.local_path}/ckpt-{sw.sweep}"
     set_profile(sw, ckpt_root=local)
+    config = yaml.safe_load((sw.proj / "ablate.yaml").read_text())
+    (sw.proj / "ablate.yaml").write_text(yaml.safe_dump({**config, "resume": False}, sort_keys=False))
     sw.ok("deploy")
     code, out, err = cli(sw.proj, "doctor", "--json")
     checks = checks_of(json.loads(out))
@@ -127,16 +131,17 @@ def test_a_node_local_ckpt_root_is_a_problem_naming_it_and_the_fix(
 def test_a_second_node_that_cannot_be_had_leaves_a_plain_warning(
         bed: SlurmBed, tmp_path: Path, cli: Cli) -> None:
     """The queue's jobs may run on one node only (`--nodelist=sn2`): no probe can run elsewhere,
-    so whether ckpt_root is shared is not known: a warning that says what fails if it is not,
-    and doctor passes."""
+    so whether ckpt_root is shared is not known: doctor passes and says so, and that the cells'
+    durable resume copies make it no matter (without them, `resume: false`, it warns:
+    test_ckpt_root_same_node_local_unwritable_or_unknown)."""
     sw = Sweep(bed, tmp_path, cli, cells=1, queues=1, epochs=1, step_time=0.0,
                slurm={"extra": ["--nodelist=sn2"]})
     sw.ok("deploy")
     checks = checks_of(sw.ok("doctor"))
     assert all(c["ok"] for c in checks.values()), checks
     reason = checks["ckpt_root"]["reason"]
-    assert reason.startswith("warning: whether ") and "is not checked" in reason, reason
-    assert "resume after a requeue to another node will not work" in reason, reason
+    assert reason.startswith("whether ") and "is not checked" in reason, reason
+    assert "either way, a requeued job's cut cell resumes from its durable copy" in reason, reason
     assert checks["job"]["reason"].endswith(" ran on sn2"), checks["job"]
     wait_for(lambda: not list(sw.scratch.glob(".ablate-doctor.*")) and not doctor_jobs(bed), timeout=60,
              interval=0.5)
@@ -353,6 +358,11 @@ def test_ckpt_root_same_node_local_unwritable_or_unknown() -> None:
         _, ok, why = ckpt_check("/scratch/c", "abc", wrote, read(rc, out))
         assert not ok and why.startswith(f"ckpt_root is node-local: {what}"), why
         assert "resume after a requeue fails: set ckpt_root in the profile to shared scratch" in why, why
+        # with durable resume copies (`resume:` not false) a node-local ckpt_root is no problem
+        _, ok, why = ckpt_check("/scratch/c", "abc", wrote, read(rc, out), copies=True)
+        assert ok and why.startswith(f"ckpt_root is node-local: {what}") and "durable copy" in why, why
+    _, ok, why = ckpt_check("/scratch/c", "abc", wrote, None, "down", copies=True)
+    assert ok and not why.startswith("warning") and "durable copy" in why, why
     unwritable = ckpt_check("/scratch/c", "abc", _probe(0, {"node": Section(0, "n1"),
                                                             "ckpt": Section(1, "Permission denied")}), None)
     assert unwritable == ("ckpt_root", False, "could not write under /scratch/c on the compute node n1 "
@@ -363,4 +373,5 @@ def test_ckpt_root_same_node_local_unwritable_or_unknown() -> None:
                                  "n1 is not checked (the probe kept off n1: it did not run within 30 s "
                                  "(PENDING Priority)"), why
     assert why.endswith("if ckpt_root is node-local, resume after a requeue to another node will not work "
-                        "(the cut cell's checkpoint stays on the old node): make it shared scratch"), why
+                        "(`resume: false`: no durable copies; the cut cell's checkpoint stays on the old "
+                        "node): make it shared scratch"), why

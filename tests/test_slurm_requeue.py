@@ -124,7 +124,9 @@ def test_a_preempted_job_is_requeued_by_slurm_and_its_cell_resumed(
 
 def test_a_node_that_dies_mid_cell_is_requeued_by_slurm_and_its_cell_resumed(
         slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
-    sw = Sweep(slurm_cluster, tmp_path, cli, cells=4, queues=2, epochs=8, step_time=1.0)
+    """ckpt_root on each node's own disk: the dead node's checkpoint is out of reach, and the job
+    requeued onto another node restores the cut cell's durable copy from the shared FS."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=4, queues=2, epochs=8, step_time=1.0, node_local=True)
     sw.ok("plan")
     sw.ok("launch", "--all")
     cell, job = _mid_cell(sw, min_epoch=1)
@@ -136,6 +138,9 @@ def test_a_node_that_dies_mid_cell_is_requeued_by_slurm_and_its_cell_resumed(
     assert _resumed(sw, cell), sw.trace(cell)
     starts = [e for e in sw.events() if e["ev"] == "queue_start" and e["attempt"].startswith(job["id"] + ".")]
     assert starts[0]["node"] == node and starts[-1]["node"] != node, starts
+    restored = _ev(sw, "restore", cell=cell)
+    assert [e["from"] for e in restored] == ["copy"] and restored[0]["made_on"] == "cluster", restored
+    assert not (sw.root / "resume" / cell).exists()  # published: its copies gone
 
 
 def test_without_requeue_a_dead_nodes_cells_are_remediated_as_new_jobs(

@@ -42,6 +42,7 @@ from ablate.run.refusals import (
     disk_check,
     git_section,
     inodes_check,
+    shared_check,
 )
 from ablate.run.store_launch import controller_credentials
 from ablate.transport import HostTransport, SharedFS, fan_out, host_transport, shared_fs
@@ -308,6 +309,7 @@ def _check_host(project: Project, host: Host, plan: _Plan) -> HostReport:
         checks.append(_shared(project, host, plan, sec("nonce"), t))
     checks.append(Check(*deployed_check(project, host, plan.deployed, plan.fs_error, sec("sha"))))
     checks.append(disk_check(project, host, plan.cells, sec("disk")))
+    checks.append(shared_check(project, host, plan.cells, sec("shared_disk")))
     checks.append(inodes_check(project, host, plan.cells, sec("inodes")))
     checks.append(_gpu(host, plan.ask, sec("gpu")))
     wd = sec("workdir")

@@ -13,8 +13,9 @@ shared FS, ckpt_root and the GPUs as the compute nodes see them.
   those GPUs and `--time=2` runs nvidia-smi (still pending after the wait: "not checked", since the
   full request is `request`'s); without, the first probe's nvidia-smi;
 - `ckpt_root`: the nonce the first probe wrote under ckpt_root is read by a third probe kept off
-  that node: one directory on both, or node-local (a problem: resume after a requeue to another
-  node fails), or not checked (a warning);
+  that node: one directory on both, or node-local (a problem only with `resume: false`: with the
+  durable resume copies a requeued job restores its cut cell's checkpoint on any node), or not
+  checked (a warning without the copies);
 - `longest_cell` and `time_limit`: the learned seconds of the longest planned cell against
   `time - grace` (only a trainer that resumes finishes it), and of the longest planned queue against
   `time` and `max_restarts` (relative costs say nothing about seconds, and ablate.yaml declares no
@@ -172,14 +173,14 @@ def _ckpt_root(project: Project, host: Host, t: HostTransport, outdir: str, name
     assert slurm is not None and first.node is not None
     w = first.got.get("ckpt")
     if w is None or w.rc != 0:
-        return ckpt_check(host.ckpt_root, nonce, first, None)
+        return ckpt_check(host.ckpt_root, nonce, first, None, copies=project.resume is not None)
     node = node_of(first)
     second: ProbeResult | None = None
     why = None if node else f"the node name {first.node!r} is not one --exclude takes"
     if node:
         [second] = run_probes(t, outdir, [ProbeJob(f"{name}-ckpt", tuple(probe_options(slurm, node)),
                                                    (NODE_SECTION, ckpt_read(host.ckpt_root, token)))])
-    got = ckpt_check(host.ckpt_root, nonce, first, second, why)
+    got = ckpt_check(host.ckpt_root, nonce, first, second, why, copies=project.resume is not None)
     read = second is not None and second.got.get("ckpt") is not None and second.got["ckpt"].rc == 0
     if node and not read:  # the nonce is still on the first node
         with contextlib.suppress(AblateError):  # best effort: a tiny file in that node's ckpt_root

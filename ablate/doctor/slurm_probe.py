@@ -241,14 +241,18 @@ def ckpt_read(ckpt_root: str, token: str) -> tuple[str, Sequence[str]]:
 
 _LOCAL_FIX = ("set ckpt_root in the profile to shared scratch: a directory every compute node mounts "
               "at the same path (a cluster's /scratch or a directory under shared_fs), not a node's "
-              "local disk or /tmp")
-_WARN = ("if ckpt_root is node-local, resume after a requeue to another node will not work (the cut "
-         "cell's checkpoint stays on the old node): make it shared scratch")
+              "local disk or /tmp; or turn durable resume copies back on (`resume: false` is set)")
+_WARN = ("if ckpt_root is node-local, resume after a requeue to another node will not work (`resume: "
+         "false`: no durable copies; the cut cell's checkpoint stays on the old node): make it shared "
+         "scratch")
+_COPIES = ("a requeued job's cut cell resumes from its durable copy on the shared FS (`resume:` copies each "
+           "complete checkpoint there while the cell runs)")
 
 
 def ckpt_check(ckpt_root: str, nonce: str, first: ProbeResult, second: ProbeResult | None,
-               second_why: str | None = None) -> tuple[str, bool, str]:
-    """`ckpt_root`: the same directory on the first probe's node and the second's."""
+               second_why: str | None = None, copies: bool = False) -> tuple[str, bool, str]:
+    """`ckpt_root`: the same directory on the first probe's node and the second's. `copies`: the
+    sweep makes durable resume copies (`resume:` not false), so a node-local one is no problem."""
     a = first.node or "?"
     w = first.got.get("ckpt")
     if w is None:
@@ -258,6 +262,10 @@ def ckpt_check(ckpt_root: str, nonce: str, first: ProbeResult, second: ProbeResu
                                     f"({w.last}): every running cell writes its checkpoints there")
     if second is None or second.node is None or "ckpt" not in second.got:
         why = second_why or (second.why_not() if second else "no second probe")
+        if copies:
+            return ("ckpt_root", True, f"whether {ckpt_root} is the same directory on another node than "
+                                       f"{a} is not checked (the probe kept off {a}: {why}); either way, "
+                                       f"{_COPIES}")
         return ("ckpt_root", True, f"warning: whether {ckpt_root} is the same directory on another "
                                    f"node than {a} is not checked (the probe kept off {a}: {why}); {_WARN}")
     b = second.node
@@ -272,6 +280,9 @@ def ckpt_check(ckpt_root: str, nonce: str, first: ProbeResult, second: ProbeResu
     what = (f"{ckpt_root} does not exist on {b}" if r.rc == 2 else
             f"a nonce written to {ckpt_root} on {a} is {'missing' if r.rc == 1 else 'other bytes'} "
             f"on {b} (looked {CKPT_WAIT} s)")
+    if copies:
+        return ("ckpt_root", True, f"ckpt_root is node-local: {what} (filesystem {kinds}); {_COPIES}, "
+                                   "restored into the new node's ckpt_root")
     return ("ckpt_root", False, f"ckpt_root is node-local: {what} (filesystem {kinds}); a job "
                                 "requeued to another node would not find its cut cell's checkpoint "
                                 f"and resume after a requeue fails: {_LOCAL_FIX}")

@@ -96,6 +96,7 @@ class StatusReport:
     verified_by: dict[str, int] = field(default_factory=dict)
     autostop: dict[str, HostAutostop] = field(default_factory=dict)  # hosts with autostop on or a record
     resume: dict[str, Any] = field(default_factory=dict)  # what cut cells resume from (sweep/resume_view)
+    attempts: dict[str, Any] = field(default_factory=dict)  # cells run more than once (sweep/runs)
 
     @property
     def eta(self) -> float | None:
@@ -118,7 +119,7 @@ class StatusReport:
             "calibrate": self.calibrate.to_json() if self.calibrate else None,
             "verified_by": self.verified_by,
             "autostop": {h: a.to_json() for h, a in self.autostop.items()},
-            "resume": self.resume,
+            "resume": self.resume, "attempts": self.attempts,
         }
 
     def lines(self) -> list[str]:
@@ -158,9 +159,10 @@ class StatusReport:
         out += [a.line() for a in self.autostop.values()]
         out += [f"view of {h}: {v['why']}" for h, v in self.views.items() if v.get("unsettled")]
         from ablate.sweep import resume_view
+        from ablate.sweep.runs import attempts_lines
 
         return (out + state_lines(self.cells, self.idle) + resume_view.lines(self.resume, self.cells)
-                + live_lines(self) + warning_lines(self.warnings))
+                + attempts_lines(self.attempts) + live_lines(self) + warning_lines(self.warnings))
 
 
 
@@ -254,6 +256,7 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
     autostop = {h: a for h, a in autostop_view.of_snapshot(snap).items() if a.on or a.record is not None}
     autostop.update(_slurm_ends(project, rows, snap.now))
     from ablate.sweep import resume_view
+    from ablate.sweep.runs import attempts_by_cell, runs_of
 
     report = StatusReport(
         sweep=project.sweep, roster=len(roster), synced=len(roster & set(snap.results)),
@@ -264,6 +267,7 @@ def status(project: Project, live_info: bool = False) -> StatusReport:
         lag={"seconds": state.lag.seconds, "measured": state.lag.measured, "note": state.lag.note},
         calibrate=calibration(snap.events), autostop=autostop,
         resume=resume_view.resume_from(snap.extra.get("resume") or {}, got.cells, snap.now),
+        attempts=attempts_by_cell(runs_of(snap.events, snap.heartbeats, {}, {}, snap.now)[1]),
     )
     if host_data is not None:
         attach_live(project, report, host_data)

@@ -37,7 +37,8 @@ from ablate.report.svg import human_secs
 from ablate.report.table import TaskTable, build_tables, to_csv
 from ablate.report.timeline import Timeline, build_timeline, rerun_cells, steal_count, task_colors
 from ablate.sweep.classify import state_counts
-from ablate.util.fmt import Log
+from ablate.sweep.runs import attempts_by_cell, attempts_lines, lost_total
+from ablate.util.fmt import Log, duration
 from ablate.util.fs import atomic_write
 
 HTML_NAME = "report.html"
@@ -67,12 +68,15 @@ class ReportResult:
     stolen: int
     tasks: dict[str, dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    attempts: dict[str, dict[str, Any]] = field(default_factory=dict)  # cells run more than once
 
     def to_json(self) -> dict[str, Any]:
         return {"out": self.out, "html": self.html, "png": self.png, "csv": self.csv, "md": self.md,
                 "tex": self.tex, "groups_csv": self.groups_csv, "roster": self.roster,
                 "states": self.states, "runs": self.runs, "lanes": self.lanes, "makespan": self.makespan,
                 "lower_bound": self.lower_bound, "reruns": self.reruns, "stolen": self.stolen,
+                "attempts": self.attempts, "lost_secs": round(sum(
+                    a["lost_secs"] or 0.0 for a in self.attempts.values()), 3),
                 "tasks": self.tasks, "notes": self.notes}
 
     def lines(self) -> list[str]:
@@ -83,6 +87,7 @@ class ReportResult:
                f"{human_secs(self.makespan)}{bound})",
                f"ablation table: {self.csv} ({self.roster} cells: {states})",
                f"over seeds: {self.md}, {self.tex}, {self.groups_csv} ({self._groups()})"]
+        out += attempts_lines(self.attempts, prefix="re-run ")
         return out + [n if n.startswith("warning: ") else f"note: {n}" for n in self.notes]
 
     def _groups(self) -> str:
@@ -110,6 +115,9 @@ def _summary(data: SweepData, tl: Timeline, states: dict[str, int]) -> list[str]
     stolen = steal_count(tl)
     if stolen:
         out.append(f"{stolen} stolen runs")
+    cut, lost = lost_total(tl.runs)
+    if cut:
+        out.append(f"{cut} cut runs: {duration(lost)} of work done again")
     if rec.get("t"):
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(rec["t"])))
         out.append(f"last reconcile {when} ({rec.get('source', '?')}): "
@@ -179,5 +187,5 @@ def report(project: Project, out: Path | None = None, log: Log | None = None) ->
                         "best": {m: sorted(c) for m, c in t.best.items()},
                         "group_by": group_by, "baseline_group": by_task[t.task].baseline,
                         "groups": [g.to_json() for g in by_task[t.task].groups]} for t in tables},
-        notes=notes,
+        notes=notes, attempts=attempts_by_cell(tl.runs),
     )

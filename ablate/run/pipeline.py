@@ -338,7 +338,7 @@ def _refusals(ctx: LaunchContext, snap: Snapshot, ready: Mapping[int, _Ready],
         else:
             h = project.host(host)
             cells = count_cells(project, None, (ready[idx[0]].qf.name, host), ledgers=snap.ledgers,
-                                queues=ctx.local.queues)
+                                queues=ctx.local.queues, published=snap.results)
             why = launch_refusal(project, h, got.measured, got.why, cells, ours)
             if why is None:
                 continue

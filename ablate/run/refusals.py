@@ -2,7 +2,7 @@
 code drift (the host's workdir at the controller's commit).
 
 Both measure with the same host commands (`budget_sections`, `git_section`) and judge the answers
-with the same functions (`disk_check`, `inodes_check`, `commit_check`); `launch` asks
+with the same functions (`disk_check`, `shared_check`, `inodes_check`, `commit_check`); `launch` asks
 `launch_sections` in the one command it sends each host before it starts anything there, and
 `launch_refusal` turns the answers into a refusal with the numbers, as doctor would report them.
 """
@@ -43,15 +43,18 @@ class Cells:
     per_host: Mapping[str, int]  # cell lines of the queues that name the host
     total: int  # distinct cells of the roster (they all land on the shared FS)
     error: str | None = None  # the queue files could not be read
+    queues: int = 0  # queue files with cells: the most cells running at once
+    published: int = 0  # cells of the roster with a result on the shared FS already
 
 
 def count_cells(project: Project, fs: SharedFS | None, also: tuple[str, str] | None = None,
                 ledgers: Mapping[str, Sequence[LedgerEntry]] | None = None,
-                queues: Iterable[QueueFile] | None = None) -> Cells:
+                queues: Iterable[QueueFile] | None = None, published: Iterable[str] | None = None) -> Cells:
     """Cells per host from the local queue files (`queues`, already read; else read here): the
     `# ablate: host=` header names the host, else the last ledger entry (from `ledgers`, a
     snapshot's, else read from `fs` when given). `also` = (queue, host): a queue about to be
-    launched there counts for that host."""
+    launched there counts for that host. `published`: the cells with a result (a snapshot's; else
+    `final_ckpts/` listed on `fs` when given)."""
     if queues is None:
         try:
             queues = read_all_queues(project)
@@ -59,12 +62,19 @@ def count_cells(project: Project, fs: SharedFS | None, also: tuple[str, str] | N
             return Cells({}, 0, e.message)
     per_host: dict[str, int] = {}
     names: set[str] = set()
+    running = 0
     for q in queues:
         names.update(ln.cell.name for ln in q.cells if ln.cell is not None)
+        running += bool(q.cells)
         host = q.host or (also[1] if also and also[0] == q.name else None) or _ledger_host(fs, q, ledgers)
         if host:
             per_host[host] = per_host.get(host, 0) + len(q.cells)
-    return Cells(per_host, len(names))
+    if published is None and fs is not None:
+        try:
+            published = fs.listdir(SweepLayout(fs.root).final)
+        except (AblateError, OSError):
+            published = ()
+    return Cells(per_host, len(names), queues=running, published=len(names & set(published or ())))
 
 
 def _ledger_host(fs: SharedFS | None, q: QueueFile,
@@ -100,6 +110,34 @@ def disk_check(project: Project, host: Host, cells: Cells, sec: Section | None) 
     return Check("disk", True, numbers)
 
 
+# The resume copies a running cell can hold on the shared FS at once: the two kept, one being written
+COPIES_PER_RUNNING_CELL = 3
+
+
+def shared_check(project: Project, host: Host, cells: Cells, sec: Section | None) -> Check:
+    """`shared_disk`: the sweep root's FS has room for the results still to come and the resume
+    copies of the cells running at once (ablate/remote/resume/copies.py), each `ckpt_size`. A sweep
+    kept in an object store has no such disk (a bucket has no free space to measure)."""
+    if project.sweep_store(host) is not None:
+        return Check("shared_disk", True, "the sweep is kept in an object store: no disk to measure")
+    if cells.error:
+        return Check("shared_disk", False, f"cannot count the cells: {cells.error}")
+    b = project.budget
+    left = max(cells.total - cells.published, 0)
+    copies = COPIES_PER_RUNNING_CELL * cells.queues if project.resume is not None else 0
+    need = b.ckpt_size * (left + copies)
+    df = parse_df(sec) if sec else None
+    root = project.sweep_root(host)
+    if df is None or df.free is None:
+        return Check("shared_disk", False, f"cannot measure free space at {root}: "
+                                           f"{sec.last if sec else 'no answer'}")
+    free = df.free * 1024
+    numbers = (f"need {fmt_size(need)} ({left} result(s) to come + {copies} resume copies "
+               f"({COPIES_PER_RUNNING_CELL} per running cell, {cells.queues} queue(s)) x "
+               f"{fmt_size(b.ckpt_size)}), free {fmt_size(free)} on {df.mount} (sweep root {root})")
+    return Check("shared_disk", free >= need, numbers if free >= need else f"below budget: {numbers}")
+
+
 def inodes_check(project: Project, host: Host, cells: Cells, sec: Section | None) -> Check:
     if cells.error:
         return Check("inodes", False, f"cannot count the cells: {cells.error}")
@@ -116,7 +154,9 @@ def inodes_check(project: Project, host: Host, cells: Cells, sec: Section | None
 
 
 def budget_sections(project: Project, host: Host) -> list[tuple[str, Sequence[str]]]:
-    return [("disk", ["dfat", "-k", host.ckpt_root]), ("inodes", ["dfat", "-i", project.sweep_root(host)])]
+    root = project.sweep_root(host)
+    return [("disk", ["dfat", "-k", host.ckpt_root]), ("shared_disk", ["dfat", "-k", root]),
+            ("inodes", ["dfat", "-i", root])]
 
 
 def launch_sections(project: Project, host: Host) -> list[tuple[str, Sequence[str]]]:
@@ -128,10 +168,11 @@ def launch_sections(project: Project, host: Host) -> list[tuple[str, Sequence[st
 def launch_refusal(project: Project, host: Host, got: Mapping[str, Section], why: str | None,
                    cells: Cells, ours: str | None) -> str | None:
     """None when `host` has the disk (ckpt_size x its queues' cells + scratch) and the shared FS the
-    inodes for the roster, and its workdir runs the controller's commit `ours` (or either has no
-    git); else the refusal with the numbers, or naming both commits. `got`, `why`: what `measure`
-    gave for `launch_sections`."""
+    space (the results to come and the resume copies) and inodes for the roster, and its workdir
+    runs the controller's commit `ours` (or either has no git); else the refusal with the numbers,
+    or naming both commits. `got`, `why`: what `measure` gave for `launch_sections`."""
     budget = (disk_check(project, host, cells, got.get("disk")),
+              shared_check(project, host, cells, got.get("shared_disk")),
               inodes_check(project, host, cells, got.get("inodes")))
     for check in budget:
         if not check.ok:

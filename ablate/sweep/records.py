@@ -31,6 +31,8 @@ class Event:
     kept: bool = False  # calibrate: the figure was kept from an earlier sweep on the same machine
     how: str | None = None  # an `end` superseded: taken | released | gone (ablate/remote/queue/fence.py)
     away: float | None = None  # an `end` superseded: seconds since its claim was last seen held
+    restored: str | None = None  # a `restore`: what the run started from (its `from`: local | copy | none)
+    written: float | None = None  # a `restore`: when the checkpoint it started from was written
 
     @classmethod
     def parse(cls, obj: Any) -> Event | None:
@@ -41,7 +43,8 @@ class Event:
                    as_num(obj.get("dur")), bool(obj.get("resume")), as_str(obj.get("from_queue")),
                    as_str(obj.get("reason")), as_str(obj.get("by")), as_int(obj.get("slot")),
                    as_str(obj.get("service")), as_num(obj.get("secs")), obj.get("kept") is True,
-                   as_str(obj.get("how")), as_num(obj.get("away")))
+                   as_str(obj.get("how")), as_num(obj.get("away")), as_str(obj.get("from")),
+                   as_num(obj.get("written")))
 
 
 @dataclass(frozen=True)

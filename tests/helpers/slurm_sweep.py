@@ -24,7 +24,8 @@ class Sweep:
 
     def __init__(self, sb: SlurmBed, tmp: Path, cli: Cli, *, cells: int, queues: int, epochs: int,
                  step_time: float, slurm: dict[str, Any] | None = None, login: Path | None = None,
-                 python: str | None = None) -> None:
+                 python: str | None = None, node_local: bool = False) -> None:
+        """`node_local`: ckpt_root on each node's own disk (`SlurmBed.local_path`), not shared scratch."""
         self.sb, self.cli, self.epochs = sb, cli, epochs
         self.sweep = f"s{uuid.uuid4().hex[:6]}"
         shared = sb.shared_dir
@@ -34,8 +35,10 @@ class Sweep:
         self.work.mkdir(parents=True)
         shutil.copyfile(fault_train.__file__, self.work / "fault_train.py")
         self.scratch = shared / "scratch" / self.sweep
+        self.node_local = node_local
+        ckpt_root = f"{sb.local_path}/ckpt-{self.sweep}" if node_local else str(self.scratch)
         (self.proj / "profiles" / "cluster.yaml").write_text(yaml.safe_dump({
-            "transport": "slurm", "shared_fs": str(shared / "fs"), "ckpt_root": str(self.scratch),
+            "transport": "slurm", "shared_fs": str(shared / "fs"), "ckpt_root": ckpt_root,
             "python": python or sys.executable, "slurm": {"time": "10:00", "grace": 30,
                                                 **({"login": "slurm-login"} if login else {}),
                                                 **(slurm or {})}}))
@@ -90,10 +93,16 @@ class Sweep:
                 f"slurmctld.log's end:\n{ctld}")
 
     def trace(self, cell: str) -> list[dict[str, Any]]:
-        path = self.scratch / cell / "trace.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        """The trainer's own record of the cell, from every node's disk when ckpt_root is node-local
+        (each run's lines where it ran), in time order."""
+        dirs = ([self.sb.local_dir(n) / f"ckpt-{self.sweep}" for n in self.sb.nodes] if self.node_local
+                else [self.scratch])
+        out = []
+        for d in dirs:
+            path = d / cell / "trace.jsonl"
+            if path.exists():
+                out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return sorted(out, key=lambda e: e["t"])
 
     def completed(self, cell: str) -> int:
         """Runs of the trainer that reached the last epoch, by its own record."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -90,7 +91,7 @@ def prep(where: str | Place, cell: str, ckpt_dir: str, walk_resume: str, entries
     elif not (here := current(ckpt_dir, entries, pick)).empty:
         resume, step = "1", copies.step_of([f[0] for f in here.files])
         log.append(f"# ablate resume: from this instance's own checkpoint ({_few(here)})")
-        event = {"from": "local", "step": step}
+        event = {"from": "local", "step": step, "written": round(here.newest_ns / 1e9, 3)}
     else:
         resume = "0"
         tried: list[str] = []
@@ -110,8 +111,9 @@ def prep(where: str | Place, cell: str, ckpt_dir: str, walk_resume: str, entries
             log.append(f"# ablate resume: restored durable copy {copy.seq} ({len(files)} file(s)"
                        f"{f', step {step}' if step is not None else ''}, {_age(age)} old, made on "
                        f"{src.get('host', '?')}) into {ckpt_dir}")
+            written = max((int(f.get("mtime_ns") or 0) for f in rec.get("files") or []), default=0) / 1e9
             event = {"from": "copy", "seq": copy.seq, "step": step, "age": round(age, 1),
-                     "made_on": src.get("host"), "skipped": tried}
+                     "made_on": src.get("host"), "written": round(written, 3) or None, "skipped": tried}
             resume = "1"
             break
         else:  # said when it matters: a re-entered cell, or copies that did not verify
@@ -262,8 +264,9 @@ def _holds(place: Place, host: str, queue: str, name: str) -> bool:
 
 
 def _source(host: str, queue: str) -> dict[str, str]:
-    """Where a copy was made: the host, queue and (on Slurm) the job's attempt."""
-    return {"host": host, "queue": queue, "attempt": os.environ.get("ABLATE_JOB_ATTEMPT", "")}
+    """Where a copy was made: the host, queue, machine (a Slurm host's node) and the job's attempt."""
+    return {"host": host, "queue": queue, "node": socket.gethostname(),
+            "attempt": os.environ.get("ABLATE_JOB_ATTEMPT", "")}
 
 
 def _on(entries: str) -> bool:
