@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 FETCH = ".resume-fetch"
 STALE_SECS = 3600.0  # an uncommitted upload older than this is a dead one's
+LISTED_SECS = 10.0
 
 
 class StorePlace:
@@ -43,12 +44,19 @@ class StorePlace:
 
     def __init__(self, store: Store, root: str) -> None:
         self.store, self.root = store, root
+        # The last listing of a cell's copies and when, reused for LISTED_SECS (a run's prep and its
+        # keeper's start list it once); every write of this place lists again.
+        self._listed: dict[str, tuple[float, dict[int, dict[str, Any]]]] = {}
 
     def _top(self, cell: str) -> str:
         return f"{copies.DIR}/{cell}"
 
-    def _seqs(self, cell: str) -> dict[int, dict[str, Any]]:
-        """Per sequence number found: {"keys": [its objects], "committed": bool, "mtime": newest}."""
+    def _seqs(self, cell: str, fresh: bool = True) -> dict[int, dict[str, Any]]:
+        """Per sequence number found: {"keys": [its objects], "committed": bool, "mtime": newest}.
+        `fresh`: listed now; else the listing of the last LISTED_SECS will do."""
+        was = self._listed.get(cell)
+        if not fresh and was is not None and time.monotonic() - was[0] < LISTED_SECS:
+            return was[1]
         top = self._top(cell) + "/"
         out: dict[int, dict[str, Any]] = {}
         for o in self.store.list(top):
@@ -59,11 +67,12 @@ class StorePlace:
             seq["keys"].append(o.key)
             seq["committed"] |= rest == copies.RECORD
             seq["mtime"] = max(seq["mtime"], o.mtime)
+        self._listed[cell] = (time.monotonic(), out)
         return out
 
     def committed(self, cell: str) -> list[copies.Copy]:
         """The cell's committed copies, newest first."""
-        seqs = self._seqs(cell)
+        seqs = self._seqs(cell, fresh=False)
         return [copies.Copy(s, f"{self._top(cell)}/{s}") for s in sorted(seqs, reverse=True)
                 if seqs[s]["committed"]]
 
@@ -162,17 +171,17 @@ class StorePlace:
                 record = f"{self._top(cell)}/{s}/{copies.RECORD}"
                 for key in sorted(v["keys"], key=lambda k: k != record):
                     self.store.delete(key)
+        self._listed.pop(cell, None)  # what this listing saw is gone in part
 
     def published(self, cell: str) -> bool:
         return self.store.head(f"commits/{cell}") is not None
 
     def drop(self, cell: str) -> None:
-        """Every copy of the cell, and its attempts (its result is published)."""
-        for o in self.store.list(self._top(cell) + "/"):
-            if o.key.endswith("/" + copies.RECORD):
-                self.store.delete(o.key)
-        for o in self.store.list(self._top(cell) + "/"):
-            self.store.delete(o.key)
+        """Every copy of the cell, and its attempts (its result is published): the records first."""
+        self._listed.pop(cell, None)
+        keys = [o.key for o in self.store.list(self._top(cell) + "/")]
+        for key in sorted(keys, key=lambda k: not k.endswith("/" + copies.RECORD)):
+            self.store.delete(key)
 
     def count_attempt(self, cell: str, line: str) -> int:
         """A start of the cell recorded in the store (one line, by a conditional append: never lost,
