@@ -51,7 +51,8 @@ apt_tools() {
 # when this checkout is already installed with everything the tests import (found, not imported:
 # importing torch, transformers, lightning and peft would cost this check ten seconds).
 python_packages() {
-  if ! python3 - 2>/dev/null <<'PY'
+  # -I: the installed packages only (not this directory, which holds an `ablate` of its own)
+  if ! python3 -I - 2>/dev/null <<'PY'
 import importlib.metadata as md, importlib.util as u, pathlib, sys
 need = ("ablate", "torch", "pytest", "xdist", "ruff", "mypy", "moto", "transformers", "lightning", "accelerate",
         "peft")
