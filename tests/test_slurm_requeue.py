@@ -126,10 +126,13 @@ def test_a_node_that_dies_mid_cell_is_requeued_by_slurm_and_its_cell_resumed(
         slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
     """ckpt_root on each node's own disk: the dead node's checkpoint is out of reach, and the job
     requeued onto another node restores the cut cell's durable copy from the shared FS."""
-    sw = Sweep(slurm_cluster, tmp_path, cli, cells=4, queues=2, epochs=8, step_time=1.0, node_local=True)
+    # A checkpoint every 2 s: the keeper copies one once it has stayed the same for a second.
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=4, queues=2, epochs=5, step_time=2.0, node_local=True)
     sw.ok("plan")
     sw.ok("launch", "--all")
     cell, job = _mid_cell(sw, min_epoch=1)
+    sw.wait_until(lambda: list((sw.root / "resume" / cell).glob("[0-9]*/RESUME.json")), timeout=60,
+                  interval=0.2)
     node = job["nodes"]
     slurm_cluster.node_kill(node)
     # Slurm notices (SlurmdTimeout), requeues the job on another node; the queue re-enters.
