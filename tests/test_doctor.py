@@ -278,7 +278,7 @@ def test_testbed_host_key_removed_or_changed_fails_doctor_while_a_master_lives(
 def test_report_lines_name_host_check_and_reason(testbed: Testbed, tb_project: Path) -> None:
     write_tb_config(tb_project, testbed.ssh_config, testbed, **{"tb-h2": {"profile": "tblocal"}})
     report: DoctorReport = doctor(load_project(tb_project))
-    assert report.problems == 1
+    assert report.problems == 1, [ln for ln in report.lines() if "FAIL" in ln]
     [line] = [ln for ln in report.lines() if "FAIL" in ln]
     assert line.split()[:3] == ["tb-h2", "shared_fs", "FAIL"] and "not the same shared FS as tb-h1" in line
 

@@ -4,6 +4,7 @@ instance's disk, an upload cut midway never restored, the cell's attempts counte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -231,3 +232,63 @@ def test_a_cell_killed_with_its_instance_resumes_on_another_from_the_store(
     restore = [e for e in evs if e["ev"] == "restore"]
     assert len(restore) == 1 and restore[0]["from"] == "copy" and restore[0]["made_on"] == "h1", evs
     assert _keys(st) == []  # published: every copy, and the attempts, gone from the store
+
+
+@pytest.mark.tmux  # run_queue's tools (the unit tier stubs them out)
+def test_a_lightning_run_stopped_as_a_spot_pod_resumes_on_another_instance_from_the_store(
+        local_project: LocalProject, s3: S3, tmp_path: Path) -> None:
+    """A real Lightning run (`save_last="link"`, `fit(ckpt_path="last")`) on h1 gets SIGTERM, then
+    SIGKILL 5 s later, as RunPod stops a spot pod; h1's disk goes with it. h2 shares no directory
+    with it: its run restores the store's copy, the link made again, and Lightning goes on from
+    the epoch after the one saved."""
+    from tests.helpers import lightning_resume_train
+
+    lp = local_project
+    lp.write_config(train=f"{sys.executable} {lightning_resume_train.__file__} --config {{cfg}} "
+                          "--out {ckpt_dir} --resume {resume} --epochs 5 --name {name}",
+                    artifacts={"checkpoint": "ckpts/epoch=*.ckpt", "pick": "newest",
+                               "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
+                    resume="ckpts/last.ckpt")
+    (lp.root / "faults").mkdir()
+    (lp.root / "faults" / "c1.hold").write_text("2\n")  # held as epoch 2 starts, epoch 1's saved
+    lp.queue("q1", [lp.cfg("cfgs/a/c1.yaml") + " recon"])
+    deploy(load_project(lp.root))
+    url = s3.url(f"spot/{uuid.uuid4().hex[:8]}/ablate/t1")
+    st = Store(url, s3.endpoint)
+    st.put("queues/q1.txt", (lp.root / "queues" / "q1.txt").read_bytes())
+
+    def durable() -> bool:
+        for o in st.list("resume/c1/"):
+            if o.key.endswith("/RESUME.json"):
+                got = st.get(o.key)
+                links = json.loads(got.data)["links"] if got is not None else []
+                if links == [{"path": "ckpts/last.ckpt", "target": "ckpts/epoch=1-step=8.ckpt"}]:
+                    return True
+        return False
+
+    rq, spec = instance(lp, tmp_path / "h1" / "t1", "h1", url, s3.endpoint)
+    p = start(rq, spec, "q1", tmp_path / "h1" / "t1")
+    try:
+        wait_for(durable, timeout=120, interval=0.2)
+        os.killpg(p.pid, signal.SIGTERM)
+        time.sleep(5)  # the provider's grace, not a wait for a condition
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+    finally:
+        p.communicate(timeout=60)
+    shutil.rmtree(tmp_path / "h1")
+    shutil.rmtree(lp.root / ".ablate" / "local" / "h1")
+    (lp.root / "faults" / "c1.hold").unlink()
+    fs = open_store_fs(url, s3.endpoint)
+    if st.get("claims/c1/owner") is not None:  # a TERMed queue keeps its cut cell's claim
+        assert fs.rename_noreplace(f"{url}/claims/c1", f"{url}/released/c1.1.0")
+
+    rq, spec = instance(lp, tmp_path / "h2" / "t1", "h2", url, s3.endpoint)
+    p = start(rq, spec, "q1", tmp_path / "h2" / "t1")
+    out, _ = p.communicate(timeout=240)
+    assert p.returncode == 0, out.decode(errors="replace")
+    ckpt = lp.root / ".ablate" / "local" / "h2" / "ckpt" / "c1"
+    [run] = [json.loads(x) for x in (ckpt / "trace.jsonl").read_text().splitlines()]
+    assert run["resumed"] is True and run["first_epoch"] == 2, run
+    assert os.readlink(ckpt / "ckpts" / "last.ckpt") == "epoch=4-step=20.ckpt"  # Lightning went on
+    assert st.head("commits/c1") is not None and _keys(st) == []

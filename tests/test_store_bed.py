@@ -22,6 +22,7 @@ from ablate.remote.store.client import Store
 from ablate.transport import close_all
 from tests.helpers.cli import Cli, ablate_process
 from tests.helpers.s3 import CREDS, S3, FaultProxy, moto_s3
+from tests.helpers.store_instances import store_events
 from tests.helpers.testbed_projects import CKPT, store_project
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
@@ -220,9 +221,10 @@ def test_a_crash_is_remediated(testbed_nofs: Testbed, bed_s3: S3, tmp_path: Path
 def test_a_killed_instance_is_remediated_elsewhere(testbed_nofs: Testbed, bed_s3: S3, tmp_path: Path,
                                                    cli: Cli, creds: None) -> None:
     """An instance killed while its cell trains: its heartbeat goes stale by the store's clock, the
-    cell is `lost`, remediate re-runs it on a live host, exactly once more."""
+    cell is `lost`, remediate re-runs it on a live host, exactly once more, and that run resumes
+    from the durable copy the killed instance's queue had put in the store (no disk is shared)."""
     tb, sweep = testbed_nofs, "nofs-kill"
-    proj, st = project(tb, tmp_path, bed_s3, sweep, cells=3)
+    proj, st = project(tb, tmp_path, bed_s3, sweep, cells=3, epochs=3)
     plan = cli.json(proj, "plan")
     victim_q = plan["queues"][0]
     victim, held = victim_q["host"], victim_q["cells"][0]
@@ -240,6 +242,9 @@ def test_a_killed_instance_is_remediated_elsewhere(testbed_nofs: Testbed, bed_s3
             return any(e["ev"] == "start" and e.get("cell") == held for e in evs)
 
         wait_for(lambda: cell_state() == "running" and started_in_store(), timeout=120, interval=0.5)
+        # its epoch-1 checkpoint made durable in the store while the cell is held there
+        wait_for(lambda: any(o.key.endswith("/RESUME.json") for o in st.list(f"resume/{held}/")),
+                 timeout=60, interval=0.5)
         tb.kill(victim)
         wait_for(lambda: cell_state() == "lost", timeout=120, interval=1.0)
         assert st.head(f"commits/{held}") is None
@@ -256,6 +261,13 @@ def test_a_killed_instance_is_remediated_elsewhere(testbed_nofs: Testbed, bed_s3
             ran += [json.loads(x)["host"] for x in data.data.decode().splitlines()
                     if json.loads(x)["ev"] == "start" and json.loads(x).get("cell") == held]
         assert ran[0] == victim and len(ran) == 2 and ran[1] != victim, ran  # its start was in the store
+        restored = [e for lines in store_events(st).values() for e in lines
+                    if e["ev"] == "restore" and e.get("cell") == held]
+        got = [(e["host"], e["from"], e["made_on"]) for e in restored]
+        assert got == [(ran[1], "copy", victim)], restored
+        assert not st.list(f"resume/{held}/"), "a published cell's copies go from the store"
+        trace = (tb.local_dir(ran[1]) / "ckpt" / sweep / held / "trace.jsonl").read_text().splitlines()
+        assert json.loads(trace[0])["start_epoch"] == 1, trace  # epoch 1 was not trained again
     finally:
         tb.revive(victim)
         close_all()

@@ -50,7 +50,7 @@ class _First(TrainerCallback):  # type: ignore[misc]
             self.done = True
             with open(os.path.join(self.out, "trace.jsonl"), "a", encoding="utf-8") as f:
                 f.write(json.dumps({"ev": "start", "resumed": self.resumed, "first_step": state.global_step,
-                                    "pid": os.getpid()}) + "\n")
+                                    "pid": os.getpid(), "t": time.time()}) + "\n")
         return control
 
 

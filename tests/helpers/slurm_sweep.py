@@ -24,8 +24,11 @@ class Sweep:
 
     def __init__(self, sb: SlurmBed, tmp: Path, cli: Cli, *, cells: int, queues: int, epochs: int,
                  step_time: float, slurm: dict[str, Any] | None = None, login: Path | None = None,
-                 python: str | None = None, node_local: bool = False) -> None:
-        """`node_local`: ckpt_root on each node's own disk (`SlurmBed.local_path`), not shared scratch."""
+                 python: str | None = None, node_local: bool = False,
+                 trainer: tuple[Path, str, str] | None = None) -> None:
+        """`node_local`: ckpt_root on each node's own disk (`SlurmBed.local_path`), not shared scratch.
+        `trainer`: (its file, the arguments after `--out {ckpt_dir} --resume {resume}`, its
+        checkpoint entry) in place of the fault suite's trainer."""
         self.sb, self.cli, self.epochs = sb, cli, epochs
         self.sweep = f"s{uuid.uuid4().hex[:6]}"
         shared = sb.shared_dir
@@ -33,7 +36,9 @@ class Sweep:
         (self.proj / "profiles").mkdir(parents=True)
         self.work = shared / "work" / self.sweep
         self.work.mkdir(parents=True)
-        shutil.copyfile(fault_train.__file__, self.work / "fault_train.py")
+        script, args, checkpoint = trainer or (Path(fault_train.__file__), "--epochs {epochs}",
+                                               fault_train.CKPT)
+        shutil.copyfile(script, self.work / script.name)
         self.scratch = shared / "scratch" / self.sweep
         self.node_local = node_local
         ckpt_root = f"{sb.local_path}/ckpt-{self.sweep}" if node_local else str(self.scratch)
@@ -50,10 +55,10 @@ class Sweep:
                 (base / "configs" / f"{c}.yaml").write_text(body)
         (self.proj / "ablate.yaml").write_text(yaml.safe_dump({
             "profile": "cluster", "sweep": self.sweep, "workdir": str(self.work),
-            "train": f"{sys.executable} fault_train.py --config {{cfg}} --epochs {{epochs}} "
-                     "--out {ckpt_dir} --resume {resume} --name {name}",
-            "artifacts": {"checkpoint": fault_train.CKPT, "metrics": "metrics.json",
-                          "metrics_keys": ["val_loss"]},
+            "train": f"{sys.executable} {script.name} --config {{cfg}} --out {{ckpt_dir}} "
+                     f"--resume {{resume}} {args} --name {{name}}",
+            "artifacts": {"checkpoint": checkpoint, **({"pick": "newest"} if trainer else {}),
+                          "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
             "tasks": {"t": {"epochs": epochs, "cost_per_epoch": 1.0}},
             "cells": [{"glob": "configs/*.yaml", "task": "t"}],
             "heartbeat_secs": 1,
