@@ -248,7 +248,7 @@ def test_a_lightning_run_stopped_as_a_spot_pod_resumes_on_another_instance_from_
                           "--out {ckpt_dir} --resume {resume} --epochs 5 --name {name}",
                     artifacts={"checkpoint": "ckpts/epoch=*.ckpt", "pick": "newest",
                                "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
-                    resume="ckpts/last.ckpt")
+                    resume={"checkpoint": ["ckpts/*last*.ckpt"], "pick": "newest"})
     (lp.root / "faults").mkdir()
     (lp.root / "faults" / "c1.hold").write_text("2\n")  # held as epoch 2 starts, epoch 1's saved
     lp.queue("q1", [lp.cfg("cfgs/a/c1.yaml") + " recon"])
@@ -290,5 +290,8 @@ def test_a_lightning_run_stopped_as_a_spot_pod_resumes_on_another_instance_from_
     ckpt = lp.root / ".ablate" / "local" / "h2" / "ckpt" / "c1"
     [run] = [json.loads(x) for x in (ckpt / "trace.jsonl").read_text().splitlines()]
     assert run["resumed"] is True and run["first_epoch"] == 2, run
-    assert os.readlink(ckpt / "ckpts" / "last.ckpt") == "epoch=4-step=20.ckpt"  # Lightning went on
+    # Lightning went on. Its dirpath is another than h1's (each instance's ckpt_root here): it kept the
+    # restored last.ckpt and wrote last-v1.ckpt, the newest `*last*.ckpt`, which `ckpt_path="last"` takes.
+    newest = max((ckpt / "ckpts").glob("*last*.ckpt"), key=lambda f: f.stat().st_mtime)
+    assert os.readlink(newest) == "epoch=4-step=20.ckpt", sorted(os.listdir(ckpt / "ckpts"))
     assert st.head("commits/c1") is not None and _keys(st) == []
