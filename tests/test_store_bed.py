@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ablate.remote.store.client import Store
 from ablate.transport import close_all
@@ -47,10 +48,10 @@ def creds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def project(tb: Testbed, tmp_path: Path, s3: S3, sweep: str, cells: int, epochs: int = 2,
-            step_time: float = 0.3) -> tuple[Path, Store]:
+            step_time: float = 0.3, train: str | None = None) -> tuple[Path, Store]:
     url = s3.url(f"bed-{uuid.uuid4().hex[:8]}")
-    train = (f"{shutil.which('python3') or 'python3'} fault_train.py --config {{cfg}} --epochs {{epochs}} "
-             "--out {ckpt_dir} --resume {resume} --name {name}")
+    train = train or (f"{shutil.which('python3') or 'python3'} fault_train.py --config {{cfg}} "
+                      "--epochs {epochs} --out {ckpt_dir} --resume {resume} --name {name}")
     proj = store_project(tb, tmp_path, sweep, url, s3.endpoint, cells=cells, epochs=epochs,
                          step_time=step_time, train=train)
     for h in tb.hosts:
@@ -263,8 +264,8 @@ def test_a_killed_instance_is_remediated_elsewhere(testbed_nofs: Testbed, bed_s3
         assert ran[0] == victim and len(ran) == 2 and ran[1] != victim, ran  # its start was in the store
         restored = [e for lines in store_events(st).values() for e in lines
                     if e["ev"] == "restore" and e.get("cell") == held]
-        got = [(e["host"], e["from"], e["made_on"]) for e in restored]
-        assert got == [(ran[1], "copy", victim)], restored
+        said = [(e["host"], e["from"], e["made_on"]) for e in restored]
+        assert said == [(ran[1], "copy", victim)], restored
         assert not st.list(f"resume/{held}/"), "a published cell's copies go from the store"
         trace = (tb.local_dir(ran[1]) / "ckpt" / sweep / held / "trace.jsonl").read_text().splitlines()
         assert json.loads(trace[0])["start_epoch"] == 1, trace  # epoch 1 was not trained again
@@ -381,4 +382,62 @@ def test_a_store_outage_and_throttling_are_waited_out(testbed_nofs: Testbed, bed
         assert sorted(ends.values()) == [1] * 6
     finally:
         proxy.close()
+        close_all()
+
+
+def test_a_lightning_run_on_a_spot_instance_stopped_with_term_resumes_elsewhere(
+        testbed_nofs: Testbed, bed_s3: S3, tmp_path: Path, cli: Cli, creds: None) -> None:
+    """A real Lightning run (`ModelCheckpoint(save_last="link")`, `fit(ckpt_path="last")`) on an
+    instance of a store sweep that is stopped as RunPod stops a spot pod: SIGTERM to everything
+    on it, SIGKILL 5 s later, its disk out of reach. remediate runs the cell on another real
+    instance, which restores the store's copy of the newest checkpoint (the link made again) and
+    goes on from the next epoch."""
+    from tests.helpers import lightning_resume_train
+
+    tb, sweep = testbed_nofs, "nofs-spot"
+    train = (f"{shutil.which('python3') or 'python3'} lightning_resume_train.py --config {{cfg}} "
+             "--out {ckpt_dir} --resume {resume} --epochs 5 --name {name}")
+    proj, st = project(tb, tmp_path, bed_s3, sweep, cells=1, train=train)
+    config = yaml.safe_load((proj / "ablate.yaml").read_text())
+    config.update(artifacts={"checkpoint": "ckpts/epoch=*.ckpt", "pick": "newest",
+                             "metrics": "metrics.json", "metrics_keys": ["val_loss"]},
+                  resume={"checkpoint": ["ckpts/*last*.ckpt"], "pick": "newest"})
+    (proj / "ablate.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    for h in tb.hosts:
+        shutil.copyfile(lightning_resume_train.__file__,
+                        tb.local_dir(h) / "repo" / sweep / "lightning_resume_train.py")
+    victim = cli.json(proj, "plan")["queues"][0]["host"]
+    fault(tb, sweep, "c0", "hold", "2", hosts=[victim])  # held as epoch 2 starts, epoch 1 saved
+
+    def durable() -> bool:
+        for o in st.list("resume/c0/"):
+            got = st.get(o.key) if o.key.endswith("/RESUME.json") else None
+            if got is not None and json.loads(got.data)["links"] == [
+                    {"path": "ckpts/last.ckpt", "target": "ckpts/epoch=1-step=8.ckpt"}]:
+                return True
+        return False
+
+    try:
+        assert cli(proj, "deploy")[0] == 0
+        assert cli(proj, "launch", "--all")[0] == 0
+        wait_for(durable, timeout=180, interval=0.5)
+        tb.terminate(victim, grace=5.0)
+        wait_for(lambda: cli.json(proj, "status")["cells"]["c0"]["state"] in ("lost", "interrupted"),
+                 timeout=120, interval=1.0)
+        r = cli(proj, "remediate", "--launch", "--json")
+        assert r.code == 0, r.output
+        wait_for(lambda: st.head("commits/c0") is not None, timeout=240, interval=1.0)
+        got = st.get("commits/c0")
+        assert got is not None
+        host = json.loads(got.data)["host"]
+        assert host != victim
+        [restored] = [e for lines in store_events(st).values() for e in lines if e["ev"] == "restore"]
+        assert (restored["host"], restored["from"], restored["made_on"]) == (host, "copy", victim), restored
+        ckpt = tb.local_dir(host) / "ckpt" / sweep / "c0"
+        [run] = [json.loads(x) for x in (ckpt / "trace.jsonl").read_text().splitlines()]
+        assert run["resumed"] is True and run["first_epoch"] == 2, run
+        assert cli(proj, "reconcile", "--fs", "--json").code == 0
+        assert not st.list("resume/c0/"), "a published cell's copies go from the store"
+    finally:
+        tb.revive(victim)
         close_all()

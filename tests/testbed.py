@@ -351,6 +351,16 @@ class Testbed:
         _kill_pids(self.netns(host))
         self._procs[host].wait(timeout=10)
 
+    def terminate(self, host: str, grace: float = 5.0) -> None:
+        """The instance is stopped as RunPod stops a spot pod: SIGTERM to every process in it, then,
+        `grace` seconds later, `kill` (SIGKILL to what is left)."""
+        out = _sh("ip", "netns", "pids", self.netns(host), check=False).stdout
+        for pid in (int(p) for p in out.split()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 15)
+        time.sleep(grace)  # the provider's grace, not a wait for a condition
+        self.kill(host)
+
     def revive(self, host: str) -> None:
         """Boot a killed instance again (same address, host key and disks; empty /tmp; in sshfs
         mode a fresh mount, so the storage must be up: a boot without it fails here)."""
