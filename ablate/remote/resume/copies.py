@@ -157,9 +157,7 @@ def commit(root: str, cell: str, ckpt_dir: str, seen: Look, source: Mapping[str,
             os.symlink(os.path.relpath(os.path.join(stage, target), os.path.dirname(dst)), dst)
         if look(ckpt_dir, [f["path"] for f in files] + [r for r, _ in seen.links]) != seen:
             raise CopyFailed("the checkpoint changed while it was copied")
-        rec = {"cell": cell, "seq": seq, "committed": round(time.time(), 3), "source": dict(source),
-               "step": step_of([r for r, _, _ in seen.files] + [r for r, _ in seen.links]),
-               "files": files, "links": [{"path": r, "target": t} for r, t in seen.links]}
+        rec = record(cell, seq, source, seen, files)
         with open(os.path.join(stage, RECORD), "w", encoding="utf-8") as f:
             f.write(json.dumps(rec, sort_keys=True) + "\n")
             f.flush()
@@ -176,6 +174,14 @@ def commit(root: str, cell: str, ckpt_dir: str, seen: Look, source: Mapping[str,
         raise CopyFailed(f"cannot write the copy: {e.strerror or e}") from None
     prune(root, cell)
     return Copy(seq, final)
+
+
+def record(cell: str, seq: int, source: Mapping[str, str], seen: Look,
+           files: Sequence[Mapping[str, object]]) -> dict[str, Any]:
+    """A copy's RESUME.json (see the module's docstring): `files` as copied, `seen` the look copied."""
+    return {"cell": cell, "seq": seq, "committed": round(time.time(), 3), "source": dict(source),
+            "step": step_of([r for r, _, _ in seen.files] + [r for r, _ in seen.links]),
+            "files": list(files), "links": [{"path": r, "target": t} for r, t in seen.links]}
 
 
 def _copy_one(ckpt_dir: str, stage: str, rel: str, size: int, mtime_ns: int) -> dict[str, Any]:

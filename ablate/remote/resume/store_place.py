@@ -139,9 +139,7 @@ class StorePlace:
                 files.append({"path": rel, "size": size, "sha256": want, "mtime_ns": mtime_ns})
             if copies.look(ckpt_dir, [r for r, _, _ in seen.files] + [r for r, _ in seen.links]) != seen:
                 raise copies.CopyFailed("the checkpoint changed while it was copied")
-            rec = {"cell": cell, "seq": seq, "committed": round(time.time(), 3), "source": dict(source),
-                   "step": copies.step_of([r for r, _, _ in seen.files] + [r for r, _ in seen.links]),
-                   "files": files, "links": [{"path": r, "target": t} for r, t in seen.links]}
+            rec = copies.record(cell, seq, source, seen, files)
             if not still_ours():
                 raise copies.CopyFailed("the cell's claim is no longer this run's")
             body = (json.dumps(rec, sort_keys=True) + "\n").encode()
