@@ -99,6 +99,26 @@ def test_stop_kills_the_whole_group_including_the_trainers_children(
     assert heartbeat(lp)["state"] == "stopped"
 
 
+def test_a_queue_killed_before_its_own_last_beat_is_recorded_stopped(local_project: LocalProject) -> None:
+    """run_queue writes its `stopped` beat in its TERM trap, once its cell has ended or its own
+    stop_grace has passed; a cell that takes the whole grace (a trainer saving, its last resume
+    copy) lets `ablate stop`'s KILL come first. Here the queue was launched with a 30 s grace and
+    the stop uses 1 s (ablate.yaml edited between), and the trainer ignores TERM: only `ablate stop`
+    can say the queue stopped, and its heartbeat never goes on saying `running` for it."""
+    lp = local_project
+    lp.write_config(train=f"trap '' TERM; {TRAIN}", stop_grace=30)
+    lp.queue("q1", [lp.cfg("cfgs/a/cut.yaml", step_time=0.2) + " recon 200"])
+    launch(load_project(lp.root), "q1", "h1")
+    wait_for(lambda: heartbeat(lp).get("cell_started") is not None, timeout=30)
+    lp.write_config(train=f"trap '' TERM; {TRAIN}", stop_grace=1)
+    t0 = time.monotonic()
+    res = stop(load_project(lp.root), "q1", "h1")
+    assert res.signal == "KILL" and not live("h1", "q1") and time.monotonic() - t0 < 8
+    after = heartbeat(lp)
+    assert (after["state"], after["cell"], after["cell_started"]) == ("stopped", "cut", None)
+    assert events(lp, "h1", "q1")[-1]["ev"] == "stopped"
+
+
 # A trainer that saves on TERM: it records what ABLATE_STOP_FILE says, takes SAVE seconds to save,
 # records that it saved and exits 0 (as some frameworks do after a graceful stop).
 SAVER = r"""

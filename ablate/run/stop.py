@@ -17,7 +17,7 @@ from ablate.remote.layout import SweepLayout, session_name
 from ablate.sweep.cells import check_queue_name
 from ablate.sweep.lock import controller_lock, whoami
 from ablate.sweep.snapshot import Heartbeat
-from ablate.transport import HostTransport, host_transport, shared_fs
+from ablate.transport import HostTransport, SharedFS, host_transport, shared_fs
 
 KILL_WAIT = 5.0  # seconds a KILLed group may take to be gone
 
@@ -114,6 +114,24 @@ def _service_groups(ht: HostTransport, hb: Heartbeat | None) -> list[int]:
     return out
 
 
+def _heartbeat_stopped(fs: SharedFS, path: str) -> None:
+    """The group is gone; its heartbeat says `stopped` as run_queue's own last beat does. That beat
+    is written in run_queue's TERM trap once its cell has ended, and a cell that takes the whole
+    stop_grace (a trainer saving, its last resume copy) meets the KILL first: the file would go on
+    saying `running` (with a cell) for a queue that no longer exists."""
+    try:
+        d = json.loads(fs.read_bytes(path) or b"")
+    except ValueError:
+        return
+    if not isinstance(d, dict) or d.get("state") == "stopped":
+        return
+    d.update(t=round(time.time(), 6), state="stopped", cell_started=None, log_mtime=None, log_size=None)
+    for svc in (d.get("services") or {}).values() if isinstance(d.get("services"), dict) else ():
+        if isinstance(svc, dict):
+            svc["state"] = "stopped"
+    fs.write_atomic(path, (json.dumps(d) + "\n").encode())
+
+
 def stop(project: Project, queue: str, host: str, after_current: bool = False) -> StopResult:
     """Kill the queue's process group now, or (`after_current`) ask run_queue to end once its
     current cell is done: `control/<host>.<queue>.stop`, which it checks before each next line."""
@@ -175,6 +193,8 @@ def _stop(project: Project, queue: str, host: str) -> StopResult:
         if _group_alive(ht, g):
             _signal_group(ht, "KILL", g)
     ht.tmux_kill(session)
+    if pgid is not None and not _group_alive(ht, pgid):
+        _heartbeat_stopped(fs, layout.heartbeat(host, queue))
     # run_queue, the events file's writer, is gone now: this line cannot interleave with it.
     fs.append_line(layout.events_file(host, queue), json.dumps(
         {"t": time.time(), "ev": "stopped", "host": host, "queue": queue, "pgid": pgid, "signal": signal,
