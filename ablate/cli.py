@@ -230,11 +230,10 @@ def append(app: App, queue: str, cfg: str, task: str, epochs: int | None, as_jso
 @pass_app
 def status(app: App, watch: bool, interval: float, as_json: bool) -> None:
     """Per queue: k/n, current cell, elapsed, heartbeat age, done vs synced.  Example: ablate status"""
-    from ablate.transport import resolve_ahead
+    from ablate.monitor import ahead
 
     project = app.project()
-    resolve_ahead(project)  # each host's `ssh -G` runs while the rest is imported
-
+    ahead.start(project, trips=not watch)  # `ssh -G` (and the round trips) run while `core` is imported
     from ablate.monitor import status as core
 
     if watch:

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ablate.config.project import Project
-from ablate.monitor.hostinfo import HostLive, ask_each, asked_of, attach_live, collect, gather, live_lines
+from ablate.monitor import ahead
+from ablate.monitor.hostinfo import HostLive, asked_of, attach_live, collect, gather, live_lines
 from ablate.remote.layout import session_name
 from ablate.sweep import autostop_view
 from ablate.sweep.autostop_view import HostAutostop
@@ -308,10 +309,10 @@ def _load(project: Project, fs: SharedFS, live_info: bool
             return asked_of(project, host_data)
 
         return load(project, fs, ask=ask if live_info else None), host_data, set()
-    asking = ask_each(project, live=live_info)
-    raw = fs.probe("snapshot", {"root": fs.root, "touch": True})
+    started = ahead.take(project, fs, live_info)  # started by `cli.status` as the project loaded
+    raw = started.snapshot()
     stopped = autostop_view.stopped_hosts(raw) & set(project.hosts)
-    got = collect(asking, skip=stopped)
+    got = collect(started.asking, skip=stopped)
     gone = stopped - set(got)
     asked = asked_of(project, got)
     for host in gone:
