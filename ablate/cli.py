@@ -233,7 +233,7 @@ def status(app: App, watch: bool, interval: float, as_json: bool) -> None:
     from ablate.monitor import ahead
 
     project = app.project()
-    ahead.start(project, trips=not watch)  # `ssh -G` (and the round trips) run while `core` is imported
+    started = ahead.start(project, trips=not watch)  # `ssh -G`, the round trips: out while `core` loads
     from ablate.monitor import status as core
 
     if watch:
@@ -241,7 +241,7 @@ def status(app: App, watch: bool, interval: float, as_json: bool) -> None:
             raise AblateError("--watch and --json do not go together; use `ablate status --json` in a loop")
         core.watch(project, interval)
         return
-    app.emit(core.status(project, live_info=True), as_json)
+    app.emit(core.status(project, live_info=True, sent=started), as_json)
 
 
 def _complete_cells(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:

@@ -197,14 +197,15 @@ def services_text(services: dict[str, dict[str, Any]]) -> str:
     return ", ".join(out)
 
 
-def status(project: Project, live_info: bool = False) -> StatusReport:
+def status(project: Project, live_info: bool = False, sent: ahead.Started | None = None) -> StatusReport:
     """`live_info`: also each host's GPUs and the running cells' log progress (one more command per host,
-    hosts in parallel; `ablate.monitor.hostinfo`)."""
+    hosts in parallel; `ablate.monitor.hostinfo`). `sent`: its round trips, sent already
+    (`ahead.start`, for a live status), else sent now."""
     fs = shared_fs(project)
     # The FS probe and one command per host (its tmux sessions and, live_info, its GPUs and log
     # tails), all at once: the slowest host, not the sum, sets the wall time.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        loading = pool.submit(_load, project, fs, live_info)
+        loading = pool.submit(_load, project, fs, live_info, sent)
         _readers()
         state, host_data, gone = loading.result()
     from ablate.monitor.calibration import calibration
@@ -293,7 +294,7 @@ def _slurm_ends(project: Project, rows: list[QueueRow], now: float) -> dict[str,
 STOPPED = "stopped (autostop)"  # a host that stopped itself, where its answer would be
 
 
-def _load(project: Project, fs: SharedFS, live_info: bool
+def _load(project: Project, fs: SharedFS, live_info: bool, sent: ahead.Started | None = None
           ) -> tuple[SweepState, dict[str, HostLive | Exception] | None, set[str]]:
     """The sweep's state, each host's answers (live_info) and the hosts that stopped themselves
     and were not waited for. Every host is asked while the FS is probed; once the probe says a host
@@ -309,7 +310,7 @@ def _load(project: Project, fs: SharedFS, live_info: bool
             return asked_of(project, host_data)
 
         return load(project, fs, ask=ask if live_info else None), host_data, set()
-    started = ahead.take(project, fs, live_info)  # started by `cli.status` as the project loaded
+    started = sent or ahead.begin(project, fs, live_info)
     raw = started.snapshot()
     stopped = autostop_view.stopped_hosts(raw) & set(project.hosts)
     got = collect(started.asking, skip=stopped)
