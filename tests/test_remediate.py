@@ -70,6 +70,9 @@ def test_remediate_identical_lines_recorded_releases_idempotent_then_launch_comp
     cli.json(p, "launch", "--all")
     drained(p, "h1", "h1")
     wait_for(lambda: states(cli, p)["d"] == "running", timeout=20)
+    # d has saved a checkpoint (an epoch of 0.25 s): what its remediated run resumes from. On a
+    # loaded machine the trainer's start alone can outlast the wait above.
+    wait_for(lambda: (p.root / ".ablate/local/h2/ckpt/d/model.safetensors").exists(), timeout=60)
     cli.json(p, "stop", "h2", "--host", "h2")  # d cut mid-cell, e never reached
     assert states(cli, p) == {"a": "synced", "b": "crashed", "c": "oom", "d": "interrupted",
                                  "e": "never_ran"}
