@@ -126,7 +126,8 @@ def _heartbeat_stopped(fs: SharedFS, path: str) -> None:
     if not isinstance(d, dict) or d.get("state") == "stopped":
         return
     d.update(t=round(time.time(), 6), state="stopped", cell_started=None, log_mtime=None, log_size=None)
-    for svc in (d.get("services") or {}).values() if isinstance(d.get("services"), dict) else ():
+    services = d.get("services")
+    for svc in services.values() if isinstance(services, dict) else ():
         if isinstance(svc, dict):
             svc["state"] = "stopped"
     fs.write_atomic(path, (json.dumps(d) + "\n").encode())
@@ -171,6 +172,7 @@ def _stop(project: Project, queue: str, host: str) -> StopResult:
     pgid = _recorded_group(ht, hb) if hb is not None and ours else None
     services = _service_groups(ht, hb) if ours else []
     signal: str | None = None
+    gone = False  # the group signalled is gone: its heartbeat may be written here
     if pgid is not None:
         # Never `pkill -f`: the pattern could match this very SSH session. The group is exact.
         # The running cell is told why before its TERM (ABLATE_STOP_FILE, run_queue's path), and
@@ -187,13 +189,14 @@ def _stop(project: Project, queue: str, host: str) -> StopResult:
             while _group_alive(ht, pgid) and time.monotonic() < deadline:
                 time.sleep(0.05)
             if not _group_alive(ht, pgid):
+                gone = True
                 break
     # run_queue stops its services itself (TERM, grace, KILL); one it could not finish is killed here.
     for g in services:
         if _group_alive(ht, g):
             _signal_group(ht, "KILL", g)
     ht.tmux_kill(session)
-    if pgid is not None and not _group_alive(ht, pgid):
+    if gone:
         _heartbeat_stopped(fs, layout.heartbeat(host, queue))
     # run_queue, the events file's writer, is gone now: this line cannot interleave with it.
     fs.append_line(layout.events_file(host, queue), json.dumps(
