@@ -7,6 +7,8 @@ attempt) is acted on once it can be, not fatal."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -168,3 +170,48 @@ def test_slurms_usr2_at_the_jobs_start_requeues_it_rather_than_ending_it(
     sw.assert_all_verified_once()
     [first, *_] = [e for e in sw.events() if e["ev"] == "queue_stop"]
     assert first["reason"] == "time_limit" and first["requeue"] == 1 and first["cell"] is None, first
+
+
+def _runner_processes(root: Path) -> list[int]:
+    """The pids of the queue's runner process (`runner serve ROOT ...`) of the sweep at `root`."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and str(root).encode() in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_the_time_limit_while_the_cell_waits_on_the_runner_is_planned_and_requeued(
+        slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
+    """Slurm's USR2 may land while the cell's run_one waits on the queue's runner process (its
+    publish, over the pipe they share): the handler's plan is asked of a Python start of its own,
+    never of that pipe, where the two readers took each other's answers (CI: the plan lost, the
+    publish never answered and killed, the job ended unrequeued with a cell never run). Here the
+    runner's process is held (SIGSTOP) from before the trainer ends until the queue has planned."""
+    sw = Sweep(slurm_cluster, tmp_path, cli, cells=2, queues=1, epochs=2, step_time=0.1,
+               slurm={"time": "3:00", "grace": 95})  # any USR2 is the time limit's (3 min < 95 s + 90 s)
+    faults = sw.work / "faults"
+    faults.mkdir(exist_ok=True)
+    (faults / "c0.hang").write_text("1\n")
+    sw.ok("plan")
+    sw.ok("launch", "--all")
+    sw.wait_until(lambda: any(e["ev"] == "epoch" for e in sw.trace("c0")), timeout=120, interval=0.2)
+    [runner] = _runner_processes(sw.root)
+    stop_file = sw.scratch / ".ablate-stop" / "cluster.cluster"
+    os.kill(runner, signal.SIGSTOP)
+    try:
+        (faults / "c0.hang").unlink()
+        sw.wait_until(lambda: (sw.scratch / "c0" / "metrics.json").exists(), timeout=60, interval=0.1)
+        [job] = sw.jobs()
+        slurm_cluster.run("scancel", "--signal=USR2", "--batch", job["id"])
+        sw.wait_until(stop_file.exists, timeout=60, interval=0.1)
+    finally:
+        os.kill(runner, signal.SIGCONT)
+    sw.wait_done(timeout=240)
+    sw.assert_all_verified_once()
+    [first, *_] = [e for e in sw.events() if e["ev"] == "queue_stop"]
+    assert first["reason"] == "time_limit" and first["requeue"] == 1 and first["cell"] == "c0", first

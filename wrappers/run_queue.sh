@@ -205,6 +205,7 @@ stop_plan() {  # stop_plan usr2|term
 }
 on_signal() {  # `ablate stop` (TERM to the group), tmux kill-session (HUP), Ctrl-C, Slurm's TERM
   trap '' HUP INT TERM
+  ALONE=1
   if [[ -n $ATTEMPT && -n $CHILD ]]; then
     # Slurm's TERM (scancel, a preemption without a user signal) reached every process of the job;
     # the job ends when this shell does, so it waits for the cell through the site's window
@@ -247,6 +248,7 @@ no_progress() {  # the cut cell's record (runner `cut`): when its checkpoint is 
 }
 on_time_limit() {  # Slurm's --signal=B:USR2@grace: the time limit is near, or the job is preempted
   trap '' USR2 HUP INT TERM
+  ALONE=1
   local cell how=resumable
   cell=$(cut_cell)
   # A preemption (the site's, with more time left than the grace) is Slurm's to requeue or cancel:
@@ -322,14 +324,25 @@ store_flush() {  # a sweep in a store: the runner's process sends this queue's l
 }
 DECISION=
 ASKED=0
+# A signal's handler asks through a Python start of its own (ALONE=1): the running cell's run_one
+# may be waiting on the runner's process for an answer (its publish), and two readers of one pipe
+# take each other's answers: the handler's plan lost, the publish never answered.
+ALONE=
 decide() {  # decide VERB ARGS...: DECISION = its answer; rc 0 an answer, 1 nothing to take, else
   # it could not run (3: the FS could not be read, waited for and asked again, up to 3 times)
   local tries=0 starts=0 rc
   while :; do
     ASKED=$((ASKED + 1))
-    runner_up
-    ask "q$ASKED" "${DECIDER[1]-}" "${DECIDER[0]-}" "$@"
-    rc=$?
+    if [[ -n $ALONE ]]; then
+      # shellcheck disable=SC2163  # each is NAME=VALUE
+      DECISION=$(for c in "${STORE_CREDS[@]}"; do export "$c"; done
+                 runner_exec "$1" "$ROOT" "$ABLATE_HOST" "$QUEUE" "${SLOT:--}" "${@:2}" </dev/null 3>&- 4>&-)
+      rc=$?
+    else
+      runner_up
+      ask "q$ASKED" "${DECIDER[1]-}" "${DECIDER[0]-}" "$@"
+      rc=$?
+    fi
     if (( rc == 125 )); then  # no answer: its process died (OOM, KILL); a new one
       (( starts++ < 2 )) && continue
       return 125
