@@ -20,13 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import hf_resume_train, lightning_resume_train
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject, live
 from tests.helpers.tmux import require_tmux
 from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.tmux  # tests/helpers/tiers.py
+# The trainers by path: importing them (torch, transformers, lightning) costs every collection 7 s.
+HF_TRAIN = Path(__file__).parent / "helpers" / "hf_resume_train.py"
+LIGHTNING_TRAIN = Path(__file__).parent / "helpers" / "lightning_resume_train.py"
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +62,7 @@ def _launched(p: LocalProject, cli: Cli, trainer: str, length: str, checkpoint: 
 def test_a_killed_hf_trainer_resumes_elsewhere_from_its_durable_checkpoint(local_project: LocalProject,
                                                                            cli: Cli) -> None:
     p = local_project
-    copies = _launched(p, cli, hf_resume_train.__file__, "--steps 8", "trainer/checkpoint-*", hold=4,
+    copies = _launched(p, cli, str(HF_TRAIN), "--steps 8", "trainer/checkpoint-*", hold=4,
                        budget={"ckpt_size": "20MB", "scratch": "50MB"})  # held after checkpoint-4
 
     def durable_step() -> object:
@@ -108,7 +110,7 @@ def test_a_killed_hf_trainer_resumes_elsewhere_from_its_durable_checkpoint(local
 def test_a_lightning_run_stopped_as_a_spot_pod_resumes_from_its_last_link(local_project: LocalProject,
                                                                          cli: Cli) -> None:
     p = local_project
-    copies = _launched(p, cli, lightning_resume_train.__file__, "--epochs 5", "ckpts/epoch=*.ckpt", hold=2,
+    copies = _launched(p, cli, str(LIGHTNING_TRAIN), "--epochs 5", "ckpts/epoch=*.ckpt", hold=2,
                        budget={"ckpt_size": "1MB", "scratch": "10MB"},  # held as epoch 2 starts
                        resume="ckpts/last.ckpt")  # a link to the newest epoch's file
 

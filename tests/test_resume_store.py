@@ -241,10 +241,10 @@ def test_a_lightning_run_stopped_as_a_spot_pod_resumes_on_another_instance_from_
     SIGKILL 5 s later, as RunPod stops a spot pod; h1's disk goes with it. h2 shares no directory
     with it: its run restores the store's copy, the link made again, and Lightning goes on from
     the epoch after the one saved."""
-    from tests.helpers import lightning_resume_train
+    lightning_resume_train = Path(__file__).parent / "helpers" / "lightning_resume_train.py"  # (not imported)
 
     lp = local_project
-    lp.write_config(train=f"{sys.executable} {lightning_resume_train.__file__} --config {{cfg}} "
+    lp.write_config(train=f"{sys.executable} {lightning_resume_train} --config {{cfg}} "
                           "--out {ckpt_dir} --resume {resume} --epochs 5 --name {name}",
                     artifacts={"checkpoint": "ckpts/epoch=*.ckpt", "pick": "newest",
                                "metrics": "metrics.json", "metrics_keys": ["val_loss"]},

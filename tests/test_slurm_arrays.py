@@ -82,6 +82,12 @@ def test_an_array_launch_is_throttled_and_split_by_max_array_size(
     slurm_cluster.reconfigure(MaxArraySize="3")
     sw = Sweep(slurm_cluster, tmp_path, cli, cells=8, queues=4, epochs=2, step_time=0.4,
                slurm={"array": True, "throttle": 2})
+    # Each cell held after its first epoch until the queues have been looked at: a queue that ran
+    # its two cells meanwhile (CI: while four commands ran under load) is no longer live.
+    (sw.work / "faults").mkdir(exist_ok=True)
+    holds = [sw.work / "faults" / f"{c}.hang" for c in sw.cells]
+    for h in holds:
+        h.write_text("1\n")
     sw.ok("plan")
     sw.ok("deploy")
     checks = {c["check"]: c for c in sw.ok("doctor")["hosts"]["cluster"]["checks"]}
@@ -104,6 +110,8 @@ def test_an_array_launch_is_throttled_and_split_by_max_array_size(
     assert stopped["was_live"] is True, stopped
     assert len({r["queue"] for r in sw.ok("status")["queues"] if r["live"]}) == 3
     assert sw.ok("launch", queue, "--host", "cluster")["status"] == "launched"
+    for h in holds:
+        h.unlink()
     sw.wait_done()
     sw.assert_all_verified_once()
     # The three-task array's share of the throttle is 1: its queues ran one after the other.

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import hf_resume_train
 from tests.helpers.cli import Cli
 from tests.helpers.slurm_jobs import ev as _ev
 from tests.helpers.slurm_jobs import slurm_env_fixture
@@ -24,7 +23,8 @@ _slurm_env = slurm_env_fixture()
 def test_a_hf_trainer_whose_node_dies_resumes_on_another_node_from_its_durable_copy(
         slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
     sw = Sweep(slurm_cluster, tmp_path, cli, cells=1, queues=1, epochs=1, step_time=0.0, node_local=True,
-               trainer=(Path(hf_resume_train.__file__), "--steps 8", "trainer/checkpoint-*"))
+               trainer=(Path(__file__).parent / "helpers" / "hf_resume_train.py", "--steps 8",
+                        "trainer/checkpoint-*"))
     (sw.work / "faults").mkdir()
     (sw.work / "faults" / "c0.hold").write_text("4\n")  # held after the save of checkpoint-4
     sw.ok("plan")

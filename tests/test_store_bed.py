@@ -392,7 +392,7 @@ def test_a_lightning_run_on_a_spot_instance_stopped_with_term_resumes_elsewhere(
     on it, SIGKILL 5 s later, its disk out of reach. remediate runs the cell on another real
     instance, which restores the store's copy of the newest checkpoint (the link made again) and
     goes on from the next epoch."""
-    from tests.helpers import lightning_resume_train
+    lightning_resume_train = Path(__file__).parent / "helpers" / "lightning_resume_train.py"  # (not imported)
 
     tb, sweep = testbed_nofs, "nofs-spot"
     train = (f"{shutil.which('python3') or 'python3'} lightning_resume_train.py --config {{cfg}} "
@@ -404,7 +404,7 @@ def test_a_lightning_run_on_a_spot_instance_stopped_with_term_resumes_elsewhere(
                   resume={"checkpoint": ["ckpts/*last*.ckpt"], "pick": "newest"})
     (proj / "ablate.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     for h in tb.hosts:
-        shutil.copyfile(lightning_resume_train.__file__,
+        shutil.copyfile(lightning_resume_train,
                         tb.local_dir(h) / "repo" / sweep / "lightning_resume_train.py")
     victim = cli.json(proj, "plan")["queues"][0]["host"]
     fault(tb, sweep, "c0", "hold", "2", hosts=[victim])  # held as epoch 2 starts, epoch 1 saved
