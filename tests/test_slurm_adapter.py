@@ -215,10 +215,12 @@ def test_past_the_submit_limit_queues_wait_and_are_each_taken_once(fake: Fake) -
         t.join()
     tried = [next(a.split("=", 1)[1] for a in c if a.startswith("--job-name="))
              for c in fake.calls() if c[0] == "sbatch"]
-    # Each waiting queue was tried at most once; both hooks saw room for 2, so the one past the
-    # limit (whichever lost the race to sbatch) was refused by Slurm and put back to wait.
-    assert all(tried.count(PREFIX + q) <= 1 for q in ("q3", "q4", "q5")), tried
+    # Both hooks saw room for 2, so the one past the limit (whichever lost the race to sbatch) was
+    # refused by Slurm and put back to wait, where the other hook may try it again (refused again:
+    # CI's load made that order); a queue is never submitted twice.
+    assert set(tried) <= {PREFIX + q for q in ("q3", "q4", "q5")} and len(tried) <= 4, tried
     jobs = sorted(j[0] for j in fake.state()["jobs"])
+    assert len(set(jobs)) == len(jobs), jobs
     taken = [q for q in ("q3", "q4", "q5") if PREFIX + q in jobs]
     assert jobs[0] == PREFIX + "q1" and len(jobs) == 3 and len(taken) == 2, jobs
     (left,) = {"q3", "q4", "q5"} - set(taken)
