@@ -12,8 +12,10 @@
 # The tiers are marks (tests/helpers/tiers.py); a unit-tier test finds the apt-installed tools
 # stubbed out on its PATH in every run, so one that needs them fails until it is marked.
 #
-# The unit tier is CPU-bound on a 2-core machine (its tests spend ~130 s of CPU, most of it in the
-# real trainers, wrappers, runner processes and moto's S3 server they start), so it runs ruff (half a
+# The unit tier is CPU-bound on a 2-core machine (~77 s of CPU in ~57 s, most of it in the real
+# trainers, wrappers, runner processes and moto's S3 server the tests start; every xdist worker
+# collects every test module, so no module imports torch, transformers or lightning at collection:
+# that alone was 7 s of CPU per worker). It runs ruff (half a
 # second) but leaves mypy to the full run: `mypy ablate` costs ~16 s of CPU with a cold cache (a fresh
 # clone), ~8 s of the tier's wall time; run `python3 -m mypy ablate` by hand when typing matters. Its
 # tests run in WORKERS (default 4) xdist workers, two per core: the extra ones fill the seconds the

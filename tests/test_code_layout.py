@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.imports import imported
+from tests.helpers.imports import imported, imported_by, module_path
 
 TESTS = Path(__file__).resolve().parent
 # Modules nobody may import: other test modules and conftest (pytest loads it; fixtures reach
@@ -220,3 +220,44 @@ def test_no_command_module_imports_another() -> None:
              for name in sorted(commands - DRIVERS)
              for line, dep in imported(modules[name], PACKAGE.parent) if dep in commands and dep != name]
     assert not wrong, "move what they share into a module no command owns:\n" + "\n".join(wrong)
+
+
+# Every xdist worker collects every test module: one that imports a framework when it is imported
+# costs each worker its import (torch, transformers and lightning: 7 s of CPU), test run or not.
+FRAMEWORKS = {"torch", "transformers", "lightning", "pytorch_lightning", "accelerate", "peft",
+              "safetensors.torch"}
+
+
+def _at_import(path: Path) -> set[str]:
+    """The modules `path` imports when it is imported: its module-level statements' (also under
+    an `if` or `try` there), not a function's or a method's."""
+    found: set[str] = set()
+    package = path.relative_to(TESTS.parent).with_suffix("").parts[:-1]
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.update(name for _, name in imported_by(node, package))
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                for part in ("body", "orelse", "finalbody", "handlers"):
+                    for sub in getattr(node, part, []):
+                        visit(sub.body if isinstance(sub, ast.ExceptHandler) else [sub])
+    visit(ast.parse(path.read_text(), str(path)).body)
+    return found
+
+
+def test_no_test_module_imports_a_framework_when_collected() -> None:
+    bad = []
+    for test in sorted(TESTS.glob("test_*.py")):
+        seen, todo = set(), [test]
+        while todo:
+            path = todo.pop()
+            for name in _at_import(path):
+                if name.split(".")[0] in FRAMEWORKS or name in FRAMEWORKS:
+                    bad.append(f"{test.name} -> {path.relative_to(TESTS.parent)} imports {name}")
+                helper = module_path(name) if name.startswith("tests.") else None
+                if helper is not None and helper not in seen:
+                    seen.add(helper)
+                    todo.append(helper)
+    assert bad == [], ("import it in the test that uses it (or name the file by path):\n"
+                       + "\n".join(sorted(set(bad))))
