@@ -236,7 +236,7 @@ def test_bench_store_uploads_through_ablate_and_boto3_side_by_side() -> None:
 
 
 def test_bench_store_requests_counts_each_kind_at_the_wire() -> None:
-    out = run("bench_store_requests.py", "--cells", "2", "--hold", "3", "--heartbeat", "1", timeout=300)
+    out = run("bench_store_requests.py", "--cells", "2", "--hold", "2", "--heartbeat", "1", timeout=300)
     body = {r[0]: r[1:] for r in rows(out)}
     cell = body["per cell (claim, pulls, events, upload, commit)"]
     assert float(cell[0]) >= 5 and float(cell[3]) >= 1, out  # PUTs: claim, uploads, commit; LISTs: a pull

@@ -139,7 +139,7 @@ def test_a_long_commands_output_is_not_held_until_it_ends(agent: str, tmp_path: 
         def write(self, data: bytes) -> None:
             early.append(not done.exists())
 
-    got = request(agent, f"echo first; sleep 3; touch {done}; echo last", timeout=20, hello_within=5,
+    got = request(agent, f"echo first; sleep 1.5; touch {done}; echo last", timeout=20, hello_within=5,
                   sink=Sink())
     assert got is not None and got[0] == 0
     assert early[0] is True and done.exists()
