@@ -244,10 +244,14 @@ def test_a_runner_on_another_queues_line_shows_its_own_next_line(
     and steals and the classification read its queue from. (`next` once came from run_cell's own
     `idx`, the stolen line's number: h1's own head line big1 was hidden from the others.)"""
     lp = local_project
-    lp.write_config(calibrate="sh -c 'sleep $(cat wait_$ABLATE_QUEUE.txt); cat speed_$ABLATE_QUEUE.txt'")
+    # h1's benchmark takes 1 s from when h2 runs (`go_q1`, touched below): a queue waits only for the
+    # queues it sees running, and under load h2 once started more than 1 s after h1.
+    lp.write_config(calibrate="sh -c 'until [ -e go_$ABLATE_QUEUE ]; do sleep 0.05; done; "
+                              "sleep $(cat wait_$ABLATE_QUEUE.txt); cat speed_$ABLATE_QUEUE.txt'")
     for q, wait, secs in (("q1", "1", "0.2"), ("q2", "0", "1.0")):
         (lp.root / f"wait_{q}.txt").write_text(wait + "\n")
         (lp.root / f"speed_{q}.txt").write_text(secs + "\n")
+    (lp.root / "go_q2").touch()
     deploy(load_project(lp.root))
     estimates(lp, DECLARED, {"s1": 500, "big1": 2500, "big2": 3000})
     own_queue(lp, "q1", [lp.cfg("cfgs/v/s1.yaml") + " recon 1",
@@ -256,6 +260,8 @@ def test_a_runner_on_another_queues_line_shows_its_own_next_line(
     p1 = runners.start("h1", "q1")
     assert wait_for(lambda: (lp.shared / "heartbeats/h1.q1").exists())
     p2 = runners.start("h2", "q2")
+    assert wait_for(lambda: (lp.shared / "heartbeats/h2.q2").exists())
+    (lp.root / "go_q1").touch()
     beat = lp.shared / "heartbeats/h1.q1"
 
     def on_big2() -> dict[str, Any] | None:
