@@ -62,17 +62,21 @@ def test_remediate_identical_lines_recorded_releases_idempotent_then_launch_comp
     cfg = {n: p.cfg(f"cfgs/x/{n}.yaml", seed=i) for i, n in enumerate("ade")}
     cfg["b"] = p.cfg("cfgs/x/b.yaml", exit_code=1)
     cfg["c"] = p.cfg("cfgs/x/c.yaml", exit_code=137)
-    cfg["d"] = p.cfg("cfgs/x/d.yaml", step_time=0.25)
+    # d saves every 1.5 s: a checkpoint that stays as it is for the keeper's second look (1 s) is
+    # made durable while d runs (one rewritten every 0.25 s never settles: only a last look copies it)
+    cfg["d"] = p.cfg("cfgs/x/d.yaml", step_time=1.5)
     original = {"a": f"{cfg['a']} recon", "b": f"{cfg['b']} recon 2", "c": f"{cfg['c']} recon",
-                "d": f"{cfg['d']} recon 30", "e": f"{cfg['e']}  recon"}  # two spaces: kept as written
+                "d": f"{cfg['d']} recon 12", "e": f"{cfg['e']}  recon"}  # two spaces: kept as written
     p.queue("h1", ["# ablate: host=h1", original["a"], original["b"], original["c"]])
     p.queue("h2", ["# ablate: host=h2", original["d"], original["e"]])
     cli.json(p, "launch", "--all")
     drained(p, "h1", "h1")
     wait_for(lambda: states(cli, p)["d"] == "running", timeout=20)
-    # d has saved a checkpoint (an epoch of 0.25 s): what its remediated run resumes from. On a
-    # loaded machine the trainer's start alone can outlast the wait above.
-    wait_for(lambda: (p.root / ".ablate/local/h2/ckpt/d/model.safetensors").exists(), timeout=60)
+    # d has saved a checkpoint and it is durable (resume/d/<n>/, committed while it runs): what its
+    # remediated run resumes from, on either host, not resting on the stopped run's last look
+    # (CI22: d remediated from scratch once, with nothing durable). On a loaded machine the
+    # trainer's start alone can outlast the wait above.
+    wait_for(lambda: any((p.shared / "resume" / "d").glob("*/RESUME.json")), timeout=60)
     cli.json(p, "stop", "h2", "--host", "h2")  # d cut mid-cell, e never reached
     assert states(cli, p) == {"a": "synced", "b": "crashed", "c": "oom", "d": "interrupted",
                                  "e": "never_ran"}
