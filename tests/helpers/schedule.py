@@ -14,7 +14,9 @@ collect the same order, as xdist requires, even if another run updates the cache
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,9 @@ import pytest
 KEY = "ablate/durations"
 ENV = "ABLATE_TEST_LONGEST_FIRST"
 INPUT = "ablate_durations"
+# A fresh clone has no cache: the seconds of the tests that took 0.5 s or more in a run of the unit
+# tier (scripts/test.sh unit; refresh it from `.pytest_cache/v/ablate/durations`), the others short.
+SEED = Path(__file__).with_name("durations_seed.json")
 
 
 def plain_id(nodeid: str) -> str:
@@ -44,9 +49,17 @@ class Durations:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        """xdist: hand the worker the figures to order by (only when asked for)."""
+        """xdist: hand the worker the figures to order by (only when asked for): the cache's, else
+        the seed's, where a test not named is short."""
         if os.environ.get(ENV) == "1":
-            node.workerinput[INPUT] = self.recorded()
+            got = self.recorded()
+            if not got:
+                try:
+                    got = {str(k): float(v) for k, v in json.loads(SEED.read_text()).items()}
+                    node.workerinput[INPUT + "_unnamed"] = 0.0
+                except (OSError, ValueError, AttributeError):
+                    got = {}
+            node.workerinput[INPUT] = got
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         key = plain_id(report.nodeid)
@@ -64,9 +77,11 @@ class Durations:
 
 def longest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In an xdist worker handed the figures: the items sorted by their recorded seconds, longest
-    first; a test with no figure yet (new, or never run here) goes first, as it may be long."""
-    durations = getattr(config, "workerinput", {}).get(INPUT)
+    first; a test with no figure yet (new, or never run here) goes first, as it may be long (with
+    the seed's figures: last, as it is short)."""
+    given = getattr(config, "workerinput", {})
+    durations, unnamed = given.get(INPUT), float(given.get(INPUT + "_unnamed", float("inf")))
     if not durations:
         return
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (-durations.get(plain_id(item.nodeid), float("inf")), order[id(item)]))
+    items.sort(key=lambda item: (-durations.get(plain_id(item.nodeid), unnamed), order[id(item)]))
