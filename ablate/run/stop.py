@@ -186,10 +186,9 @@ def _stop(project: Project, queue: str, host: str) -> StopResult:
                 _signal_group(ht, sig, pgid)
             signal = sig
             deadline = time.monotonic() + wait
-            while _group_alive(ht, pgid) and time.monotonic() < deadline:
+            while not (gone := not _group_alive(ht, pgid)) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if not _group_alive(ht, pgid):
-                gone = True
+            if gone:  # the wait's last look (after its last sleep) said so: not asked twice
                 break
     # run_queue stops its services itself (TERM, grace, KILL); one it could not finish is killed here.
     for g in services:
