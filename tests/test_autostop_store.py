@@ -27,6 +27,7 @@ from ablate.run.autostop_control import autostop as autostop_control
 from ablate.sweep import autostop_view
 from ablate.sweep.autostop_view import HostAutostop
 from ablate.transport.storefs import StoreFS
+from tests.helpers import proc
 from tests.helpers.project import LocalProject
 from tests.helpers.results import make_result
 from tests.helpers.s3 import CREDS, S3, FaultProxy
@@ -136,13 +137,8 @@ def controller(s3: S3, st: Store, tmp: Path) -> dict[str, HostAutostop]:
 def end_watchers(root: Path) -> None:
     """The detached watchers of this copy (it stopped nothing: it goes on checking) ended, by their
     process ids, and their lock free again."""
-    for pid in os.listdir("/proc"):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"autostop" in argv and str(root).encode() in argv:
-            os.kill(int(pid), signal.SIGTERM)
+    for pid in proc.with_args("autostop", str(root)):
+        os.kill(pid, signal.SIGTERM)
 
     def free() -> bool:
         fd = autostop_watch._try_lock(autostop_watch.lock_path(str(root), "h1"))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import proc
 from tests.helpers.cli import Cli
 from tests.helpers.slurm_jobs import ev as _ev
 from tests.helpers.slurm_jobs import mid_cell as _mid_cell
@@ -172,19 +173,6 @@ def test_slurms_usr2_at_the_jobs_start_requeues_it_rather_than_ending_it(
     assert first["reason"] == "time_limit" and first["requeue"] == 1 and first["cell"] is None, first
 
 
-def _runner_processes(root: Path) -> list[int]:
-    """The pids of the queue's runner process (`runner serve ROOT ...`) of the sweep at `root`."""
-    pids = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"serve" in argv and str(root).encode() in argv:
-            pids.append(int(proc.name))
-    return pids
-
-
 def test_the_time_limit_while_the_cell_waits_on_the_runner_is_planned_and_requeued(
         slurm_cluster: SlurmBed, tmp_path: Path, cli: Cli) -> None:
     """Slurm's USR2 may land while the cell's run_one waits on the queue's runner process (its
@@ -200,7 +188,7 @@ def test_the_time_limit_while_the_cell_waits_on_the_runner_is_planned_and_requeu
     sw.ok("plan")
     sw.ok("launch", "--all")
     sw.wait_until(lambda: any(e["ev"] == "epoch" for e in sw.trace("c0")), timeout=120, interval=0.2)
-    [runner] = _runner_processes(sw.root)
+    [runner] = proc.with_args("serve", str(sw.root))  # the queue's runner process: `runner serve ROOT ...`
     stop_file = sw.scratch / ".ablate-stop" / "cluster.cluster"
     os.kill(runner, signal.SIGSTOP)
     try:

@@ -34,3 +34,18 @@ def group(pgid: int) -> list[int]:
             if int(fields[2]) == pgid:
                 out.append(int(d.name))
     return out
+
+
+def with_args(*words: str) -> list[int]:
+    """The processes whose arguments include every one of `words` (each a whole argument)."""
+    want = [w.encode() for w in words]
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if all(w in argv for w in want):
+                out.append(int(d.name))
+    return out
