@@ -85,13 +85,13 @@ NO_PLUGINS=(-p no:libtmux -p no:hypothesispytest -p no:benchmark -p no:anyio)
 unset PYTHONDONTWRITEBYTECODE
 
 # `pytest -m "MARKS and not alone"` in WORKERS xdist workers, then `-m "MARKS and alone"` in one
-# process, collecting only the files that hold tests marked `alone` (the first run lists them:
-# tests/helpers/tiers.py); none of them in this tier (pytest's exit code 5) is no failure.
+# process, collecting only the files that hold TIER's tests marked `alone` (the first run lists
+# them: tests/helpers/tiers.py), and not at all when it has none.
 two_passes() {
-  local marks=$1 workers=$2 list files
+  local tier=$1 marks=$2 workers=$3 list files
   list=$(mktemp -d)/alone
-  ABLATE_TEST_ALONE_FILES=$list python3 -m pytest -q "${NO_PLUGINS[@]}" -n "$workers" --dist loadgroup \
-    --no-loadscope-reorder -m "$marks and not alone"
+  ABLATE_TEST_ALONE_FILES=$list ABLATE_TEST_ALONE_TIER=$tier python3 -m pytest -q "${NO_PLUGINS[@]}" \
+    -n "$workers" --dist loadgroup --no-loadscope-reorder -m "$marks and not alone"
   files=()
   [ -e "$list" ] && mapfile -t files <"$list"
   if [ ! -e "$list" ] || [ "${#files[@]}" -gt 0 ]; then
@@ -109,17 +109,17 @@ case $tier in
       python3 -m pytest -q --co "${NO_PLUGINS[@]}" >/dev/null || true
     # Longest first (tests/helpers/schedule.py): by each test's seconds in the last runs, kept in
     # pytest's cache; a fresh clone has none and runs them in collection order.
-    ABLATE_TEST_LONGEST_FIRST=1 two_passes unit "${WORKERS:-4}"
+    ABLATE_TEST_LONGEST_FIRST=1 two_passes unit unit "${WORKERS:-4}"
     ;;
   tmux)
     apt_tools
     python_packages
-    two_passes "tmux and not bed" 2
+    two_passes tmux "tmux and not bed" 2
     ;;
   bed)
     apt_tools
     python_packages
-    two_passes bed 2
+    two_passes bed bed 2
     ;;
   all)
     apt_tools

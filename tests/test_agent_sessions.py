@@ -3,16 +3,18 @@ command in the environment of the session that started it, so one started throug
 never answers for another with other session settings (sshd's SetEnv, the keys, the client's SetEnv
 or SendEnv). The key is `agentlink.session_key` over `ssh -G`'s settings (milliseconds), and on two
 real sshds of this machine, each command sees its own session's environment, in either order, with
-the agent doing the work."""
+the agent doing the work. What this machine remembers of an agent that could not serve (`Marks`):
+a silent one is gone around for SILENT_RETRY seconds, a refusing host for an idle time."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from ablate.transport.agentlink import remote_socket, session_key
+from ablate.transport.agentlink import SILENT_RETRY, Marks, remote_socket, session_key
 from ablate.transport.ssh import SSHHost
 from tests.helpers.sshd_pair import VAR, missing_requirement, sshd_pair
 
@@ -72,3 +74,19 @@ def test_two_sshds_with_their_own_setenv_each_answer_with_their_own(tmp_path: Pa
             for link in links.values():  # the agents this test started (they would idle an hour)
                 if link is not None:
                     subprocess.run(["pkill", "-f", link[1]], check=False)
+
+
+def test_a_silent_agent_is_gone_around_for_a_while_and_a_refusing_host_for_an_idle_time(
+        tmp_path: Path) -> None:
+    silent, refusing = Marks(str(tmp_path / "a")), Marks(str(tmp_path / "b"))
+    silent.started(True)
+    silent.silent()
+    refusing.started(False)  # no Python there, say
+    assert silent.refused() and refusing.refused() and not silent.seen()
+    for m, age in ((silent, SILENT_RETRY + 1), (refusing, SILENT_RETRY + 1)):
+        t = os.stat(m.refused_path).st_mtime - age
+        os.utime(m.refused_path, (t, t))
+    assert not silent.refused() and refusing.refused()
+    t = os.stat(refusing.refused_path).st_mtime - 3600
+    os.utime(refusing.refused_path, (t, t))
+    assert not refusing.refused()  # an idle time (the default hour) later, tried again

@@ -9,12 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from ablate.transport.agentlink import agent_code, bootstrap, remote_socket
-
-# They time a silent agent's seconds-long window, which another worker's load stretches.
-pytestmark = pytest.mark.alone
 
 
 def test_the_agent_code_is_versioned_by_content() -> None:

@@ -2,7 +2,7 @@
 refusing the forward, no Python on the host, an agent directory others could write, an agent
 gone between commands, a kept master's silence while the host is busy (no command under way is
 cut, and a host object of an ended command ends no master), an agent that takes connections but
-never answers (gone around, for SILENT_RETRY seconds; a refusing host for an idle time)."""
+never answers (gone around: tests/test_agent_sessions.py has how long)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ablate.transport.agentlink import SILENT_RETRY, Marks, request
+from ablate.transport.agentlink import SILENT_RETRY, request
 from ablate.transport.shellhost import HostUnreachable
 from ablate.transport.ssh import SSHHost
 from tests.helpers.ssh_agent import CHAIN, fresh_fixture, no_agents_fixture
@@ -188,18 +188,3 @@ def test_an_agent_that_takes_connections_but_never_answers_is_gone_around(
     again.close()
     assert _on(testbed, "tb-h1", f"cat {tag}; rm -f {tag}") == "1\n2\n3\n4\n5\n"  # each ran once
 
-
-def test_a_silent_agent_is_gone_around_for_a_while_and_a_refusing_host_for_an_idle_time(
-        tmp_path: Path) -> None:
-    silent, refusing = Marks(str(tmp_path / "a")), Marks(str(tmp_path / "b"))
-    silent.started(True)
-    silent.silent()
-    refusing.started(False)  # no Python there, say
-    assert silent.refused() and refusing.refused() and not silent.seen()
-    for m, age in ((silent, SILENT_RETRY + 1), (refusing, SILENT_RETRY + 1)):
-        t = os.stat(m.refused_path).st_mtime - age
-        os.utime(m.refused_path, (t, t))
-    assert not silent.refused() and refusing.refused()
-    t = os.stat(refusing.refused_path).st_mtime - 3600
-    os.utime(refusing.refused_path, (t, t))
-    assert not refusing.refused()  # an idle time (the default hour) later, tried again

@@ -13,16 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from ablate.remote.host.agent import HELLO
 from ablate.transport.agentlink import request
+from tests.helpers.proc import with_args
 from tests.helpers.ssh_agent import AGENT, agent_fixture
 from tests.helpers.ssh_agent import is_zombie as _zombie
 from tests.helpers.wait import wait_for
-
-# They time a silent agent's seconds-long window, which another worker's load stretches.
-pytestmark = pytest.mark.alone
 
 agent = agent_fixture()
 
@@ -38,7 +34,8 @@ def test_the_agent_runs_a_command_with_its_stdin_output_and_exit_code(agent: str
 
 def test_a_command_past_its_timeout_is_ended_with_its_process_group(agent: str, tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
-    got = request(agent, f"sleep 60 & echo $! > {pidfile}; wait", timeout=1, hello_within=5)
+    # 2 s: the shell writes its pidfile first, well within them on a loaded machine too
+    got = request(agent, f"sleep 60 & echo $! > {pidfile}; wait", timeout=2, hello_within=5)
     assert got is not None and got[0] == 124 and b"timed out" in got[2]
     pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10))  # type: ignore[arg-type]
     wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 10)
@@ -60,10 +57,13 @@ def test_no_agent_in_a_directory_others_can_write(tmp_path: Path) -> None:
 
 
 def test_an_idle_agent_exits_and_removes_its_socket(tmp_path: Path) -> None:
+    """`up` is said once the socket listens (looking for the file instead could come after its idle
+    second on a loaded machine)."""
     path = tmp_path / "idle" / "a.sock"
-    subprocess.run([sys.executable, "-I", "-S", AGENT, str(path), "1"], check=True, timeout=30)
-    wait_for(path.exists, 10)
-    wait_for(lambda: not path.exists(), 20)
+    r = subprocess.run([sys.executable, "-I", "-S", AGENT, str(path), "1"], check=True, timeout=30,
+                       capture_output=True)
+    assert r.stdout == b"ablate-agent: up\n"
+    wait_for(lambda: not path.exists() and not with_args(AGENT, str(path)), 20)
 
 
 def test_no_hello_means_nothing_was_sent(tmp_path: Path) -> None:
@@ -122,12 +122,19 @@ def test_blank_lines_before_the_header_are_skipped_and_the_stdin_after_it_is_who
 
 def test_a_short_commands_output_comes_with_its_exit_code_in_one_write(agent: str) -> None:
     """Over ssh a second small write waits for the first one's delayed ACK (~40 ms): the agent
-    holds a short command's output and sends it with the exit code."""
-    s = _raw(agent, b"\n" + json.dumps({"cmd": "printf a; sleep 0.05; printf b >&2; exit 3",
-                                        "stdin": None}).encode() + b"\n")
-    first = s.recv(1 << 16)  # waits for the first write the agent makes
-    s.close()
-    assert first == b"o\0\0\0\x01a" + b"e\0\0\0\x01b" + b"x\0\0\0\x013"
+    holds a short command's output and sends it with the exit code. A loaded machine may take
+    longer than the hold (0.2 s) to run the command, so one of a few tries must come in one write;
+    without the hold none does (the sleep splits the output)."""
+    whole = b"o\0\0\0\x01a" + b"e\0\0\0\x01b" + b"x\0\0\0\x013"
+    firsts = []
+    for _ in range(5):
+        s = _raw(agent, b"\n" + json.dumps({"cmd": "printf a; sleep 0.05; printf b >&2; exit 3",
+                                            "stdin": None}).encode() + b"\n")
+        firsts.append(s.recv(1 << 16))  # waits for the first write the agent makes
+        s.close()
+        if firsts[-1] == whole:
+            break
+    assert firsts[-1] == whole, firsts
 
 
 def test_a_long_commands_output_is_not_held_until_it_ends(agent: str, tmp_path: Path) -> None:
@@ -139,7 +146,7 @@ def test_a_long_commands_output_is_not_held_until_it_ends(agent: str, tmp_path: 
         def write(self, data: bytes) -> None:
             early.append(not done.exists())
 
-    got = request(agent, f"echo first; sleep 1.5; touch {done}; echo last", timeout=20, hello_within=5,
+    got = request(agent, f"echo first; sleep 2.5; touch {done}; echo last", timeout=20, hello_within=5,
                   sink=Sink())
     assert got is not None and got[0] == 0
     assert early[0] is True and done.exists()

@@ -25,9 +25,6 @@ from tests.helpers.ssh_agent import is_zombie as _zombie
 from tests.helpers.wait import wait_for
 from tests.testbed import Testbed
 
-# They time a silent agent's seconds-long window, which another worker's load stretches.
-pytestmark = pytest.mark.alone
-
 agent = agent_fixture()
 fresh = fresh_fixture()
 no_agents = no_agents_fixture()
@@ -152,12 +149,13 @@ def test_the_probe_library_is_placed_alike_by_the_agent_its_command_and_the_shel
 def test_a_python_entry_past_its_timeout_is_ended_with_its_process_group(agent: str, tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     entry = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
-    got = request(agent, "exit 42", timeout=1, hello_within=5, py=_py(_lib(tmp_path), entry))
+    got = request(agent, "exit 42", timeout=2, hello_within=5, py=_py(_lib(tmp_path), entry))
     assert got is not None and got[0] == 124
     pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10))  # type: ignore[arg-type]
     wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 10)
 
 
+@pytest.mark.alone  # it times a silent agent's seconds-long window, which another worker's load stretches
 def test_over_ssh_a_probe_runs_inside_the_host_agent_once_one_answers(
         testbed: Testbed, fresh: Path, no_agents: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """The `py` form goes with the command through the ssh transport: the host's agent runs the

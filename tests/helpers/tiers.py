@@ -75,14 +75,17 @@ def groups_first(items: list[pytest.Item]) -> None:
 
 
 def note_alone_files(items: list[pytest.Item]) -> None:
-    """With ABLATE_TEST_ALONE_FILES set, write there the test files that hold a test marked `alone`,
-    one a line (every item collected, before `-m` deselects any): scripts/test.sh runs its `alone`
-    pass on these files only, instead of collecting the whole suite again. Every xdist worker
-    collects the same items and writes the same lines (atomically, by rename)."""
+    """With ABLATE_TEST_ALONE_FILES set, write there the test files that hold a test marked `alone`
+    (of the tier ABLATE_TEST_ALONE_TIER, when set), one a line (every item collected, before `-m`
+    deselects any): scripts/test.sh runs its `alone` pass on these files only, instead of
+    collecting the whole suite again, and none when there are none. Every xdist worker collects the
+    same items and writes the same lines (atomically, by rename)."""
     out = os.environ.get("ABLATE_TEST_ALONE_FILES")
     if not out:
         return
-    files = sorted({str(item.path) for item in items if item.get_closest_marker("alone")})
+    tier = os.environ.get("ABLATE_TEST_ALONE_TIER")
+    files = sorted({str(item.path) for item in items
+                    if item.get_closest_marker("alone") and tier in (None, tier_of(item))})
     tmp = f"{out}.{os.getpid()}"
     Path(tmp).write_text("".join(f"{f}\n" for f in files))
     os.replace(tmp, out)
