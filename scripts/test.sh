@@ -21,7 +21,7 @@
 # tests run in WORKERS (default 4) xdist workers, two per core: the extra ones fill the seconds the
 # others spend waiting on their subprocesses and timers. `--dist loadgroup` keeps the tests that
 # import torch in one worker (they also share the checkpoints the frameworks wrote: once per
-# installation of them, kept in pytest's cache); the longest tests go first (by their seconds in the
+# installation of them, kept in the user's cache dir); the longest tests go first (by their seconds in the
 # last runs: tests/helpers/schedule.py), so the end of the run is not one long test alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -104,9 +104,15 @@ case $tier in
   unit)
     python_packages
     python3 -m ruff check ablate tests scripts
-    # No byte code yet (a fresh clone): one process writes it, rather than every worker for itself.
-    compgen -G "tests/__pycache__/conftest.*pytest*.pyc" >/dev/null ||
-      python3 -m pytest -q --co "${NO_PLUGINS[@]}" >/dev/null || true
+    # No byte code yet (a fresh clone): two processes write it, half the test modules each (pytest's
+    # rewritten asserts are most of it), rather than every worker all of it for itself.
+    if ! compgen -G "tests/__pycache__/conftest.*pytest*.pyc" >/dev/null; then
+      mapfile -t modules < <(compgen -G "tests/test_*.py" | sort)
+      half=$(( ${#modules[@]} / 2 ))
+      python3 -m pytest -q --co "${NO_PLUGINS[@]}" "${modules[@]:0:half}" >/dev/null &
+      python3 -m pytest -q --co "${NO_PLUGINS[@]}" "${modules[@]:half}" >/dev/null || true
+      wait $! || true
+    fi
     # Longest first (tests/helpers/schedule.py): by each test's seconds in the last runs, kept in
     # pytest's cache; a fresh clone has none and runs them in collection order.
     ABLATE_TEST_LONGEST_FIRST=1 two_passes unit unit "${WORKERS:-4}"

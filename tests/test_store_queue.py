@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import threading
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -22,7 +21,7 @@ from ablate.remote.store.client import Store
 from ablate.run.deploy import deploy
 from tests.helpers import store_instances
 from tests.helpers.project import LocalProject
-from tests.helpers.s3 import S3
+from tests.helpers.s3 import S3, FaultProxy
 from tests.helpers.store_instances import instance, start, store_events
 from tests.helpers.wait import wait_for
 
@@ -119,32 +118,33 @@ def _tmux() -> None:
 
 def test_an_instance_killed_mid_upload_leaves_no_committed_result(
         local_project: LocalProject, s3: S3, tmp_path: Path) -> None:
-    """The queue's processes killed while the result's big file is on its way to the store: its
-    smaller files are there under the publish's own name, but no commit: no reader sees a result,
-    and the cell is left to remediate (claimed, started, never ended)."""
+    """The queue's processes killed while the result's checkpoint is on its way to the store (its
+    upload held at a proxy): its smaller files are there under the publish's own name, but no
+    commit: no reader sees a result, and the cell is left to remediate (claimed, started, never
+    ended)."""
     lp = local_project
-    big = "sh -c 'mkdir -p {ckpt_dir} && head -c 300000000 /dev/zero > {ckpt_dir}/m.bin' {cfg}"
-    lp.write_config(train=big,
-                    artifacts={"checkpoint": "m.bin"})
+    train = "sh -c 'mkdir -p {ckpt_dir} && head -c 100000 /dev/urandom > {ckpt_dir}/m.bin' {cfg}"
+    lp.write_config(train=train, artifacts={"checkpoint": "m.bin"})
     lp.queue("q1", [lp.cfg("cfgs/a/big.yaml") + " recon 1"])
     deploy(load_project(lp.root))
     url = s3.url(f"kill/{uuid.uuid4().hex[:8]}/ablate/t1")
     st = Store(url, s3.endpoint)
     st.put("queues/q1.txt", (lp.root / "queues" / "q1.txt").read_bytes())
-    rq, spec = instance(lp, tmp_path / "h1", "h1", url, s3.endpoint)
+    proxy = FaultProxy(s3.endpoint)
+    proxy.stall = "/m.bin"
+    rq, spec = instance(lp, tmp_path / "h1", "h1", url, proxy.endpoint)
     p = start(rq, spec, "q1", tmp_path / "h1")
     try:
-        def uploading() -> bool:
-            return any(o.key.endswith("/big.log") for o in st.list("results/big/"))
-
-        wait_for(uploading, timeout=120)
+        assert proxy.stalled.wait(120), "the checkpoint's upload never reached the store"
+        wait_for(lambda: any(o.key.endswith("/big.log") for o in st.list("results/big/")), 60)
         assert st.head("commits/big") is None
         os.killpg(p.pid, signal.SIGKILL)
     finally:
         p.communicate(timeout=60)
-    time.sleep(0.5)
+        proxy.close()
     assert st.head("commits/big") is None
     assert not any(o.key.endswith("/MANIFEST.json") for o in st.list("results/big/"))
+    assert not any(o.key.endswith("/m.bin") for o in st.list("results/big/"))
     assert st.get("claims/big/owner") is not None
     evs = store_events(st)["events/h1.q1.jsonl"]
     assert [e["ev"] for e in evs if e.get("cell") == "big"] == ["start"]

@@ -2,7 +2,7 @@
 running anything from the files.
 
 The files are written by the real libraries (tests/helpers/framework_ckpts.py, in a subprocess),
-once per installation of them (kept across runs in pytest's cache): transformers.Trainer's
+once per installation of them (kept across runs in the user's cache dir): transformers.Trainer's
 `checkpoint-N/` and a sharded save_pretrained, lightning with save_hyperparameters() of an
 argparse.Namespace, accelerate's save_state, torch.distributed.checkpoint (one process), PEFT's LoRA
 adapter, DeepSpeed's save_checkpoint (ZeRO 1 on the CPU; when deepspeed is not installed, its
@@ -58,14 +58,14 @@ WRITERS = ("torch", "transformers", "lightning", "accelerate", "peft", "deepspee
 
 
 @pytest.fixture(scope="session")
-def written(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Path:
-    """The tree the real libraries wrote, once per installation of them (kept across runs in
-    pytest's cache: tests/helpers/shared.py), copied once per test run (every xdist worker reads
-    the same copy): read-only here, a test damages only the copy `cell` publishes under its own
-    tmp_path."""
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tree the real libraries wrote, once per installation of them (kept across runs and
+    clones in the user's cache dir: tests/helpers/shared.py), copied once per test run (every
+    xdist worker reads the same copy): read-only here, a test damages only the copy `cell`
+    publishes under its own tmp_path."""
     key = install_key(WRITERS, [REPO / "tests" / "helpers" / "framework_ckpts.py"])
     return once_per_run(tmp_path_factory, "frameworks",
-                        lambda out: once_per_install(pytestconfig, "frameworks", key, _write, out))
+                        lambda out: once_per_install("frameworks", key, _write, out))
 
 
 def cell(written: Path, tmp_path: Path, which: str,

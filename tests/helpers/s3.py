@@ -114,7 +114,9 @@ SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>
 class FaultProxy:
     """A real HTTP proxy in front of a store, with the faults of real ones: `drop` headers it never
     passes on (a store that ignores conditional writes), `slowdown` requests answered 503 SlowDown
-    before it passes any on (a throttling store), `down` (connections refused: an outage).
+    before it passes any on (a throttling store), `down` (connections refused: an outage), `stall`
+    a request whose path holds that text never passed on nor answered until the proxy closes (an
+    upload under way, however small its file; `stalled` is set once one came).
     `endpoint` is its URL; `seen` counts the requests that reached it."""
 
     def __init__(self, upstream: str, drop: set[str] | None = None, ip: str = "127.0.0.1") -> None:
@@ -123,6 +125,8 @@ class FaultProxy:
 
         self.upstream, self.drop, self.ip = upstream, {h.lower() for h in drop or ()}, ip
         self.slowdown = 0
+        self.stall: str | None = None
+        self.stalled, self._closed = threading.Event(), threading.Event()
         self.seen = 0
         self.counts: dict[str, int] = {}  # requests by S3's price classes: PUT, GET, HEAD, LIST, DELETE
         self.lock = threading.Lock()
@@ -151,6 +155,7 @@ class FaultProxy:
             self._srv = None
 
     def close(self) -> None:
+        self._closed.set()  # a stalled request's connection is dropped, unanswered
         self.down()
 
 
@@ -203,6 +208,11 @@ def _handler(proxy: FaultProxy) -> type:
                     proxy.slowdown -= 1
             if throttled:
                 self._reply(503, "Slow Down", [("Content-Type", "application/xml")], SLOWDOWN)
+                return
+            if proxy.stall is not None and proxy.stall in self.path:
+                proxy.stalled.set()
+                proxy._closed.wait()
+                self.close_connection = True
                 return
             headers = {k: v for k, v in self.headers.items() if k.lower() not in proxy.drop | HOP}
             headers["Content-Length"] = str(len(body))

@@ -1,5 +1,5 @@
 """What a test run makes once and every pytest-xdist worker reads: an expensive, read-only tree;
-and what is made once per installation (kept across runs in pytest's cache directory)."""
+and what is made once per installation (kept across runs and clones in the user's cache directory)."""
 
 from __future__ import annotations
 
@@ -71,17 +71,26 @@ def _intact(tree: Path) -> bool:
         return False
 
 
-def once_per_install(config: pytest.Config, name: str, key: str, make: Callable[[Path], None],
-                     out: Path) -> None:
-    """Fill `out` with the tree `make(dir)` writes, kept across runs in
-    `<pytest cache>/d/ablate-<name>/<key>/`: made the first time any run asks for that key (see
-    `install_key`), copied by later runs as long as every file in it is as it was made (else made
-    again). With pytest's cache off (`-p no:cacheprovider`), `make(out)` every time."""
-    cache = getattr(config, "cache", None)
-    if cache is None:
+def keep_dir(name: str) -> Path | None:
+    """`$XDG_CACHE_HOME/ablate-tests/<name>/` (`~/.cache` by default), made if need be; None where it
+    cannot be (no home, a read-only one)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ablate-tests" / name
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        return base if os.access(base, os.W_OK) else None
+    except (OSError, RuntimeError):
+        return None
+
+
+def once_per_install(name: str, key: str, make: Callable[[Path], None], out: Path) -> None:
+    """Fill `out` with the tree `make(dir)` writes, kept across runs in `keep_dir(name)/<key>/`:
+    made the first time any run, of any clone, asks for that key (see `install_key`: the installed
+    libraries that write it and the writer's code), copied by later runs as long as every file in
+    it is as it was made (else made again). Where nothing can be kept, `make(out)` every time."""
+    base = keep_dir(name)
+    if base is None:
         make(out)
         return
-    base = Path(cache.mkdir(f"ablate-{name}"))
     tree = base / key
     with FileLock(str(base / f"{key}.lock")):
         if not _intact(tree):
