@@ -254,9 +254,13 @@ def test_no_stop_the_store_did_not_hear_of(s3: S3, tmp_path: Path, monkeypatch: 
         w.step()
         assert state(root)["kind"] == "idle"  # its result fetched and verified
         w.clock = store_gone
+        puts = w.store.store.requests.get("put", 0)
         w.step()
         got = state(root)
         assert got["kind"] == "unsure" and str(got["why"]).startswith("not stopping") and ran == [], got
+        # the store's outage was waited out once in that check (its first send after the sync), not
+        # once more for each record after it
+        assert w.store.store.requests.get("put", 0) == puts + 1
         proxy.up()
         w.clock = Clock()
         w.clock.ahead = 5000

@@ -33,7 +33,7 @@ from collections.abc import Collection, Iterable, Mapping
 
 from ablate.remote.host import autostop
 from ablate.remote.host.autostop import Unsure
-from ablate.remote.store.client import Store, StoreError
+from ablate.remote.store.client import Store, StoreDown, StoreError
 from ablate.remote.store.local_copy import MANIFEST, WALK, Mirror, json_or_none, read_or_none, write_atomic
 
 PREFIXES = (*WALK, "autostop/")  # WALK has estimates.tsv (the speeds an election is by)
@@ -57,7 +57,8 @@ class StoreSide:
         self.sent_path = os.path.join(root, ".mirror", f"sent.autostop.{host}")
         self.etag: tuple[str, bytes] | None = None  # the events object as last written here
         self.failed: dict[str, str] = {}  # key -> why its last send failed (sent again next time)
-        self.down: str | None = None  # why the last sync failed: nothing is sent until one succeeds
+        # why the last sync, or a send since, found the store down: nothing is sent until a sync succeeds
+        self.down: str | None = None
 
     @property
     def error(self) -> str | None:
@@ -152,6 +153,8 @@ class StoreSide:
                     self._push_events()
             except StoreError as e:
                 self.failed[rel] = str(e)
+                if isinstance(e, StoreDown):  # its outage wait spent: not waited out again in this check
+                    self.down = str(e)
                 if rel == self.events:
                     self.etag = None  # read again before the next append
                 continue
