@@ -31,6 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "alone: times a window that another worker's load stretches; "
                                        "scripts/test.sh runs these after the rest, in one process")
     config.pluginmanager.register(schedule.Durations(config), "ablate-durations")
+    schedule.one_last_collection(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
