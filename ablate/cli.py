@@ -190,22 +190,24 @@ def deploy(app: App, gc: bool, as_json: bool) -> None:
 def launch(app: App, queue: str | None, host: str | None, start_index: int | None,
            slot: int | None, all_: bool, as_json: bool) -> None:
     """Start one detached tmux queue.  Example: ablate launch h1 --host h1"""
-    from ablate.run import launch as core
+    if not all_:
+        if not queue or not host:
+            raise AblateError("launch needs QUEUE and --host H (or --all); e.g. `ablate launch h1 --host h1`")
+        from ablate.run import launch as core
 
-    if all_:
-        if queue or host or start_index is not None or slot is not None:
-            raise AblateError("launch --all takes no QUEUE, --host, --start-index or --slot")
-        results = core.launch_all(app.project(), log=app.log)
-        app.emit(_Many(results, "launched"), as_json)
-        failed = [r.queue for r in results if r.status == "failed"]
-        if failed:
-            raise CheckFailed(f"{len(failed)} queue(s) did not start: {', '.join(failed)}; "
-                              "see the lines above")
-        return
-    if not queue or not host:
-        raise AblateError("launch needs QUEUE and --host H (or --all); e.g. `ablate launch h1 --host h1`")
-    app.emit(core.launch(app.project(), queue, host, start_index=start_index, slot=slot, log=app.log),
-             as_json)
+        return app.emit(core.launch(app.project(), queue, host, start_index=start_index, slot=slot,
+                                    log=app.log), as_json)
+    if queue or host or start_index is not None or slot is not None:
+        raise AblateError("launch --all takes no QUEUE, --host, --start-index or --slot")
+    from ablate.run.local_queues import connect_planned
+
+    project = app.project()
+    local = connect_planned(project)  # the hosts connect while the pipeline's modules load
+    from ablate.run import launch as core
+    results = core.launch_all(project, log=app.log, local=local)
+    app.emit(_Many(results, "launched"), as_json)
+    if failed := [r.queue for r in results if r.status == "failed"]:
+        raise CheckFailed(f"{len(failed)} queue(s) did not start: {', '.join(failed)}; see the lines above")
 
 
 @cli.command()
@@ -400,8 +402,7 @@ class _Many:
     """Several results of one kind printed as one object."""
 
     def __init__(self, results: list[Any], key: str) -> None:
-        self.results = results
-        self.key = key
+        self.results, self.key = results, key
 
     def to_json(self) -> dict[str, Any]:
         return {self.key: [r.to_json() for r in self.results]}

@@ -1,13 +1,13 @@
 """One launch's world, built once and handed down (`launch`, `launch --all`; `append` and
 `remediate --launch` through `launch`).
 
-`LocalQueues.read`: the local queue files, each read once, and the roster they make (a name collision
-refuses the command here, before the lock is taken). `launch_context`: the shared FS built once,
-the controller lock entered once with it, and a `LaunchContext` holding all of it plus one transport
-per host, each built on first use and reused, and (for storage hosts' queues) the controller's AWS
-credentials, read once on first use. A queue file that changed while the lock was awaited (a `plan`
-in another shell) is read again under the lock, so what launches is what the files say once nobody
-else may change them.
+`LocalQueues.read` (ablate/run/local_queues.py): the local queue files, each read once, and the roster
+they make (a name collision refuses the command here, before the lock is taken). `launch_context`:
+the shared FS built once, the controller lock entered once with it, and a `LaunchContext` holding
+all of it plus one transport per host, each built on first use and reused, and (for storage hosts'
+queues) the controller's AWS credentials, read once on first use. A queue file that changed while
+the lock was awaited (a `plan` in another shell) is read again under the lock, so what launches is
+what the files say once nobody else may change them.
 """
 
 from __future__ import annotations
@@ -19,58 +19,15 @@ from dataclasses import dataclass, field
 
 from ablate.config.project import Project
 from ablate.errors import RemoteError
+from ablate.run.local_queues import LocalQueues
 from ablate.run.store_launch import controller_credentials
 from ablate.sweep import autostop_view
-from ablate.sweep.cells import QueueFile, Roster, build_roster, check_queue_name, read_all_queues, read_queue
 from ablate.sweep.lock import controller_lock
 from ablate.sweep.snapshot import Snapshot
 from ablate.transport import HostTransport, SharedFS, connect_ahead, host_transport, shared_fs
 from ablate.util.fmt import Log
 
-_Stamp = tuple[str, int, int, int]  # file name, inode, size, mtime_ns
-
-
-def _stamps(project: Project) -> tuple[_Stamp, ...]:
-    """What identifies each local queue file's content without reading it."""
-    if not project.queues_dir.is_dir():
-        return ()
-    out = []
-    for p in sorted(project.queues_dir.glob("*.txt")):
-        try:
-            st = p.stat()
-        except OSError:  # gone since the listing: a change
-            out.append((p.name, -1, -1, -1))
-            continue
-        out.append((p.name, st.st_ino, st.st_size, st.st_mtime_ns))
-    return tuple(out)
-
-
-@dataclass(frozen=True)
-class LocalQueues:
-    """The local queue files as read once, and their roster."""
-
-    queues: tuple[QueueFile, ...]
-    roster: Roster
-    stamps: tuple[_Stamp, ...]
-
-    @classmethod
-    def read(cls, project: Project) -> LocalQueues:
-        """Every local queue file (a bad one refuses, as `read_all_queues`) and the roster (a name
-        collision refuses)."""
-        stamps = _stamps(project)  # before the reads: a change between them shows as a change
-        queues = tuple(read_all_queues(project))
-        return cls(queues, build_roster(queues), stamps)
-
-    def fresh(self, project: Project) -> LocalQueues:
-        """These, or the files read again when any changed (or came or went) since."""
-        return self if _stamps(project) == self.stamps else LocalQueues.read(project)
-
-    def get(self, project: Project, name: str) -> QueueFile:
-        """Queue `name`; refused as `read_queue` refuses a bad name or a missing file."""
-        check_queue_name(name)
-        found = next((q for q in self.queues if q.name == name), None)
-        return found if found is not None else read_queue(project, name)
-
+__all__ = ["LaunchContext", "LocalQueues", "launch_context"]
 
 @dataclass(frozen=True)
 class LaunchContext:

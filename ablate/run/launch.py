@@ -18,11 +18,13 @@ from ablate.util.fmt import Log
 __all__ = ["LaunchResult", "launch", "launch_all"]
 
 
-def launch_all(project: Project, log: Log | None = None) -> list[LaunchResult]:
+def launch_all(project: Project, log: Log | None = None,
+               local: LocalQueues | None = None) -> list[LaunchResult]:
     """Every queue whose `# ablate: host=H` header names a host, on all hosts at once. Live queues
     are reported (`running`), not relaunched; a queue or host that fails is reported (`failed`,
-    with the error) and the others still go."""
-    local = LocalQueues.read(project)  # a name collision refuses before the lock (and its file) is taken
+    with the error) and the others still go. `local`: the queue files as `connect_planned` read them."""
+    if local is None:
+        local = LocalQueues.read(project)  # a name collision refuses before the lock (and its file) is taken
     ahead = [r.host for r in _planned(local, None)]  # connected to while the lock is taken
     with launch_context(project, local, "launch --all", ahead, log, skip_stopped=True) as ctx:
         return launch_each(ctx, _planned(ctx.local, log))
