@@ -188,19 +188,19 @@ def test_a_committed_result_reads_through_its_commit_and_is_set_aside_by_rename(
 
 
 def test_the_lock_is_exclusive_waits_and_is_renewed(s3: S3, tmp_path: Path) -> None:
-    a = _fs(s3, tmp_path, lease=2.0)  # renewed every 2/3 s; unrenewed, past after 2 s + SLACK
-    b = _fs(s3, tmp_path, a.root, lease=2.0)
+    a = _fs(s3, tmp_path, lease=1.0)  # renewed every 1/3 s; unrenewed, past after 1 s + SLACK
+    b = _fs(s3, tmp_path, a.root, lease=1.0)
     lay = SweepLayout(a.root)
     rec = (lay.lock_holder, b'{"by": "me@here", "op": "launch"}')
     held = a.lock(lay.lock_file, 0.0, rec)
     assert held is not None
     assert b.read_bytes(lay.lock_holder) == rec[1]
     body = json.loads(b.read_bytes(lay.lock_file) or b"")
-    assert set(body) >= {"by", "pid", "host", "t", "lease"} and body["lease"] == 2.0
+    assert set(body) >= {"by", "pid", "host", "t", "lease"} and body["lease"] == 1.0
     t0 = time.monotonic()
     assert b.lock(lay.lock_file, 1.0) is None
     assert 0.9 <= time.monotonic() - t0 < 10
-    time.sleep(3.5)  # longer than an unrenewed lease lasts (lease + SLACK): its renewals keep it
+    time.sleep(2.5)  # longer than an unrenewed lease lasts (lease + SLACK): its renewals keep it
     assert b.lock(lay.lock_file, 0.0) is None
     assert json.loads(b.read_bytes(lay.lock_file) or b"")["renewed"] >= 1
     held.release()
