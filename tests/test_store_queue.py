@@ -211,7 +211,7 @@ def test_two_queues_of_one_instance_share_its_copy_and_lose_no_event(
     neither sync replaces the other queue's events file or heartbeat under it: every line of both
     reaches the store, once, in order."""
     lp = local_project
-    lp.write_config(train="sleep 0.7 && mkdir -p {ckpt_dir} && cp {cfg} {ckpt_dir}/m.bin",
+    lp.write_config(train="sleep 0.4 && mkdir -p {ckpt_dir} && cp {cfg} {ckpt_dir}/m.bin",
                     artifacts={"checkpoint": "m.bin"})
     for q in ("q1", "q2"):
         lp.queue(q, [lp.cfg(f"cfgs/{q}/{q}c{i}.yaml") + " recon 1" for i in range(4)])
