@@ -146,13 +146,15 @@ def test_a_throttling_store_is_retried_with_backoff(s3: S3) -> None:
     proxy = FaultProxy(s3.endpoint)
     try:
         st = Store(s3.url(f"t/{uuid.uuid4().hex[:8]}"), proxy.endpoint, wait=60)
-        # Two throttled answers before each conditional write: two retries, each after botocore's
-        # backoff (a random part of 1 s, then of 2 s), below its attempts (5); one before the append.
+        # Two throttled answers before the first conditional write: two retries, each after
+        # botocore's backoff (a random part of 1 s, then of 2 s), below its attempts (5); one before
+        # the second and one before the append.
         proxy.slowdown = 2
         assert st.create("claims/x/owner", b"me\n") is not None
         assert proxy.seen == 3  # two throttled, then the create
-        proxy.slowdown = 2
-        assert st.create("claims/x/owner", b"you\n") is None  # still exclusive after the retries
+        proxy.slowdown = 1
+        assert st.create("claims/x/owner", b"you\n") is None  # still exclusive after a retry
+        assert proxy.seen == 6  # one throttled, the refused create, the read that finds it another's
         proxy.slowdown = 1
         st.append("events/h.q.jsonl", b"a\n")
         got = st.get("events/h.q.jsonl")
