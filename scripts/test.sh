@@ -12,7 +12,7 @@
 # The tiers are marks (tests/helpers/tiers.py); a unit-tier test finds the apt-installed tools
 # stubbed out on its PATH in every run, so one that needs them fails until it is marked.
 #
-# The unit tier is CPU-bound on a 2-core machine (~77 s of CPU in ~57 s, most of it in the real
+# The unit tier is CPU-bound on a 2-core machine (~90-100 s of CPU in 52-61 s, most of it in the real
 # trainers, wrappers, runner processes and moto's S3 server the tests start; every xdist worker
 # collects every test module, so no module imports torch, transformers or lightning at collection:
 # that alone was 7 s of CPU per worker). It runs ruff (half a
