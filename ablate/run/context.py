@@ -29,6 +29,7 @@ from ablate.util.fmt import Log
 
 __all__ = ["LaunchContext", "LocalQueues", "launch_context"]
 
+
 @dataclass(frozen=True)
 class LaunchContext:
     """What a launch acts on, built once by `launch_context` under the controller lock."""

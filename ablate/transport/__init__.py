@@ -32,7 +32,6 @@ __all__ = ["CommandResult", "HostTransport", "SharedFS", "accept_new_host_keys",
 
 _SSH_HOSTS: dict[tuple[str | None, str, str, bool], ShellHost] = {}
 _SSH_LOCK = threading.Lock()
-_WARMED: set[int] = set()  # the SSHHosts of _SSH_HOSTS that `connect_ahead` started connecting
 _ACCEPT_NEW = False
 
 
@@ -107,15 +106,12 @@ def connect_ahead(project: Project, names: Iterable[str]) -> None:
             host = _ssh_host(project, h, _ACCEPT_NEW)
         except AblateError:
             continue
-        with _SSH_LOCK:
-            if not isinstance(host, SSHHost) or id(host) in _WARMED:
-                continue  # connecting already (a command that asks twice: `launch --all`'s start, its lock)
-            _WARMED.add(id(host))
-        threading.Thread(target=_quietly, args=(host.warm, Exception), daemon=True).start()
+        if isinstance(host, SSHHost):
+            host.warm_ahead()
 
 
-def _quietly(fn: Callable[[], object], errors: type[BaseException] = AblateError) -> None:
-    with contextlib.suppress(errors):
+def _quietly(fn: Callable[[], object]) -> None:
+    with contextlib.suppress(AblateError):
         fn()
 
 
@@ -125,7 +121,6 @@ def close_all() -> None:
     with _SSH_LOCK:
         hosts = list(_SSH_HOSTS.values())
         _SSH_HOSTS.clear()
-        _WARMED.clear()
     for h in hosts:
         h.close()
 

@@ -120,6 +120,8 @@ class SSHHost(Resolved, AgentRoute, ShellHost):
         self._booting = threading.Event()  # set once that command started (the agent's news is in)
         self._booting.set()
         self._closed = False  # its command ended: a thread left over (connect_ahead) ends no master
+        self._warm_lock = threading.Lock()
+        self._warming = False  # `warm_ahead` started its thread: a second call starts none
 
     def __enter__(self) -> SSHHost:
         return self
@@ -187,6 +189,22 @@ class SSHHost(Resolved, AgentRoute, ShellHost):
             self.run(["true"], timeout=self.connect_timeout * 3 + 5)
         else:  # no agent can serve there: its first command is a login shell either way
             self._ensure()
+
+    def warm_ahead(self) -> threading.Thread | None:
+        """`warm` in a daemon thread, once per host object however often it is asked (`launch
+        --all` asks as the project loads and again as its pipeline starts): the thread it started,
+        or None. Its failure is left for the first command to meet and report."""
+        with self._warm_lock:
+            if self._warming:
+                return None
+            self._warming = True
+        t = threading.Thread(target=self._warm_quietly, daemon=True)
+        t.start()
+        return t
+
+    def _warm_quietly(self) -> None:
+        with contextlib.suppress(Exception):
+            self.warm()
 
     def cold_check(self) -> None:
         """Connect as a command would with no kept master: a new connection of its own (no
