@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ablate.remote.store.client import Store, StoreDown, parse_url
+from ablate.remote.store.client import Store, StoreDown, StoreError, parse_url
 from ablate.remote.store.local_copy import WALK, Mirror
 from tests.helpers.s3 import CREDS, S3, FaultProxy
 
@@ -159,6 +159,27 @@ def test_a_throttling_store_is_retried_with_backoff(s3: S3) -> None:
         st.append("events/h.q.jsonl", b"a\n")
         got = st.get("events/h.q.jsonl")
         assert got is not None and got.data == b"a\n"
+    finally:
+        proxy.close()
+
+
+def test_an_upload_throttled_past_botocores_attempts_is_waited_out(s3: S3, tmp_path: Path) -> None:
+    """boto3's `upload_file` wraps a throttle that outlasted botocore's attempts in its own
+    `S3UploadFailedError`: the store waits it out as any other (a checkpoint's commit exited 1 on
+    it in CI), and a refusal under the same wrapper is still a refusal, named."""
+    proxy = FaultProxy(s3.endpoint)
+    try:
+        st = Store(s3.url(f"t/{uuid.uuid4().hex[:8]}"), proxy.endpoint, wait=60, attempts=2)
+        src = tmp_path / "model.safetensors"
+        src.write_bytes(b"w" * 1000)
+        proxy.slowdown = 3  # two attempts throttled, a wait, one more throttled, then the upload
+        st.upload("ckpt/model.safetensors", str(src))
+        got = st.get("ckpt/model.safetensors")
+        assert got is not None and got.data == src.read_bytes()
+        assert proxy.slowdown == 0 and st.requests["upload"] == 2
+        gone = Store(f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/x", proxy.endpoint, wait=60, attempts=2)
+        with pytest.raises(StoreError, match="NoSuchBucket"):
+            gone.upload("ckpt/model.safetensors", str(src))
     finally:
         proxy.close()
 

@@ -13,7 +13,8 @@ Keys are relative to the store's prefix. Times are the store's own clock (`LastM
 seconds on AWS): hosts' clocks disagree, as with a shared FS's mtimes.
 
 Failures. botocore's "standard" retry mode retries a throttle (503 SlowDown, 429), a 5xx and a lost
-connection with exponential backoff; past its attempts, an unreachable or failing store is waited
+connection with exponential backoff; past its attempts (seen under boto3's transfer wrappers too:
+`S3UploadFailedError`, `RetriesExceededError`), an unreachable or failing store is waited
 out here like a shared FS's outage (`ABLATE_FS_WAIT` seconds, default 900), then `StoreDown`. A
 conditional write that was retried may have landed the first time and fail the second with 412:
 `create` and `replace` then read the object back, and when it holds exactly the bytes this call
@@ -120,6 +121,18 @@ def _status(e: BaseException) -> int:
     return 0
 
 
+def _unwrapped(e: BaseException) -> BaseException:
+    """The botocore error under boto3's transfer wrappers: `upload_file` turns a ClientError (a
+    throttle, a 5xx) into `S3UploadFailedError` (the ClientError its context), `download_file` a lost
+    connection into `RetriesExceededError` (it in `last_exception`). Anything else as it came."""
+    if type(e).__name__ == "S3UploadFailedError" and e.__context__ is not None:
+        return e.__context__
+    last = getattr(e, "last_exception", None)
+    if type(e).__name__ == "RetriesExceededError" and isinstance(last, BaseException):
+        return last
+    return e
+
+
 class Store:
     """One bucket and prefix. `endpoint`: a non-AWS endpoint's URL (R2, B2, MinIO, GCS's XML API),
     reached path-style. `wait`: seconds an unreachable store is waited out (default ABLATE_FS_WAIT,
@@ -172,31 +185,39 @@ class Store:
         """fn() with an unreachable or failing store waited out (after botocore's own retries):
         StoreDown past the wait; StoreError for a refusal that waiting cannot mend. ClientErrors of
         the conditions (412, 409, 404) pass through to the caller."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         deadline = time.monotonic() + self.wait
         pause = 1.0
         while True:
             self.requests[op] = self.requests.get(op, 0) + 1
             try:
                 return fn()
-            except ClientError as e:
-                code, status = _code(e), _status(e)
-                if self._condition(e) and code != "NoSuchBucket":  # no bucket is no condition
-                    raise
-                if status < 500 and code not in _TRANSIENT:
-                    msg = (e.response.get("Error") or {}).get("Message", "")
-                    raise StoreError(f"{op} {self.where(rel)}: {code or status}: {msg}".rstrip(": ")) from e
-                why = f"{code or status}"
-            except BotoCoreError as e:  # no connection, a time-out, a broken read
-                if type(e).__name__ in _FOR_GOOD:
-                    raise StoreError(f"{op} {self.where(rel)}: {e}") from e
-                why = type(e).__name__
+            except Exception as raised:
+                why = self._passing(op, rel, raised)
             if time.monotonic() + pause > deadline:
                 raise StoreDown(f"{op} {self.where(rel)}: the store did not answer for {self.wait:.0f} s "
                                 f"({why}); is {self.endpoint or 'S3'} reachable?")
             time.sleep(pause)
             pause = min(pause * 2, 15.0)
+
+    def _passing(self, op: str, rel: str, raised: Exception) -> str:
+        """What failed, when waiting may mend it (a throttle, a 5xx, no connection); raised again
+        as it came when it is a condition or not the store's; StoreError for a refusal."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        e = _unwrapped(raised)
+        if isinstance(e, ClientError):
+            code, status = _code(e), _status(e)
+            if self._condition(e) and code != "NoSuchBucket":  # no bucket is no condition
+                raise e
+            if status < 500 and code not in _TRANSIENT:
+                msg = (e.response.get("Error") or {}).get("Message", "")
+                raise StoreError(f"{op} {self.where(rel)}: {code or status}: {msg}".rstrip(": ")) from e
+            return f"{code or status}"
+        if isinstance(e, BotoCoreError):  # no connection, a time-out, a broken read
+            if type(e).__name__ in _FOR_GOOD:
+                raise StoreError(f"{op} {self.where(rel)}: {e}") from e
+            return type(e).__name__
+        raise raised
 
     # ------------------------------------------------------------------ conditional writes
 
