@@ -1,4 +1,4 @@
-from ablate.cli import main
+from ablate.cmdserver.client import main
 
 if __name__ == "__main__":
     main()

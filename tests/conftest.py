@@ -57,6 +57,9 @@ def _isolate(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "120")
+    # A `python -m ablate` a test starts runs in its own process, not through a command server
+    # (ablate/cmdserver) that would outlive the test; tests/test_command_server.py turns it on.
+    monkeypatch.setenv("ABLATE_CMDSERVER", "0")
     if request.node.get_closest_marker("unit"):  # the tools apt-get installs are not there for it
         stubs = tiers.stub_dir(tmp_path_factory.getbasetemp())
         monkeypatch.setenv("PATH", os.pathsep.join([str(stubs), *tiers.python_first(),

@@ -94,7 +94,7 @@ PACKAGE = TESTS.parent / "ablate"
 # commands' parts too: planning, then running and watching, then results, then the report.
 LAYERS = {"errors": 0, "resources": 0, "util": 0, "remote": 1, "config": 1, "transport": 2, "sweep": 3,
           "plan": 4, "run": 5, "monitor": 5, "doctor": 6, "results": 6, "report": 7, "demo": 8, "cli": 8,
-          "__main__": 8}
+          "cmdserver": 9, "__main__": 9}
 
 
 def _ablate_modules() -> dict[str, Path]:

@@ -15,7 +15,6 @@ import atexit
 import contextlib
 import dataclasses
 import os
-import shutil
 import threading
 from collections.abc import Callable, Iterable
 
@@ -26,6 +25,7 @@ from ablate.transport.fanout import fan_out
 from ablate.transport.shellhost import ShellHost
 from ablate.transport.ssh import SSHHost
 from ablate.transport.sshfs import SSHFS
+from ablate.transport.sshproc import which
 
 __all__ = ["CommandResult", "HostTransport", "SharedFS", "accept_new_host_keys", "close_all",
            "connect_ahead", "fan_out", "host_transport", "resolve_ahead", "shared_fs"]
@@ -54,9 +54,9 @@ def ssh_client() -> str:
     want = os.environ.get("ABLATE_SSH", "").strip().lower()
     if want not in ("", "openssh", "paramiko"):
         raise AblateError(f"ABLATE_SSH={want!r}: give openssh or paramiko (or leave it unset)")
-    if want == "paramiko" or (not want and shutil.which("ssh") is None):
+    if want == "paramiko" or (not want and which("ssh") is None):
         return "paramiko"
-    if shutil.which("ssh") is None:
+    if which("ssh") is None:
         raise AblateError("ABLATE_SSH=openssh, but no `ssh` client is on PATH: install OpenSSH's "
                           "client, or unset ABLATE_SSH to use the paramiko fallback")
     return "openssh"
@@ -88,7 +88,7 @@ def resolve_ahead(project: Project) -> None:
             host = _ssh_host(project, h, _ACCEPT_NEW)
         except AblateError:
             continue  # said where the host is used, as without this
-        if isinstance(host, SSHHost):
+        if isinstance(host, SSHHost) and not host.options_kept():  # else a thread of its own
             threading.Thread(target=_quietly, args=(host.options,), daemon=True).start()
 
 

@@ -39,7 +39,6 @@ import fcntl
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -76,6 +75,7 @@ from ablate.transport.sshproc import (
     explain,
     last_lines,
     persist_seconds,
+    which,
 )
 from ablate.util import timings
 
@@ -103,7 +103,7 @@ class SSHHost(Resolved, AgentRoute, ShellHost):
         self.ssh_config = os.path.expanduser(ssh_config) if ssh_config else None
         if self.ssh_config and not os.path.exists(self.ssh_config):
             raise SSHConfigError(f"ssh config {ssh_config} not found (ssh_config in ablate.yaml)")
-        self.ssh = ssh or shutil.which("ssh") or "ssh"
+        self.ssh = ssh or which("ssh") or "ssh"
         self._connect_timeout = connect_timeout
         self.multiplex = os.name != "nt"  # Windows' OpenSSH has no ControlMaster
         self._lock = threading.Lock()

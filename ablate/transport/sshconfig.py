@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 import threading
 import time
@@ -14,7 +13,7 @@ import time
 from ablate.errors import RemoteError
 from ablate.transport.shellhost import SSHConfigError
 from ablate.transport.sshcache import chatter, lookup, store
-from ablate.transport.sshproc import last_lines
+from ablate.transport.sshproc import last_lines, which
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 
@@ -36,20 +35,38 @@ class Resolved:
         with self._opts_lock:  # once, whichever thread asks first
             return self._options()
 
+    def options_kept(self) -> bool:
+        """Whether the settings are known without running `ssh -G` (resolved already, or kept from
+        an earlier run: read now, in this thread)."""
+        with self._opts_lock:
+            if self._opts is None:
+                kept = lookup(self._ssh_path(), self.ssh_config, self.alias)
+                if kept is None:
+                    return False
+                self._set(kept)
+            return True
+
     def _options(self) -> dict[str, str]:
         if self._opts is None:
-            self._resolved = self._resolve()
-            opts: dict[str, str] = {}
-            for line in self._resolved.decode(errors="replace").splitlines():
-                key, _, value = line.partition(" ")
-                opts.setdefault(key.lower(), value)
-            self._opts = opts
+            self._set(self._resolve())
+        assert self._opts is not None
         return self._opts
+
+    def _set(self, resolved: bytes) -> None:
+        self._resolved = resolved
+        opts: dict[str, str] = {}
+        for line in resolved.decode(errors="replace").splitlines():
+            key, _, value = line.partition(" ")
+            opts.setdefault(key.lower(), value)
+        self._opts = opts
+
+    def _ssh_path(self) -> str:
+        return self.ssh if os.path.isabs(self.ssh) else which(self.ssh) or self.ssh
 
     def _resolve(self) -> bytes:
         """`ssh -G`'s output: kept from an earlier run while nothing it was made of changed
         (`sshcache`), else run now (`-v`: it names the files it read)."""
-        ssh = self.ssh if os.path.isabs(self.ssh) else shutil.which(self.ssh) or self.ssh
+        ssh = self._ssh_path()
         kept = lookup(ssh, self.ssh_config, self.alias)
         if kept is not None:
             return kept

@@ -116,10 +116,15 @@ def probe_command(lib_dir: str, env: str, python: str, op: str,
 def probe_lib() -> dict[str, bytes]:
     """The files a host runs for `probe`: exactly the stdlib-only modules `ablate.remote.host.probe`
     imports at any depth (its ops, the path layout, the checkpoints' verification), under their
-    package paths (tests/test_shipped_code.py)."""
+    package paths (tests/test_shipped_code.py). Read once per process (a status makes two SSHFS)."""
+    return dict(_probe_lib())
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_lib() -> tuple[tuple[str, bytes], ...]:
     from ablate import resources as packaged
 
-    return packaged.module_files(PROBE_MODULES)
+    return tuple(packaged.module_files(PROBE_MODULES).items())
 
 
 @functools.lru_cache(maxsize=1)

@@ -5,9 +5,11 @@ ControlMaster sockets, how long a master is kept, the start marker every command
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import selectors
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -25,6 +27,17 @@ MASTER_FAILED = re.compile(r"read from master failed|master hello exchange faile
 # ssh's own words when a connection that was running a command went away
 DROPPED = re.compile(r"closed by remote host|Broken pipe|not responding|Connection reset|"
                       r"mux_client_\w+: read from master failed|client_loop: send disconnect")
+
+
+def which(name: str) -> str | None:
+    """`shutil.which`, once per name and PATH in a process: a status asks for `ssh` once per host
+    (~0.4 ms each: a stat per PATH entry)."""
+    return _which(name, os.environ.get("PATH"))
+
+
+@functools.lru_cache(maxsize=16)
+def _which(name: str, path: str | None) -> str | None:
+    return shutil.which(name, path=path)
 
 
 def control_dir() -> str:

@@ -22,7 +22,8 @@ import sys
 import threading
 import time
 
-_FILE = os.environ.get("ABLATE_TIMINGS") or None
+_FILE: str | None = None
+_registered = False
 _marks: dict[str, float] = {}
 _trips: list[list[object]] = []
 _spans: list[list[object]] = []
@@ -65,5 +66,17 @@ def _write() -> None:
         print(f"ablate: could not write ABLATE_TIMINGS to {_FILE}: {e}", file=sys.stderr)
 
 
-if _FILE is not None:
-    atexit.register(_write)
+def from_env() -> None:
+    """Read ABLATE_TIMINGS: at import, and again in a command server's child (ablate.cmdserver),
+    whose environment is its client's, not the server's."""
+    global _FILE, _registered
+    _FILE = os.environ.get("ABLATE_TIMINGS") or None
+    _marks.clear()
+    _trips.clear()
+    _spans.clear()
+    if _FILE is not None and not _registered:
+        atexit.register(_write)
+        _registered = True
+
+
+from_env()
