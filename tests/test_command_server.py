@@ -231,6 +231,14 @@ def test_the_fingerprint_follows_the_code(tmp_path: Path) -> None:
     (pkg / "sub" / "c.py").unlink()
     assert len({first, second, third, client.fingerprint(str(pkg), path)}) == 3  # the last is the second
     assert client.fingerprint(str(pkg), [*path, "/nonexistent"]) != second
+    # a package installed in a later entry of sys.path changes it; a file in the first does not
+    site = tmp_path / "site"
+    site.mkdir()
+    before = client.fingerprint(str(pkg), [str(tmp_path), str(site)])
+    (tmp_path / "notes.txt").write_text("")
+    assert client.fingerprint(str(pkg), [str(tmp_path), str(site)]) == before
+    os.utime(site, ns=(5, 5))
+    assert client.fingerprint(str(pkg), [str(tmp_path), str(site)]) != before
 
 
 def test_the_socket_directory_is_the_users_own_and_private(tmp_path: Path) -> None:

@@ -49,12 +49,13 @@ def enabled(env: dict[str, str] | os._Environ[str], platform: str) -> bool:
 
 def fingerprint(package_dir: str, path: list[str]) -> str:
     """What a server must have loaded to serve this process: the interpreter, its flags, `sys.path`
-    (each entry's mtime: a package installed or removed there) and every file of `ablate` (name,
-    size, mtime). 16 hex digits."""
+    (each entry's mtime after the first: a package installed or removed there; the first is the
+    script's directory, or the working directory under `python -m`, which the user's own files
+    change) and every file of `ablate` (name, size, mtime). 16 hex digits."""
     import zlib
 
     parts = [sys.executable, sys.version, repr(tuple(sys.flags)), repr(path), *_process_world()]
-    for entry in path:
+    for entry in path[1:]:
         try:
             parts.append(str(os.stat(entry or ".").st_mtime_ns))
         except OSError:
