@@ -121,8 +121,10 @@ LABELS = {"cold": "`ablate status`, new connections (host agents running)",
 # contact within a quarter of it.
 TARGET = {"warm": 0.15, "warm_json": 0.15, "refresh": 0.15, "launch_first": 1.25}
 # Where a command's time goes (ABLATE_TIMINGS, ablate/util/timings.py), for the rows it is read for.
-PARTS = ("start", "config", "to_trips", "trips", "span", "fs_probe", "after", "exit")
-PART_LABELS = {"start": "interpreter + imports (to `main`)", "config": "imports + config and profiles",
+PARTS = ("served", "start", "config", "to_trips", "trips", "span", "fs_probe", "after", "exit")
+PART_LABELS = {"served": "served (1: by the command server)",
+               "start": "to `main` (interpreter + imports; served: the client, its hand-off, the fork)",
+               "config": "imports (none when served) + config and profiles",
                "to_trips": "to the first round trip", "trips": "round trips",
                "span": "round trips' span (first start to last end)", "fs_probe": "FS probe (`snapshot`)",
                "after": "last round trip to output", "exit": "output to exit"}
@@ -167,9 +169,9 @@ def breakdown(spawn: float, ended: float, record: dict[str, Any]) -> dict[str, f
     last = max((t[3] for t in trips), default=first)
     output = marks.get("output", marks.get("exit", ended))
     probes = [t[3] - t[2] for t in trips if str(t[1]) == "probe snapshot"]
-    return {"start": main_t - spawn, "config": project - main_t, "to_trips": first - project,
-            "trips": float(len(trips)), "span": last - first, "fs_probe": max(probes, default=0.0),
-            "after": output - last, "exit": ended - output}
+    return {"served": 1.0 if "served" in marks else 0.0, "start": main_t - spawn, "config": project - main_t,
+            "to_trips": first - project, "trips": float(len(trips)), "span": last - first,
+            "fs_probe": max(probes, default=0.0), "after": output - last, "exit": ended - output}
 
 
 def install(into: Path) -> Path:
@@ -207,6 +209,23 @@ class Bench:
             "exit $rc\n")
         (self.shim_dir / "ssh").chmod(0o755)
 
+    def env(self) -> dict[str, str]:
+        """A command's environment: this checkout's install first on PYTHONPATH, its bytecode used (as
+        pip installs it), the command server as a user has it (on: ablate/cmdserver) with its socket
+        in the bench's own directory (`end_servers`)."""
+        env = dict(os.environ, NO_COLOR="1", ABLATE_CMDSERVER="1", XDG_RUNTIME_DIR=str(self.ctl_root),
+                   PYTHONPATH=os.pathsep.join([str(self.lib), *filter(None, [os.environ.get("PYTHONPATH")]),
+                                               *SITE_PATHS]))
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        return env
+
+    def end_servers(self) -> None:
+        """End the command servers the bench's commands started (their code is the bench's install)."""
+        for pid in _pids_mentioning(str(self.ctl_root)):
+            with contextlib.suppress(OSError):
+                if b"ablate.cmdserver.server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGTERM)
+
     def fresh_ctl(self) -> Path:
         """A fresh, empty ABLATE_SSH_CONTROL_DIR: no ControlMaster can be reused from it."""
         return Path(tempfile.mkdtemp(dir=self.ctl_root))
@@ -218,10 +237,7 @@ class Bench:
         otherwise be timed too (`held_by` tells whether one does)."""
         self.count += 1
         log = self.logs / f"{self.count:04d}.log"
-        env = dict(os.environ, NO_COLOR="1",
-                   PYTHONPATH=os.pathsep.join([str(self.lib), *filter(None, [os.environ.get("PYTHONPATH")]),
-                                               *SITE_PATHS]))
-        env.pop("PYTHONDONTWRITEBYTECODE", None)  # ablate's bytecode is used, as pip installs it
+        env = self.env()
         if ctl is not None:
             env["ABLATE_SSH_CONTROL_DIR"] = str(ctl)
         if trace is not None:
@@ -265,10 +281,7 @@ class Bench:
         self.count += 1
         log = self.logs / f"{self.count:04d}.log"
         timings = self.logs / f"{self.count:04d}.timings.jsonl"
-        env = dict(os.environ, NO_COLOR="1", ABLATE_SSH_CONTROL_DIR=str(ctl), ABLATE_TIMINGS=str(timings),
-                   PYTHONPATH=os.pathsep.join([str(self.lib), *filter(None, [os.environ.get("PYTHONPATH")]),
-                                               *SITE_PATHS]))
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env = dict(self.env(), ABLATE_SSH_CONTROL_DIR=str(ctl), ABLATE_TIMINGS=str(timings))
         with open(log, "wb") as out:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                  env=env, start_new_session=True, cwd=self.tmp)
@@ -658,7 +671,7 @@ def tables(sizes: list[Size]) -> list[str]:
     for s in sizes:
         for k in BROKEN_DOWN:
             if s.parts[k]:
-                cells = [f"{s.part_med(k, p):.0f}" if p == "trips" else f"{s.part_med(k, p):.3f}"
+                cells = [f"{s.part_med(k, p):.0f}" if p in ("trips", "served") else f"{s.part_med(k, p):.3f}"
                          for p in PARTS]
                 out.append(f"| {s.n} | {LABELS[k]} | {s.med(k):.3f} | " + " | ".join(cells) + " |")
     out += ["", "| hosts | status with one host dead | wall (s) | exit | over healthy (s) | "
@@ -719,7 +732,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     reps = max(1, args.reps)
-    runner = (f"`{shlex.join(ABLATE)}` with this checkout pip-installed into a directory first on "
+    runner = (f"`{shlex.join(ABLATE)}` (its command server on, as by default on Linux: the run's first "
+              "command starts it, and every later one is handed to it: ablate/cmdserver) "
+              f"with this checkout pip-installed into a directory first on "
               "PYTHONPATH, then site-packages (the real "
               "interpreter, not a pyenv shim; -S: none of this machine's site hooks, see the `python3 -c "
               "pass` rows, which a pip-installed ablate on a user's machine does not run, and not the few "
@@ -732,8 +747,10 @@ def main(argv: list[str] | None = None) -> int:
             for n in sizes:
                 results.append(measure(bench, n, reps))
         finally:
+            bench.end_servers()
             for ctl in list(bench.ctl_root.iterdir()):
-                close_masters(ctl)
+                if ctl.name != "ablate-cmdserver":
+                    close_masters(ctl)
             shutil.rmtree(bench.ctl_root, ignore_errors=True)
             bench.cpu.close()
     cmd = "python3 scripts/bench_fanout.py" + ("" if args.sizes == "8,32" else f" --sizes {args.sizes}") \

@@ -60,20 +60,29 @@ def fingerprint(package_dir: str, path: list[str]) -> str:
             parts.append(str(os.stat(entry or ".").st_mtime_ns))
         except OSError:
             parts.append("-")
-    for top, dirs, files in os.walk(package_dir):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            st = os.stat(os.path.join(top, name))
-            parts.append(f"{top[len(package_dir):]}/{name} {st.st_size} {st.st_mtime_ns}")
+    files = []
+    dirs = [package_dir]
+    while dirs:  # os.scandir's entries, not os.walk's lists and joins: ~1 ms, against ~6 ms
+        with os.scandir(dirs.pop()) as entries:
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    if e.name != "__pycache__":
+                        dirs.append(e.path)
+                else:
+                    st = e.stat()
+                    files.append(f"{e.path} {st.st_size} {st.st_mtime_ns}")
+    parts += sorted(files)
     data = "\n".join(parts).encode("utf-8", "surrogateescape")
     return f"{zlib.crc32(data):08x}{zlib.adler32(data[::-1]):08x}"
 
 
 def _process_world() -> list[str]:
     """What a forked child takes from the server, not from the client, and must be the client's:
-    the user's groups, the namespaces (network, mounts: `ip netns exec`, a container), the cgroup
+    the user's groups, the locale, the namespaces (network, mounts: `ip netns exec`, a container), the cgroup
     (CPU and memory accounting), the open-files limit. A server serves only a world like its own."""
     out = [f"{os.getuid()} {os.getgid()} {sorted(os.getgroups())}"]
+    # the locale the interpreter set itself up with (LC_CTYPE: `open`'s default encoding)
+    out += [os.environ.get(name, "-") for name in ("LC_ALL", "LC_CTYPE", "LANG", "PYTHONIOENCODING")]
     for ns in ("net", "mnt", "pid", "user", "uts", "ipc", "cgroup"):
         try:
             out.append(os.readlink(f"/proc/self/ns/{ns}"))

@@ -133,6 +133,8 @@ class Server:
                                   *(c.fileno() for c in self.children.values())])
         for fd in fds:
             os.close(fd)
+        with contextlib.suppress(OSError):  # here too: the group exists before the client signals it
+            os.setpgid(pid, pid)
         self.children[pid] = conn
         conn.setblocking(False)
         with contextlib.suppress(OSError):
@@ -254,6 +256,7 @@ def _become(req: Request, fds: list[int], close: list[int]) -> None:
         os.umask(req.umask)
         os.environ.clear()
         os.environ.update(req.env)
+        time.tzset()  # local times in the client's TZ
         _streams(req.stdio)
         sys.argv = req.argv
         from ablate.util import timings
