@@ -102,6 +102,14 @@ def test_another_environment_or_alias_is_another_answer(ssh: Path, tmp_path: Pat
     monkeypatch.setenv("ABLATE_TEST_DIR", "/bob")
     assert SSHHost("box", ssh_config=str(cfg), ssh=str(ssh)).options()["userknownhostsfile"] == "/bob/known"
     assert _port(ssh, cfg, "other") == "22" and _runs(tmp_path) == 3
+    # a variable no config names and OpenSSH does not read (OLDPWD after a `cd`, a terminal's own,
+    # ABLATE_TIMINGS): the kept answer still holds
+    monkeypatch.setenv("OLDPWD", "/somewhere/else")
+    monkeypatch.setenv("ABLATE_TIMINGS", str(tmp_path / "t.jsonl"))
+    assert SSHHost("box", ssh_config=str(cfg), ssh=str(ssh)).options()["userknownhostsfile"] == "/bob/known"
+    assert _runs(tmp_path) == 3
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/tmp/another-agent.sock")  # one OpenSSH reads: asked again
+    assert _port(ssh, cfg) == "2201" and _runs(tmp_path) == 4
 
 
 def test_a_config_error_is_reported_without_the_debug_lines(ssh: Path, tmp_path: Path) -> None:

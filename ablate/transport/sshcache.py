@@ -3,12 +3,16 @@ every command after the first (each costs a process start and a parse of the use
 of CPU: at 32 hosts, more than the rest of a warm `status`).
 
 An entry is kept, in the private control directory (`sshproc.control_dir`), under a key of all it
-can depend on besides files: the `ssh` binary (path, size, mtime), the config given (`-F`), the
-alias, the user, the working directory, the host name, and the whole environment (`${VAR}` in a
-config). It holds the signatures (mtime, size, inode) of every file OpenSSH read for it, as `ssh -v
--G` names them, of every directory an `Include` there names (a file added to `conf.d/` changes the
-directory), and, with no `-F`, of `~/.ssh/config` whether there or not. A lookup stats them all and
-uses the entry only when every one is as recorded.
+can depend on besides files and the environment: the `ssh` binary (path, size, mtime), the config
+given (`-F`), the alias, the user, the working directory, the host name. Of the environment, it
+depends on the variables the configs it read name (`${VAR}`) and the few OpenSSH reads itself (HOME,
+USER, LOGNAME, SSH_AUTH_SOCK): the entry holds their names and a digest of their values (never the
+values), and is used only while they are the same; any other variable may change (a terminal's own,
+OLDPWD after a `cd`, ABLATE_TIMINGS) without costing the next command an `ssh -G` per host. It holds
+the signatures (mtime, size, inode) of every file OpenSSH read for it, as `ssh -v -G` names them, of
+every directory an `Include` there names (a file added to `conf.d/` changes the directory), and,
+with no `-F`, of `~/.ssh/config` whether there or not. A lookup stats them all and uses the entry
+only when every one is as recorded.
 
 Never kept, so `ssh -G` runs every time, where the answer depends on more than files: a `Match exec`
 or `Match localnetwork` anywhere, host name canonicalisation, an `Include` whose directory has a
@@ -30,13 +34,16 @@ import tempfile
 
 from ablate.transport.sshproc import control_dir
 
-VERSION = 1
+VERSION = 2
 SETTLE_NS = 2_000_000_000  # a file changed less than this before the run: not kept (coarse mtimes)
 KEEP = 512  # entries; past it the older half goes
 _READ = re.compile(r"^debug1: Reading configuration data (.+)$", re.M)
 _INCLUDE = re.compile(r"^\s*include(?:\s*=\s*|\s+)(.*)$", re.I)
 _MATCH_DYNAMIC = re.compile(r"^\s*match\b.*\b(exec|localnetwork)\b", re.I)
 _GLOB = re.compile(r"[*?\[]")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# What OpenSSH's client reads of the environment besides `${VAR}`: kept answers follow them too.
+OPENSSH_READS = frozenset({"HOME", "USER", "LOGNAME", "SSH_AUTH_SOCK"})
 
 Sig = list[int] | None
 
@@ -60,8 +67,14 @@ def key(ssh: str, config: str | None, alias: str) -> str:
     st = os.stat(ssh)
     parts = [VERSION, os.path.realpath(ssh), st.st_size, st.st_mtime_ns, st.st_ino,
              os.path.abspath(config) if config else None, alias, os.getuid(), os.getcwd(),
-             socket.gethostname(), sorted(os.environ.items())]
+             socket.gethostname()]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
+
+
+def _env_digest(names: list[str]) -> str:
+    """The named variables' values (unset is not empty), as a digest: an entry never holds them."""
+    pairs = [[n, os.environ.get(n)] for n in sorted(names)]
+    return hashlib.sha256(json.dumps(pairs).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def _entry(k: str) -> str:
@@ -75,6 +88,8 @@ def lookup(ssh: str, config: str | None, alias: str) -> bytes | None:
             got = json.load(f)
         if got.get("v") != VERSION or any(_sig(path) != sig for path, sig in got["watch"]):
             return None
+        if _env_digest([str(n) for n in got["env_names"]]) != got["env"]:
+            return None
         return str(got["out"]).encode("utf-8", "surrogateescape")
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -85,13 +100,16 @@ def store(ssh: str, config: str | None, alias: str, out: bytes, verbose: bytes, 
     depends on files alone (the module's docstring); whether it was kept. Never raises: not
     keeping it only costs the next command an `ssh -G`."""
     with contextlib.suppress(OSError, ValueError):
-        watch = _watched(config, out.decode(errors="replace"), verbose.decode(errors="replace"))
-        if watch is None:
+        found = _watched(config, out.decode(errors="replace"), verbose.decode(errors="replace"))
+        if found is None:
             return False
+        watch, names = found
         sigs = [(path, _sig(path)) for path in sorted(watch)]
         if any(sig is not None and sig[0] > started_ns - SETTLE_NS for _, sig in sigs):
             return False
-        doc = {"v": VERSION, "out": out.decode("utf-8", "surrogateescape"), "watch": sigs}
+        env_names = sorted(names | OPENSSH_READS)
+        doc = {"v": VERSION, "out": out.decode("utf-8", "surrogateescape"), "watch": sigs,
+               "env_names": env_names, "env": _env_digest(env_names)}
         path = _entry(key(ssh, config, alias))
         folder = os.path.dirname(path)
         os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -114,13 +132,15 @@ def _prune(folder: str) -> None:
             os.unlink(os.path.join(folder, name))
 
 
-def _watched(config: str | None, out: str, verbose: str) -> set[str] | None:
-    """The paths whose signatures decide the entry; None: not to be kept."""
+def _watched(config: str | None, out: str, verbose: str) -> tuple[set[str], set[str]] | None:
+    """The paths whose signatures decide the entry, and the variables the configs name; None: not
+    to be kept."""
     if re.search(r"^canonicalizehostname (?!false$)", out, re.M | re.I):
         return None
     home = _home()
     read = [os.path.abspath(p.strip()) for p in _READ.findall(verbose)]
     watch = set(read)
+    names: set[str] = set()
     if config is None:
         watch.add(os.path.join(home, ".ssh", "config"))  # created later: another answer
         if not any(p != os.path.join(home, ".ssh", "config") for p in read):
@@ -135,7 +155,8 @@ def _watched(config: str | None, out: str, verbose: str) -> set[str] | None:
         if dirs is None:
             return None
         watch |= dirs
-    return watch
+        names |= set(_ENV_REF.findall(text))
+    return watch, names
 
 
 def _include_dirs(text: str, home: str, here: str) -> set[str] | None:
