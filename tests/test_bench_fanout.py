@@ -58,13 +58,15 @@ def test_bench_fanout_runs_and_prints_the_table() -> None:
     cpu = [(float(r[7]), float(r[8])) for k, r in main.items() if "--watch" not in k]
     assert all(c > 0 and h > 0 for c, h in cpu[:8]) or all(c != c for c, _ in cpu), p.stdout
     # where the time goes: the parts add up to the wall time, and a status asks each host once
-    parts = {r[1]: [float(x) for x in r[2:]] for r in rows if len(r) == 11}
+    parts = {r[1]: [float(x) for x in r[2:]] for r in rows if len(r) == 12}
     assert set(parts) == {"`ablate status --json` re-run (connections reused)",
                           "`ablate status` re-run (connections reused)",
                           "`ablate status`, new connections (host agents running)",
                           "`ablate launch --all`, fresh sweep, first contact",
                           "`ablate status`, first contact (no connection, no agent)"}, p.stdout
-    for label, (wall, start, config, to_trips, trips, span, probe, after, end) in parts.items():
+    for label, (wall, served, start, config, to_trips, trips, span, probe, after, end) in parts.items():
+        # the warm-up started the command server: every kept run was handed to it (ablate/cmdserver)
+        assert served == 1, (label, p.stdout)
         assert min(start, config, to_trips, span, probe, after, end) >= 0 and trips >= 2, (label, p.stdout)
         assert abs(start + config + to_trips + span + after + end - wall) < 0.02, (label, p.stdout)
         assert 0 < probe <= span, (label, p.stdout)
