@@ -78,8 +78,9 @@ def fingerprint(package_dir: str, path: list[str]) -> str:
 
 def _process_world() -> list[str]:
     """What a forked child takes from the server, not from the client, and must be the client's:
-    the user's groups, the locale, the namespaces (network, mounts: `ip netns exec`, a container), the cgroup
-    (CPU and memory accounting), the open-files limit. A server serves only a world like its own."""
+    the user's groups, the locale, the namespaces (network, mounts: `ip netns exec`, a container),
+    the cgroup (CPU and memory accounting), the open-files limit. A server serves only a world like
+    its own."""
     out = [f"{os.getuid()} {os.getgid()} {sorted(os.getgroups())}"]
     # the locale the interpreter set itself up with (LC_CTYPE: `open`'s default encoding)
     out += [os.environ.get(name, "-") for name in ("LC_ALL", "LC_CTYPE", "LANG", "PYTHONIOENCODING")]
