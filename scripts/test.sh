@@ -53,20 +53,36 @@ apt_tools() {
 # when this checkout is already installed with everything the tests import (found, not imported:
 # importing torch, transformers, lightning and peft would cost this check ten seconds).
 python_packages() {
-  # -I: the installed packages only (not this directory, which holds an `ablate` of its own)
-  if ! python3 -I - 2>/dev/null <<'PY'
-import importlib.metadata as md, importlib.util as u, pathlib, sys
+  # -I: the installed packages only (not this directory, which holds an `ablate` of its own). Exit 1:
+  # a package is missing (or torch is not 2.13.0, or a pin of setup.cfg's differs): everything is
+  # installed. Exit 3: only `ablate` is another clone's (a fresh clone on a machine that has the
+  # rest): this one is installed alone, ~1.6 s against ~8 s for pip's resolution of all of them.
+  local rc=0
+  python3 -I - 2>/dev/null <<'PY' || rc=$?
+import configparser, importlib.metadata as md, importlib.util as u, pathlib, re, sys
 need = ("ablate", "torch", "pytest", "xdist", "ruff", "mypy", "moto", "transformers", "lightning", "accelerate",
         "peft")
-if any(u.find_spec(m) is None for m in need):
+if any(u.find_spec(m) is None for m in need) or md.version("torch").split("+")[0] != "2.13.0":
     sys.exit(1)
+cfg = configparser.ConfigParser()
+cfg.read("setup.cfg")
+for req in (cfg["options"]["install_requires"] + "\n" + cfg["options.extras_require"]["test"]).split("\n"):
+    m = re.match(r"([A-Za-z0-9_.-]+)(?:\[[^]]*\])?\s*(?:==\s*([^\s;,]+))?", req.strip())
+    if m is None:
+        continue
+    have = md.version(m.group(1))  # a missing one raises: exit 1
+    if m.group(2) and have != m.group(2):
+        sys.exit(1)  # a pin of setup.cfg's that differs
 here = pathlib.Path.cwd().resolve()
 ablate = pathlib.Path(u.find_spec("ablate").origin).resolve()
-sys.exit(md.version("torch").split("+")[0] != "2.13.0" or ablate.parents[1] != here)
+if ablate.parents[1] != here:
+    sys.exit(3 if u.find_spec("setuptools") is not None else 1)
 PY
-  then
-    python3 -m pip install -q torch==2.13.0 -e '.[test]'
-  fi
+  case $rc in
+    0) ;;
+    3) python3 -m pip install -q --no-deps --no-build-isolation -e . ;;
+    *) python3 -m pip install -q torch==2.13.0 -e '.[test]' ;;
+  esac
 }
 
 lint() {
