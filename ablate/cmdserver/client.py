@@ -155,16 +155,10 @@ def greeted(path: str, key: str) -> _socket.socket | None:
         conn.settimeout(HELLO_WITHIN)
         conn.connect(path)
         want = PROTOCOL + b" " + key.encode() + b"\n"
-        got = b""
-        while len(got) < len(want):
-            chunk = conn.recv(len(want) - len(got))
-            if not chunk:
-                break
-            got += chunk
-        if got == want:
+        if _exact(conn, len(want)) == want:
             conn.settimeout(None)
             return conn
-    except OSError:
+    except (OSError, EOFError):
         pass
     conn.close()
     return None
@@ -194,7 +188,8 @@ def _session(conn: _socket.socket, cwd: str) -> int | None:
     (a closed standard descriptor: EBADF): it runs here then."""
     umask = os.umask(0)
     os.umask(umask)
-    data = request(cwd, umask, sys.argv, dict(os.environ), _stdio(), ignored())
+    skip = ignored()
+    data = request(cwd, umask, sys.argv, dict(os.environ), _stdio(), skip)
     try:
         sent = conn.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, pack("3i", 0, 1, 2))])
     except OSError:  # a closed standard descriptor (EBADF), a server gone before it read: not sent
@@ -204,7 +199,7 @@ def _session(conn: _socket.socket, cwd: str) -> int | None:
     try:
         if sent < len(data):
             conn.sendall(data[sent:])
-        child.forward_signals()
+        child.forward_signals(skip)
         while True:
             kind = _exact(conn, 1)
             value = unpack(">i", _exact(conn, 4))[0]
@@ -223,12 +218,8 @@ def _session(conn: _socket.socket, cwd: str) -> int | None:
 def ignored() -> list[int]:
     """The signals this process ignores (`nohup`: SIGHUP; a shell's background job: SIGINT): the
     command ignores them too, and they are not forwarded."""
-    out = []
-    for name in (*FORWARDED, "SIGTSTP", "SIGPIPE"):
-        sig = getattr(_signal, name, None)
-        if sig is not None and _signal.getsignal(sig) == _signal.SIG_IGN and name != "SIGPIPE":
-            out.append(int(sig))
-    return out
+    sigs = (getattr(_signal, name, None) for name in (*FORWARDED, "SIGTSTP"))
+    return [int(sig) for sig in sigs if sig is not None and _signal.getsignal(sig) == _signal.SIG_IGN]
 
 
 class _Child:
@@ -260,8 +251,8 @@ class _Child:
         self._send(_signal.SIGTSTP)  # the command stops, then this process, as a terminal stops both
         os.kill(os.getpid(), _signal.SIGSTOP)
 
-    def forward_signals(self) -> None:
-        skip = ignored()
+    def forward_signals(self, skip: list[int]) -> None:
+        """The signals not in `skip` (those this process ignores) go to the command from now on."""
         for name in FORWARDED:
             sig = getattr(_signal, name, None)
             if sig is not None and sig not in skip:

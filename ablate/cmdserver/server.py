@@ -18,6 +18,7 @@ import sys
 import time
 
 from ablate.cmdserver.client import PROTOCOL, fingerprint
+from ablate.remote.host.agent import read_exact
 
 IDLE = 600.0  # seconds without a command before the server exits
 MAX_HEADER = 16 << 20
@@ -94,8 +95,8 @@ class Server:
                     self._client_event(sk.data)
             self._reap()
             if not self.children and (time.monotonic() - last > self.idle or not self._still_ours()):
-                with contextlib.suppress(OSError):
-                    if os.stat(self.path).st_ino == self.inode:
+                if self._still_ours():
+                    with contextlib.suppress(OSError):
                         os.unlink(self.path)
                 return
 
@@ -212,20 +213,14 @@ def _request(conn: socket.socket) -> tuple[Request, list[int]]:
             os.close(fd)
         raise ValueError("no standard descriptors")
     try:
-        while len(data) < 4:
-            more = conn.recv(4 - len(data))
-            if not more:
-                raise EOFError
-            data += more
+        if len(data) < 4:
+            data += read_exact(conn, 4 - len(data))
         size = struct.unpack(">I", data[:4])[0]
         if size > MAX_HEADER:
             raise ValueError("request too large")
         body = data[4:]
-        while len(body) < size:
-            more = conn.recv(min(1 << 16, size - len(body)))
-            if not more:
-                raise EOFError
-            body += more
+        if len(body) < size:
+            body += read_exact(conn, size - len(body))
         return Request(body[:size]), fds
     except BaseException:
         for fd in fds:
