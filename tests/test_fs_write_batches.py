@@ -160,6 +160,25 @@ def test_one_failing_group_never_stops_the_others(fs_under_test: FS) -> None:
     assert sorted(p.name for p in backing.glob("*.txt")) == ["a.txt", "b.txt", "d.txt", "e.txt"]
 
 
+def test_ops_that_must_go_first_fail_the_whole_batch_and_else_ride_along(fs_under_test: FS) -> None:
+    """`apply_groups(first=...)`: the launch's DEPLOYED.json goes first in its records' round trip;
+    when it cannot be written no group runs, else the groups go on as without it."""
+    fs, root, backing, _ = fs_under_test
+    (backing / "blocker").write_text("x\n")
+    groups = [[WriteAtomic(f"{root}/a.txt", b"a")], [WriteAtomic(f"{root}/blocker/b.txt", b"b")],
+              [AppendLine(f"{root}/c.ledger", "c")]]
+    with pytest.raises(OpFailed) as e:
+        apply_groups(fs, groups, first=[WriteAtomic(f"{root}/blocker/DEPLOYED.json", b"{}")])
+    assert e.value.index == 0 and e.value.path == f"{root}/blocker/DEPLOYED.json"
+    assert not (backing / "a.txt").exists() and not (backing / "c.ledger").exists()  # no group ran
+
+    got = apply_groups(fs, groups, first=[WriteAtomic(f"{root}/DEPLOYED.json", b"{}")])
+    assert got[0] == [None] and isinstance(got[1], OpFailed) and got[2] == [None]
+    assert (backing / "DEPLOYED.json").read_bytes() == b"{}" and (backing / "c.ledger").read_text() == "c\n"
+    assert apply_groups(fs, [], first=[Remove(f"{root}/DEPLOYED.json")]) == []  # no group: `first` alone
+    assert not (backing / "DEPLOYED.json").exists()
+
+
 def test_over_ssh_a_batch_is_one_command_and_shipping_the_probe_one_more(testbed: Any) -> None:
     host = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
     name = f"apply-{uuid.uuid4().hex[:8]}"

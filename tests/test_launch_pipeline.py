@@ -237,11 +237,12 @@ def test_one_snapshot_and_one_command_per_host_before_and_one_after_per_command(
         lp.queue(q, [f"# ablate: host={h}", lp.cfg(f"cfgs/{q}/{q}.yaml") + " recon 1"])
     project = load_project(lp.root)
     # Four queues on two hosts: one snapshot; one command per host before (tmux, budget, drift)
-    # and one after (both its queues started); three batches of FS ops: deploy's files with the
-    # read of its record (then the record, first time only), the queue copies with the stop
-    # requests, the ledger entries with the estimates.
+    # and one after (both its queues started); two batches of FS ops: deploy's files with the
+    # reads of its record and of the four stop requests (`read_bytes` within the batch), then its
+    # record (first time only), the queue copies, the stop requests removed, the ledger entries and
+    # the estimates.
     first = Counter({"probe snapshot": 1, "ask h1": 1, "ask h2": 1, "start h1": 1, "start h2": 1,
-                     "apply": 3, "read_bytes": 1})
+                     "apply": 2, "read_bytes": 5})
 
     assert [r.status for r in launch_all(project)] == ["launched"] * 4
     assert counted == first

@@ -16,13 +16,14 @@ one `launched`, `running` or `failed`, a failure never hiding the others. In ord
    prefix (`ledger.check_prefix`, naming the line from the FS copy); the start index (the given
    one, else on a relaunch the first cell line without a durable result, else 0).
 4. `_refusals`: the disk/inode budget and the code drift, once per host, from what step 2 measured.
-5. Only when something will start, `_start_all`: the placement (`placement.place`, idempotent, ~2
-   round trips); every queue's FS copy and stop request removed in one `apply`, their ledger
-   entries (each saying whether it cleared a stop request), the estimates and each host's autostop
-   settings (ablate/run/autostop_launch.py) in a second; then the tmux sessions, one command per
-   host, hosts in parallel (`_argv` builds the `run_queue` command line); on a storage host that
-   command is its boot program (ablate/run/store_launch.py: its files fetched from the store to the
-   instance's own copy, the sessions started, credentials handed over).
+5. Only when something will start, `_start_all`, in two round trips to the FS: the placement
+   (`placement.place_and_read`, idempotent) with the read of each queue's stop request; then
+   DEPLOYED.json when it changes, every queue's FS copy, its stop request removed and its ledger
+   entry (saying whether it cleared one), the estimates and each host's autostop settings
+   (ablate/run/autostop_launch.py); then the tmux sessions, one command per host, hosts in
+   parallel (`_argv` builds the `run_queue` command line); on a storage host that command is its
+   boot program (ablate/run/store_launch.py: its files fetched from the store to the instance's
+   own copy, the sessions started, credentials handed over).
 
 Nothing changes on the FS before step 5: a refusal leaves the project and the FS as they were.
 """
@@ -42,7 +43,7 @@ from ablate.remote.layout import SweepLayout, session_name
 from ablate.run.autostop_launch import autostop_note, settings_ops
 from ablate.run.context import LaunchContext, LocalQueues, launch_context
 from ablate.run.host_measure import Section, measure
-from ablate.run.placement import DeployResult, place
+from ablate.run.placement import DeployResult, Placed, place_and_read
 from ablate.run.refusals import controller_commit, count_cells, launch_refusal, launch_sections
 from ablate.run.store_launch import BootPlan, boot, boot_plan, configs_to_store, creds_note
 from ablate.sweep.cells import QueueFile
@@ -351,8 +352,13 @@ def _start_all(ctx: LaunchContext, snap: Snapshot, ready: Mapping[int, _Ready]) 
     """Everything is checked: from here on, things change. The FS first (every queue's copy and
     ledger entry before any queue starts), then the tmux sessions."""
     project, log = ctx.project, ctx.log
-    dep = place(project, ctx.fs, log)
-    out: dict[int, Outcome] = dict(_record(ctx, snap, dep, ready))
+    order = sorted(ready)
+    layout = SweepLayout(ctx.fs.root)  # the placement and whether each queue has a stop request: one trip
+    placed = place_and_read(project, ctx.fs, log, [layout.stop_request(ready[i].host, ready[i].qf.name)
+                                                   for i in order])
+    dep = placed.result
+    stops = {i: got is not None for i, got in zip(order, placed.read, strict=True)}
+    out: dict[int, Outcome] = dict(_record(ctx, snap, placed, stops, ready))
     written = {i: r for i, r in ready.items() if i not in out}
     if not written:
         return out
@@ -375,49 +381,42 @@ def _start_all(ctx: LaunchContext, snap: Snapshot, ready: Mapping[int, _Ready]) 
     return out
 
 
-def _record(ctx: LaunchContext, snap: Snapshot, dep: DeployResult,
+def _record(ctx: LaunchContext, snap: Snapshot, placed: Placed, stops: Mapping[int, bool],
             ready: Mapping[int, _Ready]) -> dict[int, Exception]:
-    """Every queue's FS copy and its stop request removed in one round trip, then the ledger
-    entries (each saying whether it cleared a stop request) and the estimates in a second. Queues
-    write disjoint files: one queue's failed write is its outcome (returned) and never stops the
-    others' (`apply_groups`)."""
-    project, fs, log = ctx.project, ctx.fs, ctx.log
+    """In one round trip: DEPLOYED.json when it changes (its failure fails the launch: nothing
+    runs wrappers it does not name), then per queue its FS copy, its stop request removed and its
+    ledger entry (saying whether it cleared one: `stops`, read under the lock with the placement),
+    the estimates and each host's autostop settings. Queues write disjoint files: one queue's failed
+    write is its outcome (returned) and never stops the others' (`apply_groups`)."""
+    project, fs, log, dep = ctx.project, ctx.fs, ctx.log, placed.result
     layout = SweepLayout(fs.root)
     order = sorted(ready)
-    firsts = apply_groups(fs, [[WriteAtomic(layout.queue_file(r.qf.name), r.qf.normalized_text().encode()),
-                                Remove(layout.stop_request(r.host, r.qf.name))]
-                               for r in (ready[i] for i in order)])
-    failed: dict[int, Exception] = {}
-    entries: dict[int, list[FSOp]] = {}
-    for i, wrote in zip(order, firsts, strict=True):
-        r = ready[i]
-        if isinstance(wrote, Exception):
-            failed[i] = wrote
-            continue
-        line = entry_line(new_entry(r.qf, r.host, r.slot, r.start_index, dep.specs[r.host], dep.run_queue,
-                                    "launch", cleared_stop=bool(wrote[1])))
-        entries[i] = [AppendLine(layout.ledger(r.qf.name), line)]
-    if not entries:
-        return failed
     try:  # in a store: for instances whose clone of the repo lacks one
-        configs_to_store(project, fs, (ln.cell.cfg for i in entries for ln in ready[i].qf.cells
+        configs_to_store(project, fs, (ln.cell.cfg for i in order for ln in ready[i].qf.cells
                                        if ln.cell is not None))
     except AblateError as e:
-        failed.update((i, e) for i in entries)
-        return failed
+        return {i: e for i in order}
+    entries: list[list[FSOp]] = []
+    for i in order:
+        r = ready[i]
+        line = entry_line(new_entry(r.qf, r.host, r.slot, r.start_index, dep.specs[r.host], dep.run_queue,
+                                    "launch", cleared_stop=stops[i]))
+        entries.append([WriteAtomic(layout.queue_file(r.qf.name), r.qf.normalized_text().encode()),
+                        Remove(layout.stop_request(r.host, r.qf.name)),
+                        AppendLine(layout.ledger(r.qf.name), line)])
     try:  # what drained runners steal by, before these run (a failure is a note, never fatal)
         estimates: list[FSOp] = [estimates_op(project, fs.root, snap, queues=ctx.local.queues)[0]]
     except (AblateError, OSError) as e:
         estimates = []
         if log is not None:
             log(estimates_note(e))
-    autostop = settings_ops(project, fs.root, (ready[i].host for i in entries))  # its runner reads them
-    *seconds, put = apply_groups(fs, [*entries.values(), estimates, autostop])
-    failed.update((i, e) for i, e in zip(entries, seconds, strict=False) if isinstance(e, Exception))
-    for err, note in ((seconds[-1] if estimates else None, estimates_note), (put, autostop_note)):
+    autostop = settings_ops(project, fs.root, (ready[i].host for i in order))  # its runner reads them
+    first = [placed.deployed] if placed.deployed is not None else []
+    *got, est, put = apply_groups(fs, [*entries, estimates, autostop], first=first)
+    for err, note in ((est if estimates else None, estimates_note), (put, autostop_note)):
         if isinstance(err, Exception) and log is not None:
             log(note(err))
-    return failed
+    return {i: g for i, g in zip(order, got, strict=True) if isinstance(g, Exception)}
 
 
 class _AlreadyRunning(Exception):

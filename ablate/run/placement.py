@@ -20,7 +20,7 @@ import posixpath
 import re
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ from ablate.remote.queue.defaults import CLAIM_WAIT
 from ablate.remote.slurm.stop_plan import FALLBACK_WAIT
 from ablate.remote.store.client import FS_WAIT
 from ablate.transport import SharedFS
-from ablate.transport.base import CreateImmutable, Read
+from ablate.transport.base import CreateImmutable, OpResult, Read, WriteAtomic
 from ablate.util.fmt import Log
 from ablate.util.fs import read_json_object
 from ablate.util.progress import transfer_progress
@@ -232,6 +232,24 @@ class DeployResult:
 def place(project: Project, fs: SharedFS, log: Log | None = None) -> DeployResult:
     """Every file in place (those already there untouched) and DEPLOYED.json naming them, through
     `fs`; the caller holds the controller lock."""
+    placed = place_and_read(project, fs, log)
+    if placed.deployed is not None:
+        fs.write_atomic(placed.deployed.path, placed.deployed.data)
+    return placed.result
+
+
+@dataclass(frozen=True)
+class Placed:
+    result: DeployResult
+    deployed: WriteAtomic | None  # DEPLOYED.json's write, when it changes (the caller's to do)
+    read: list[OpResult]  # what `place_and_read` read beside
+
+
+def place_and_read(project: Project, fs: SharedFS, log: Log | None = None,
+                   reads: Sequence[str] = ()) -> Placed:
+    """`place`'s files and the read of DEPLOYED.json in one round trip, with the files `reads`
+    (their bytes, or None); DEPLOYED.json's write, when it changes, is left to the caller (a
+    launch puts it first in the round trip of its records: ablate/run/pipeline.py)."""
     layout = SweepLayout(fs.root)
     wrappers = packaged_wrappers()
     names = {kind: f"{kind}.{sha12(data)}.sh" for kind, data in wrappers.items()}
@@ -248,10 +266,11 @@ def place(project: Project, fs: SharedFS, log: Log | None = None) -> DeployResul
         data = render_spec(project, host, run_one, posixpath.join(project.layout(host).wrappers, runner_name))
         specs[name] = f"{sha12(data)}.env"
         files.append((posixpath.join(layout.specs, specs[name]), data))
-    # Every file and the read of DEPLOYED.json in one round trip; its write, only when it changes,
-    # in a second. The bar still names each file (plain: a line per file).
+    # Every file, the read of DEPLOYED.json and the caller's reads in one round trip. The bar still
+    # names each file (plain: a line per file).
     with transfer_progress(log, sum(len(d) for _, d in files), len(files), label="deploy") as bar:
-        got = fs.apply([*(CreateImmutable(path, data) for path, data in files), Read(layout.deployed)])
+        got = fs.apply([*(CreateImmutable(path, data) for path, data in files), Read(layout.deployed),
+                        *(Read(path) for path in reads)])
         for i, ((path, data), new) in enumerate(zip(files, got, strict=False), 1):
             rel = posixpath.relpath(path, layout.root)
             if new:
@@ -262,11 +281,13 @@ def place(project: Project, fs: SharedFS, log: Log | None = None) -> DeployResul
 
     record = {"version": version, "run_queue": names["run_queue"], "run_one": names["run_one"],
               "runner": runner_name, "specs": specs}
-    deployed = got[-1]
+    deployed = got[len(files)]
+    write = None
     if _current(deployed if isinstance(deployed, bytes) else None) != record:
-        fs.write_atomic(layout.deployed, (json.dumps({**record, "t": time.time()}) + "\n").encode())
-    return DeployResult(version, layout.root, names["run_queue"], names["run_one"], specs, tuple(created),
-                        runner_name)
+        write = WriteAtomic(layout.deployed, (json.dumps({**record, "t": time.time()}) + "\n").encode())
+    result = DeployResult(version, layout.root, names["run_queue"], names["run_one"], specs, tuple(created),
+                          runner_name)
+    return Placed(result, write, got[len(files) + 1:])
 
 
 def _current(raw: bytes | None) -> dict[str, Any] | None:

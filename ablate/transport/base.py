@@ -221,23 +221,32 @@ def apply_each(fs: SharedFS, ops: Sequence[FSOp]) -> list[OpResult]:
     return done
 
 
-def apply_groups(fs: SharedFS, groups: Sequence[Sequence[FSOp]]) -> list[list[OpResult] | Exception]:
+def apply_groups(fs: SharedFS, groups: Sequence[Sequence[FSOp]],
+                 first: Sequence[FSOp] = ()) -> list[list[OpResult] | Exception]:
     """Groups of ops on disjoint files (one per queue, say), all in one `apply`: per group its
     results, or why it failed. A failing group never stops the others: the groups after it go in
     the next round trip (one more per failure). Of a failed group, the ops before the failing one
     took effect; when the batch failed as a whole (the host, the probe), every group left gets that
-    error, and any op of it may or may not have run."""
+    error, and any op of it may or may not have run. `first`: ops that go before every group, in
+    the same round trip, and that all must hold: the one that fails (or the batch, failing as a
+    whole in that round trip) is raised, and no group ran after it."""
     out: list[list[OpResult] | Exception] = []
+    lead = list(first)
     while len(out) < len(groups):
         rest = groups[len(out):]
         failed: Exception | None = None
         try:
-            got = fs.apply([op for g in rest for op in g])
+            got = fs.apply([*lead, *(op for g in rest for op in g)])
         except OpFailed as e:
+            if e.index < len(lead):
+                raise
             got, failed = cast(list[OpResult], e.done), e
         except Exception as e:  # one failure is reported per group, never raised past the others
+            if lead:
+                raise
             out += [e] * len(rest)
             break
+        got, lead = got[len(lead):], []
         at = 0
         for g in rest:
             if at + len(g) > len(got):
@@ -246,4 +255,6 @@ def apply_groups(fs: SharedFS, groups: Sequence[Sequence[FSOp]]) -> list[list[Op
             at += len(g)
         if failed is not None:
             out.append(failed)
+    if lead:  # no group at all
+        fs.apply(lead)
     return out
