@@ -82,19 +82,34 @@ def _atomic_key_requests_once() -> None:
     S3Response._key_response = one_at_a_time  # type: ignore[method-assign]
 
 
+def _quick_stop() -> type:
+    """moto's ThreadedMotoServer serving with a short poll_interval: `stop()` returns at once, not after
+    up to half a second (its serve_forever looks for `shutdown()` every poll_interval, 0.5 s by default)."""
+    from moto.server import DomainDispatcherApplication, ThreadedMotoServer, create_backend_app
+    from werkzeug.serving import make_server
+
+    class QuickStop(ThreadedMotoServer):
+        def _server_entry(self) -> None:  # moto's own, but for serve_forever's poll_interval
+            app = DomainDispatcherApplication(create_backend_app)
+            self._server = make_server(self._ip_address, self._port, app, True)
+            self._server_ready_event.set()
+            self._server.serve_forever(poll_interval=0.02)
+
+    return QuickStop
+
+
 @contextmanager
 def moto_s3(ip: str = "127.0.0.1", port: int = 0) -> Iterator[S3]:
     """A moto server on ip:port (0: any free port) with one fresh bucket; stopped on exit."""
     import logging
 
     import boto3
-    from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request on stderr
     _list_moto_modules_once()
     _atomic_key_requests_once()
     os.environ.update(CREDS)
-    srv = ThreadedMotoServer(ip_address=ip, port=port, verbose=False)
+    srv = _quick_stop()(ip_address=ip, port=port, verbose=False)
     srv.start()
     try:
         host, real_port = srv.get_host_and_port()
@@ -146,7 +161,9 @@ class FaultProxy:
         srv.daemon_threads = True
         self.port = srv.server_address[1]
         self._srv = srv
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        # serve_forever looks for `shutdown()` every poll_interval (0.5 s by default): each `down()`
+        # and `close()` waited that long for it
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
 
     def down(self) -> None:
         if self._srv is not None:
