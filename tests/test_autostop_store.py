@@ -30,7 +30,7 @@ from ablate.transport.storefs import StoreFS
 from tests.helpers import proc
 from tests.helpers.project import LocalProject
 from tests.helpers.results import make_result
-from tests.helpers.s3 import CREDS, S3, FaultProxy
+from tests.helpers.s3 import CREDS, S3, FaultProxy, quick_backoff
 from tests.helpers.wait import wait_for
 
 
@@ -212,6 +212,7 @@ def test_a_store_it_cannot_reach_is_unsure_and_what_it_recorded_meanwhile_is_sen
     st = sweep(s3, tmp_path, idle=1200)
     proxy = FaultProxy(s3.endpoint)
     monkeypatch.setenv("ABLATE_FS_WAIT", "1")
+    quick_backoff(monkeypatch)  # botocore's attempts at the refused store, each after a shorter wait
     try:
         root = tmp_path / "instance"
         ran: list[str] = []
@@ -242,6 +243,7 @@ def test_no_stop_the_store_did_not_hear_of(s3: S3, tmp_path: Path, monkeypatch: 
     st = sweep(s3, tmp_path, idle=1200)
     proxy = FaultProxy(s3.endpoint)
     monkeypatch.setenv("ABLATE_FS_WAIT", "1")
+    quick_backoff(monkeypatch)  # botocore's attempts at the refused store, each after a shorter wait
 
     def store_gone(root: str, host: str) -> float:  # and its idle time long past
         proxy.down()

@@ -16,7 +16,7 @@ import pytest
 
 from ablate.remote.store.client import Store, StoreDown, StoreError, parse_url
 from ablate.remote.store.local_copy import WALK, Mirror
-from tests.helpers.s3 import CREDS, S3, FaultProxy
+from tests.helpers.s3 import CREDS, S3, FaultProxy, quick_backoff
 
 
 def store(s3: S3) -> Store:
@@ -75,6 +75,7 @@ def test_racing_creates_one_winner_and_appends_all_kept(s3: S3) -> None:
 
 
 def test_unreachable_store_waits_then_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    quick_backoff(monkeypatch)
     for k, v in CREDS.items():  # credentials, so what is tested is the unreachable endpoint
         monkeypatch.setenv(k, v)
     st = Store("s3://sweep-bucket/x", "http://127.0.0.1:9", wait=1, attempts=1)
@@ -141,14 +142,15 @@ def test_mirror_follows_the_store(s3: S3, tmp_path: Path) -> None:
     assert os.path.isdir(f"{root}/final_ckpts/.aside.c.123")
 
 
-def test_a_throttling_store_is_retried_with_backoff(s3: S3) -> None:
+def test_a_throttling_store_is_retried_with_backoff(s3: S3, monkeypatch: pytest.MonkeyPatch) -> None:
     """503 SlowDown on the next requests: each operation still does what it says, once."""
+    quick_backoff(monkeypatch)
     proxy = FaultProxy(s3.endpoint)
     try:
         st = Store(s3.url(f"t/{uuid.uuid4().hex[:8]}"), proxy.endpoint, wait=60)
         # Two throttled answers before the first conditional write: two retries, each after
-        # botocore's backoff (a random part of 1 s, then of 2 s), below its attempts (5); one before
-        # the second and one before the append.
+        # botocore's backoff (a random part of 1 s, then of 2 s; here of 1/20 of them), below its
+        # attempts (5); one before the second and one before the append.
         proxy.slowdown = 2
         assert st.create("claims/x/owner", b"me\n") is not None
         assert proxy.seen == 3  # two throttled, then the create
@@ -163,13 +165,15 @@ def test_a_throttling_store_is_retried_with_backoff(s3: S3) -> None:
         proxy.close()
 
 
-def test_an_upload_throttled_past_botocores_attempts_is_waited_out(s3: S3, tmp_path: Path) -> None:
+def test_an_upload_throttled_past_botocores_attempts_is_waited_out(
+        s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """boto3's `upload_file` wraps a throttle that outlasted botocore's attempts in its own
     `S3UploadFailedError`: the store waits it out as any other (a checkpoint's commit exited 1 on
     it in CI), and a refusal under the same wrapper is still a refusal, named."""
+    quick_backoff(monkeypatch)
     proxy = FaultProxy(s3.endpoint)
     try:
-        st = Store(s3.url(f"t/{uuid.uuid4().hex[:8]}"), proxy.endpoint, wait=60, attempts=2)
+        st = Store(s3.url(f"t/{uuid.uuid4().hex[:8]}"), proxy.endpoint, wait=60, attempts=2, pause=0.1)
         src = tmp_path / "model.safetensors"
         src.write_bytes(b"w" * 1000)
         proxy.slowdown = 3  # two attempts throttled, a wait, one more throttled, then the upload
@@ -184,19 +188,21 @@ def test_an_upload_throttled_past_botocores_attempts_is_waited_out(s3: S3, tmp_p
         proxy.close()
 
 
-def test_an_outage_is_waited_out(s3: S3) -> None:
-    """The store unreachable for a few seconds: the operation waits for it and then succeeds."""
+def test_an_outage_is_waited_out(s3: S3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store unreachable for a while: the operation waits for it and then succeeds."""
+    quick_backoff(monkeypatch)
     proxy = FaultProxy(s3.endpoint)
     try:
-        st = Store(s3.url(f"t/{uuid.uuid4().hex[:8]}"), proxy.endpoint, wait=60, attempts=2)
+        st = Store(s3.url(f"t/{uuid.uuid4().hex[:8]}"), proxy.endpoint, wait=60, attempts=2, pause=0.1)
         st.put("a", b"1")
         proxy.down()
-        # down for 1.5 s: past botocore's own attempts and the first of the store's waits (1 s, then 2 s)
-        timer = threading.Timer(1.5, proxy.up)
+        # down for 0.5 s: past botocore's own attempts and the first two of the store's waits (0.1 s,
+        # then 0.2 s, 0.4 s)
+        timer = threading.Timer(0.5, proxy.up)
         timer.start()
         t0 = time.monotonic()
         assert st.create("claims/y/owner", b"me\n") is not None
-        assert time.monotonic() - t0 >= 1.4
+        assert time.monotonic() - t0 >= 0.45
         timer.join()
     finally:
         proxy.close()

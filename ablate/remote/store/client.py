@@ -136,10 +136,11 @@ def _unwrapped(e: BaseException) -> BaseException:
 class Store:
     """One bucket and prefix. `endpoint`: a non-AWS endpoint's URL (R2, B2, MinIO, GCS's XML API),
     reached path-style. `wait`: seconds an unreachable store is waited out (default ABLATE_FS_WAIT,
-    else FS_WAIT). `attempts`: botocore's attempts per request before that wait takes over."""
+    else FS_WAIT). `attempts`: botocore's attempts per request before that wait takes over. `pause`:
+    the first of that wait's pauses between tries (each next one twice as long, at most 15 s)."""
 
     def __init__(self, url: str, endpoint: str | None = None, *, wait: float | None = None,
-                 attempts: int = 5, timeout: float = 30.0) -> None:
+                 attempts: int = 5, timeout: float = 30.0, pause: float = 1.0) -> None:
         import boto3  # what the store needs, imported only where a store is used
         from botocore.config import Config
 
@@ -151,7 +152,7 @@ class Store:
                 wait = float(os.environ.get("ABLATE_FS_WAIT", FS_WAIT))
             except ValueError:
                 wait = FS_WAIT
-        self.wait = wait
+        self.wait, self.pause = wait, pause
         self.requests: dict[str, int] = {}  # per operation, for the benchmarks and `--verbose`
         self.last_date: float | None = None  # the store's `Date` at the last listing (its clock)
         # A non-AWS endpoint: path-style addresses. Checksums as botocore's own settings say (its
@@ -186,7 +187,7 @@ class Store:
         StoreDown past the wait; StoreError for a refusal that waiting cannot mend. ClientErrors of
         the conditions (412, 409, 404) pass through to the caller."""
         deadline = time.monotonic() + self.wait
-        pause = 1.0
+        pause = self.pause
         while True:
             self.requests[op] = self.requests.get(op, 0) + 1
             try:
