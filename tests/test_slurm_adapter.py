@@ -237,7 +237,9 @@ def test_past_the_submit_limit_queues_wait_and_are_each_taken_once(fake: Fake) -
     assert not Path(hook).exists()  # nothing waits: a job's end runs nothing at all
 
 
-def test_transient_errors_are_retried_and_a_refusal_is_kept_in_slurms_words(fake: Fake) -> None:
+def test_transient_errors_are_retried_and_a_refusal_is_kept_in_slurms_words(
+        fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ABLATE_SLURM_RETRY_PAUSE", "0.1")  # sbatch tried again after 0.2 s, not 2 s
     st = fake.state()
     st["sbatch"] = [{"err": "sbatch: error: Socket timed out on send/recv operation"}, None,
                     {"err": "sbatch: error: invalid partition specified: nosuch"},
@@ -293,7 +295,9 @@ def test_status_watch_asks_slurm_politely_and_plain_status_does_not_wait(
     assert seen == ["30"] and age() == "0"
 
 
-def test_a_squeue_that_fails_is_retried_then_reported_in_its_words(fake: Fake) -> None:
+def test_a_squeue_that_fails_is_retried_then_reported_in_its_words(
+        fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ABLATE_SLURM_RETRY_PAUSE", "0.1")  # its tries 0.1 s and 0.2 s apart, not 1 s and 2 s
     fake.start("q1")
     st = fake.state()
     st["squeue_err"] = ("squeue: error: slurm_load_jobs error: Unable to contact slurm controller "
@@ -302,4 +306,4 @@ def test_a_squeue_that_fails_is_retried_then_reported_in_its_words(fake: Fake) -
     fake.calls()
     r = fake.host.run([*fake.host.tmux_argv(), "list-sessions"])
     assert r.rc != 0 and "Unable to contact slurm controller" in r.stderr, r
-    assert _names(fake.calls()) == ["squeue"] * 3  # a transient error: tried again after 1 and 2 s
+    assert _names(fake.calls()) == ["squeue"] * 3  # a transient error: tried again after 1 and 2 pauses

@@ -14,6 +14,11 @@ the message on stderr, written here; `return RC` when Slurm failed: the verb dec
 that needs Slurm's word first is `need=WHAT arg=ARG secs=S`: the adapter's `fact` runs that command
 for at most S s and sends `fact RC STDOUT STDERR` back (`need=sleep arg=S` between tries). The view
 lives as long as the verb: one squeue's jobs, the submit limit once known, what was taken.
+
+A Slurm command that failed for a reason that passes (slurmctld busy or out of reach) is tried again
+after a pause: squeue and the others after 1 s, then 2 s; sbatch after 2 s, then 4 s. Those seconds
+are multiples of `ABLATE_SLURM_RETRY_PAUSE` (in the login node's environment; default 1, a cluster
+whose controller takes long to come back may want more).
 """
 
 from __future__ import annotations
@@ -70,6 +75,19 @@ if TYPE_CHECKING:  # annotations only: it runs on Pythons from 3.8
     Step = Generator[Need, Fact, Reply]
 
 _JOB_NAME = re.compile(r"[A-Za-z0-9_+-]+")
+
+
+def _retry_pause() -> float:
+    """The unit of the pauses before a Slurm command that failed transiently is tried again."""
+    try:
+        v = float(os.environ.get("ABLATE_SLURM_RETRY_PAUSE") or 1.0)
+    except ValueError:
+        return 1.0
+    return v if 0 < v <= 600 else 1.0
+
+
+RETRY_PAUSE = _retry_pause()
+
 # the command each need runs, as a failure names it
 _COMMAND = {"squeue": "squeue", "look": "squeue", "config": "scontrol", "scancel": "scancel",
             "acct": "sacct", "partition": "sinfo", "nodes": "sinfo"}
@@ -131,14 +149,14 @@ class Verb:
     # -------------------------------------------------------------------- asking Slurm
 
     def ask(self, need: Need, tries: int = 1, loud: bool = False) -> Generator[Need, Fact, Fact]:
-        """Slurm's answer to `need`, asked again after 1 s and 2 s (`tries` 3) while it fails for
-        a reason that passes; `loud`: a failure is told on stderr."""
+        """Slurm's answer to `need`, asked again after 1 and 2 RETRY_PAUSEs (`tries` 3) while it
+        fails for a reason that passes; `loud`: a failure is told on stderr."""
         fact = Fact(1, "")
         for attempt in range(1, tries + 1):
             fact = yield need
             if fact.rc == 0 or attempt == tries or not retryable(fact.rc, one_line(fact.err)):
                 break
-            yield Need("sleep", str(attempt))
+            yield Need("sleep", f"{attempt * RETRY_PAUSE:g}")
         if fact.rc != 0 and loud:
             _say(f"{_COMMAND.get(need.what, need.what)}: {one_line(fact.err).strip() or f'exit {fact.rc}'}")
         return fact
@@ -222,7 +240,7 @@ class Verb:
                     return self.submitted(name, got)
             if v.pause is None:
                 break
-            yield Need("sleep", str(v.pause))
+            yield Need("sleep", f"{v.pause * RETRY_PAUSE:g}")
             tries += 1
         if v.kind == "limit":
             self.limit, line = learned(self.live, self.clock())
