@@ -30,7 +30,7 @@ from ablate.transport.base import AppendLine, CreateImmutable, Read, Remove, Wri
 from ablate.transport.storefs import StoreFS
 from tests.helpers.cli import Cli
 from tests.helpers.project import LocalProject
-from tests.helpers.s3 import CREDS, S3
+from tests.helpers.s3 import CREDS, S3, quick_backoff
 
 
 def _fs(s3: S3, tmp_path: Path, url: str | None = None, **kw: Any) -> StoreFS:
@@ -193,6 +193,7 @@ def test_the_lock_is_exclusive_waits_and_is_renewed(s3: S3, tmp_path: Path) -> N
     lay = SweepLayout(a.root)
     rec = (lay.lock_holder, b'{"by": "me@here", "op": "launch"}')
     held = a.lock(lay.lock_file, 0.0, rec)
+    taken = time.monotonic()  # after the lease was written
     assert held is not None
     assert b.read_bytes(lay.lock_holder) == rec[1]
     body = json.loads(b.read_bytes(lay.lock_file) or b"")
@@ -200,7 +201,9 @@ def test_the_lock_is_exclusive_waits_and_is_renewed(s3: S3, tmp_path: Path) -> N
     t0 = time.monotonic()
     assert b.lock(lay.lock_file, 1.0) is None
     assert 0.9 <= time.monotonic() - t0 < 10
-    time.sleep(2.5)  # longer than an unrenewed lease lasts (lease + SLACK): its renewals keep it
+    # Longer than an unrenewed lease lasts, by the store's clock (lease + SLACK, and a second more:
+    # its LastModified has whole seconds) since it was taken: its renewals keep it.
+    time.sleep(max(0.0, taken + 3.2 - time.monotonic()))
     assert b.lock(lay.lock_file, 0.0) is None
     assert json.loads(b.read_bytes(lay.lock_file) or b"")["renewed"] >= 1
     held.release()
@@ -212,14 +215,16 @@ def test_the_lock_is_exclusive_waits_and_is_renewed(s3: S3, tmp_path: Path) -> N
 
 def test_an_expired_lease_is_taken_over_by_exactly_one_and_release_deletes_only_its_own(
         s3: S3, tmp_path: Path) -> None:
-    dead = _fs(s3, tmp_path, lease=1.0)
+    dead = _fs(s3, tmp_path, lease=0.5)
     lay = SweepLayout(dead.root)
     held = dead.lock(lay.lock_file, 0.0)
     assert held is not None
     held.lease._stop.set()  # its holder died: nobody renews it
     held.lease._thread.join()
     takers = [_fs(s3, tmp_path, dead.root, lease=30.0) for _ in range(2)]
-    time.sleep(3.2)  # past the lease by the store's clock (LastModified has whole seconds)
+    # past the lease + SLACK by the store's clock, whose LastModified (the lease's and the clock's
+    # own) has whole seconds: 0.5 + 1 + 1 s at least
+    time.sleep(2.7)
     got: list[Any] = [None, None]
 
     def take(i: int) -> None:
@@ -334,7 +339,9 @@ def test_probe_verify_and_report_read_the_result_files(s3: S3, tmp_path: Path) -
     assert fs.store.get("DEPLOYED.json") is not None  # to the store, not to the copy
 
 
-def test_store_errors_are_fserrors_naming_the_url_never_a_secret(s3: S3, tmp_path: Path) -> None:
+def test_store_errors_are_fserrors_naming_the_url_never_a_secret(
+        s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    quick_backoff(monkeypatch)  # botocore's tries at the store that does not answer, shorter apart
     url = "s3://no-such-bucket-ablate/p/ablate/sw"
     fs = StoreFS(url, s3.endpoint, store=Store(url, s3.endpoint, wait=1), copy=str(tmp_path / "c"))
     path = SweepLayout(url).deployed
