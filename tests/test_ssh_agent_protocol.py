@@ -138,15 +138,18 @@ def test_a_short_commands_output_comes_with_its_exit_code_in_one_write(agent: st
 
 
 def test_a_long_commands_output_is_not_held_until_it_ends(agent: str, tmp_path: Path) -> None:
-    """What a command prints goes to the sink within the hold (0.2 s), not at its end."""
-    done = tmp_path / "done"
+    """What a command prints goes to the sink within the hold (0.2 s), not at its end: the command
+    waits up to 2.5 s for the sink to have its first line before it ends."""
+    done, seen = tmp_path / "done", tmp_path / "seen"
     early: list[bool] = []
 
     class Sink:
         def write(self, data: bytes) -> None:
             early.append(not done.exists())
+            seen.touch()
 
-    got = request(agent, f"echo first; sleep 2.5; touch {done}; echo last", timeout=20, hello_within=5,
+    wait = f"i=0; while [ ! -e {seen} ] && [ $i -lt 50 ]; do sleep 0.05; i=$((i + 1)); done"
+    got = request(agent, f"echo first; {wait}; touch {done}; echo last", timeout=20, hello_within=5,
                   sink=Sink())
     assert got is not None and got[0] == 0
     assert early[0] is True and done.exists()
