@@ -15,7 +15,7 @@ import boto3
 import pytest
 
 from ablate.doctor.store import store_checks
-from tests.helpers.s3 import S3, FaultProxy
+from tests.helpers.s3 import S3, FaultProxy, quick_backoff
 
 NAMES = ["store", "store_create", "store_replace", "store_list", "store_cleanup"]
 
@@ -86,7 +86,9 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_an_unreachable_store_fails_fast_alone_naming_the_endpoint(s3: S3) -> None:
+def test_an_unreachable_store_fails_fast_alone_naming_the_endpoint(
+        s3: S3, monkeypatch: pytest.MonkeyPatch) -> None:
+    quick_backoff(monkeypatch)  # botocore's tries at the closed port, shorter apart
     endpoint = f"http://127.0.0.1:{_closed_port()}"
     t0 = time.monotonic()
     checks = store_checks("s3://sweep-bucket/p/ablate/sw", endpoint, wait=1)
