@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,12 +148,21 @@ def test_a_waiting_controller_gets_the_lock_when_the_holder_finishes(
     holders.append(holder)
     holder.wait_held()
     notes: list[str] = []
+    killed: list[float] = []
+
+    def kill_once_waited_for() -> None:  # the holder killed once this controller says it waits
+        wait_for(lambda: notes, timeout=30)
+        killed.append(time.monotonic())
+        holder.kill()
+
+    releaser = threading.Thread(target=kill_once_waited_for)
     t0 = time.monotonic()
-    releaser = subprocess.Popen(["sh", "-c", f"sleep 1; kill -9 {holder.proc.pid}"])
+    releaser.start()
     with controller_lock(project, "stop", timeout=30, log=notes.append):
         waited = time.monotonic() - t0
-    releaser.wait()
-    assert 0.8 < waited < 20
+        assert killed  # held only once the holder was being killed
+    releaser.join()
+    assert waited < 20
     assert notes and "waiting up to 30s for `ablate launch --all`" in notes[0]
 
 
