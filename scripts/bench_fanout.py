@@ -688,6 +688,21 @@ def tables(sizes: list[Size]) -> list[str]:
     return out
 
 
+def cpu_note(s: Size) -> str:
+    """First contact on this bed is CPU-bound (the instances share the controller's cores): the
+    wall ratio of a first-contact launch follows the ratio of all the CPU it costs, which says on
+    whose side (the command's or the instances') the difference is."""
+    def both(key: str) -> tuple[float, float]:
+        return s.cpu_med(key, 0), s.cpu_med(key, 1)
+
+    (lc, li), (pc, pi) = both("launch_first"), both("parallel")
+    return (f"- {s.n} hosts, first-contact `launch --all` against parallel: wall "
+            f"{ratio(s.med('launch_first'), s.med('parallel')):.2f}x, all CPU {ratio(lc + li, pc + pi):.2f}x "
+            f"({lc + li:.2f} CPU-s against {pc + pi:.2f}: the command's {lc:.2f} against {pc:.2f}, the "
+            f"instances' {li:.2f} against {pi:.2f}, {li - pi:+.2f}); on {os.cpu_count()} core(s) a first "
+            "contact keeps every core busy, so its wall time follows its CPU.")
+
+
 def notes(sizes: list[Size]) -> list[str]:
     out = []
     out.append("- Traced runs count ssh processes: a command a host agent runs is none (the warm "
@@ -699,6 +714,7 @@ def notes(sizes: list[Size]) -> list[str]:
                "runs to it\" (the ssh processes that tried that host; a request to its agent is none) is "
                "the gauge: one try, one time-out.")
     for s in sizes:
+        out.append(cpu_note(s))
         socks = sorted(set(s.sockets_cold))
         out.append(f"- {s.n} hosts: ControlMaster sockets a cold `status` left in its "
                    f"ABLATE_SSH_CONTROL_DIR: {'/'.join(map(str, socks))} of {s.n}"
