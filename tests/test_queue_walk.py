@@ -5,6 +5,7 @@ deferred lines taken back and the drain; and a walk made again from the position
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -127,6 +128,36 @@ def test_a_head_cell_dealt_elsewhere_is_deferred_and_taken_back_at_the_drain(tmp
         'ev skip , "idx": 0, "cell": "big", "reason": "claimed"', "next 3", "deferred", "ahead",
         "claim also 2", "say line 2: taking back also (deferred to the head deal, still unclaimed)",
         "run 2 also c/also.yaml recon 3 c 0 -"]
+
+
+def test_a_line_deferred_a_moment_ago_is_left_to_its_taker_while_the_head_is_on(tmp_path: Path) -> None:
+    """Both runners just measured: this one defers big and drains at once, the one big is dealt to
+    is a decision away from claiming it. Taking it back then undid the deal (the slow runner ran the
+    big cell: test_shared_head_calibration's race). Within TAKE_BACK_AFTER of the deferral, while
+    the head is on, the walk decides again instead (the deal first); past it, the line is taken back
+    unless claimed meanwhile."""
+    root = root_with(tmp_path, {"q1": ["c/big.yaml recon"]})
+    d = Decisions(root)
+    d.canned["deal"] = ["head_on 1", "head big"]
+    d.canned["drained"] = ["head_on 1", "head big"]  # still on, dealt to the other runner
+    w = Walk(str(root), "q1", d, True, False, take_back_after=0.6)
+    assert w.step("h1", "-")[0] == 'ev defer , "idx": 0, "cell": "big"'
+    t0 = time.monotonic()
+    assert w.step("h1", "-") == ["next 1", "deferred 0", "ahead"]  # no claim: decide again
+    assert 0.2 <= time.monotonic() - t0 < 0.6  # a short pause between the decisions, not a spin
+    claim(root, "big", "h2", "q2")  # the taker claims it; past the grace this claim of ours loses
+    script = w.step("h1", "-")
+    while "claim big 0" not in script and time.monotonic() - t0 < 5:
+        assert script == ["next 1", "deferred 0", "ahead"]
+        script = w.step("h1", "-")
+    assert time.monotonic() - t0 >= 0.6 and script[-2:] == [
+        "say line 0: taking back big (deferred to the head deal, still unclaimed)",
+        "run 0 big c/big.yaml recon 3 c 0 -"]
+    assert w.step("h1", "lost") == ['ev skip , "idx": 0, "cell": "big", "reason": "claimed"', "next 1",
+                                    "deferred", "ahead", "drained"]
+    fresh = Walk(str(root), "q1", d, True, False)  # a walk made again (a restarted runner) knows no
+    fresh.idx, fresh.deferred = 1, [0]  # deferral time: it takes the line back at once, as before
+    assert fresh.step("h1", "-")[-1].startswith("run 0 big ")
 
 
 def test_an_own_head_cell_dealt_ahead_is_run_now_and_passed_over_later(tmp_path: Path) -> None:

@@ -29,12 +29,17 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ablate.remote.queue import grammar
 from ablate.remote.queue.rules import secs_of
 
+# Seconds a line this runner deferred to the head deal is left to the runner it was dealt to before
+# this one, drained, takes it back while the head is on: that runner may be a decision away from its
+# claim (both just measured), and taking it back at once would undo the deal.
+TAKE_BACK_AFTER = 2.0
 # (rc, rows) of one of runner.py's decisions: `line --from K`, `reentries`, `deal ...`, `drained ...`
 Decide = Callable[[Sequence[str]], tuple[int, list[str]]]
 
@@ -96,8 +101,11 @@ def _ev(kind: str, **fields: object) -> str:
 class Walk:
     """One queue's walk, for its runner process's life."""
 
-    def __init__(self, root: str, queue: str, decide: Decide, head: bool, steal: bool) -> None:
+    def __init__(self, root: str, queue: str, decide: Decide, head: bool, steal: bool,
+                 take_back_after: float = TAKE_BACK_AFTER) -> None:
         self.root, self.queue, self.decide = root, queue, decide
+        self.take_back_after = take_back_after
+        self.deferred_at: dict[int, float] = {}  # own line -> when this walk deferred it (monotonic)
         self.head_on = head  # False once no head cell is left unclaimed (or no calibration / stealing)
         self.steal = steal
         self.head_cells: set[str] = set()
@@ -279,6 +287,7 @@ class Walk:
                     return self._take(take, out)
                 if c.name in self.head_cells:  # the deal gave it to another runner
                     self.deferred.append(i)
+                    self.deferred_at[i] = time.monotonic()
                     self.idx += 1
                     return [*out, _ev("defer", idx=i, cell=c.name),
                             f"say line {i}: {c.name} dealt to a runner expected to end it earlier; deferred",
@@ -339,13 +348,20 @@ class Walk:
 
     def _run_deferred(self, out: list[str]) -> list[str]:
         while self.deferred:
-            i = self.deferred.pop(0)
+            i = self.deferred[0]
             _, c = self._line(i)
             if c is None:
+                self.deferred.pop(0)
                 continue
             if self._published(c.name):
+                self.deferred.pop(0)
                 out.append(_ev("skip", idx=i, cell=c.name, reason="done"))
                 continue
+            wait = self.deferred_at.get(i, -self.take_back_after) + self.take_back_after - time.monotonic()
+            if self.head_on and wait > 0:  # dealt a moment ago: its taker may be about to claim it
+                time.sleep(min(wait, 0.25))
+                return [*out, *self._position()]  # decide again (the deal first), as bash's `continue`
+            self.deferred.pop(0)
             self.pending = Pending("deferred", i, c)
             return [*out, *self._position(), f"claim {c.name} {i}",
                     f"say line {i}: taking back {c.name} (deferred to the head deal, still unclaimed)",
