@@ -131,15 +131,15 @@ def test_a_head_cell_dealt_elsewhere_is_deferred_and_taken_back_at_the_drain(tmp
 
 
 def test_a_line_deferred_a_moment_ago_is_left_to_its_taker_while_the_head_is_on(tmp_path: Path) -> None:
-    """Both runners just measured: this one defers big and drains at once, the one big is dealt to
-    is a decision away from claiming it. Taking it back then undid the deal (the slow runner ran the
-    big cell: test_shared_head_calibration's race). Within TAKE_BACK_AFTER of the deferral, while
-    the head is on, the walk decides again instead (the deal first); past it, the line is taken back
-    unless claimed meanwhile."""
+    """Both runners just measured: this one defers big and drains at once, while the runner big is
+    dealt to, free now (the deal's `head_wait`), is a decision away from claiming it. Taking it back
+    then undid the deal (the slow runner ran the big cell: test_shared_head_calibration's race).
+    Within TAKE_BACK_AFTER of the deferral, the walk decides again instead (the deal first); past it,
+    the line is taken back unless claimed meanwhile. A line dealt to a busy runner: at once."""
     root = root_with(tmp_path, {"q1": ["c/big.yaml recon"]})
     d = Decisions(root)
     d.canned["deal"] = ["head_on 1", "head big"]
-    d.canned["drained"] = ["head_on 1", "head big"]  # still on, dealt to the other runner
+    d.canned["drained"] = ["head_on 1", "head big", "head_wait"]  # still dealt to another, free now
     w = Walk(str(root), "q1", d, True, False, take_back_after=0.6)
     assert w.step("h1", "-")[0] == 'ev defer , "idx": 0, "cell": "big"'
     t0 = time.monotonic()
@@ -155,6 +155,15 @@ def test_a_line_deferred_a_moment_ago_is_left_to_its_taker_while_the_head_is_on(
         "run 0 big c/big.yaml recon 3 c 0 -"]
     assert w.step("h1", "lost") == ['ev skip , "idx": 0, "cell": "big", "reason": "claimed"', "next 1",
                                     "deferred", "ahead", "drained"]
+    (tmp_path / "busy").mkdir()
+    other = root_with(tmp_path / "busy", {"q1": ["c/big.yaml recon"]})  # big unclaimed there
+    d2 = Decisions(other)
+    d2.canned["deal"] = ["head_on 1", "head big"]
+    d2.canned["drained"] = ["head_on 1", "head big"]  # dealt to a runner busy with a cell: no wait
+    busy = Walk(str(other), "q1", d2, True, False)
+    assert busy.step("h1", "-")[0].startswith("ev defer ")
+    t1 = time.monotonic()
+    assert busy.step("h1", "-")[-1].startswith("run 0 big ") and time.monotonic() - t1 < 0.2
     fresh = Walk(str(root), "q1", d, True, False)  # a walk made again (a restarted runner) knows no
     fresh.idx, fresh.deferred = 1, [0]  # deferral time: it takes the line back at once, as before
     assert fresh.step("h1", "-")[-1].startswith("run 0 big ")

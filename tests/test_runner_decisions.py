@@ -331,6 +331,30 @@ def test_the_deal_over_files_and_the_head_it_reports(tmp_path: Path) -> None:
     assert done == runner.Deal((), False, "")
 
 
+def test_the_deal_says_when_a_deferred_line_goes_to_a_runner_free_now(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`wait` (`head_wait`): a line this runner deferred is dealt to a runner with nothing to run now,
+    whose claim is a decision away; dealt to one busy with a cell, or nothing deferred, no wait."""
+    sweep = sweep_root(tmp_path, {"q1": ["c/big1.yaml recon"], "q2": ["c/x.yaml recon"]})
+    est = Estimates({("h1", "-"): 1000, ("h2", "-"): 1000}, {}, {"big1": 4000, "x": 500}, 0)
+    (tmp_path / "calib").mkdir()
+    (tmp_path / "calib" / "h1.-").write_text("3000\n")  # h2 3x faster: big1 is dealt to h2
+    (tmp_path / "calib" / "h2.-").write_text("1000\n")
+    free = run_("q2", "h2", 1, nxt=1)  # past its own lines, no cell
+    busy = run_("q2", "h2", 0, cell="x", ran=0)  # x (333 ms there) first
+    for other, deferred, wait in ((free, (0,), True), (busy, (0,), False), (free, (), False)):
+        d = deal(sweep, [other], est, ("h1", "", "q1"), 1 if deferred else 0, deferred)
+        assert d is not None and d.take == "" and d.wait is wait, (other, deferred)
+    (tmp_path / "heartbeats").mkdir()  # the same through the verb: the free h2's heartbeat
+    beat = hb(idx="1", cell=None, cell_started=None, next="1", deferred=[])
+    (tmp_path / "heartbeats" / "h2.q2").write_text(json.dumps(beat) + "\n")
+    (tmp_path / "estimates.tsv").write_text("host h1 - 1000\nhost h2 - 1000\ncell big1 4000\ncell x 500\n")
+    monkeypatch.setenv("ABLATE_TASK_EPOCHS", "recon=3 det=2")
+    out: list[str] = []
+    argv = ["deal", str(tmp_path), "h1", "q1", "-", "--next", "1", "--deferred", "0", "--head", "1"]
+    assert runner.run(argv, out.append) == 1 and out[-1] == "head_wait", out
+
+
 # --------------------------------------------------------------------------- re-entries, calibration
 
 def test_reentries_are_the_taken_cells_without_an_end_oldest_first() -> None:

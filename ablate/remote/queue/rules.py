@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
 from ablate.remote.queue import grammar
@@ -139,11 +139,11 @@ class HeadCell(NamedTuple):
     priority: int
 
 
-def deal_first(cells: Sequence[HeadCell], free: Sequence[N], t: Callable[[int, int], N],
-               me: int = 0, gate: float = 1.0) -> int | None:
+def deal_out(cells: Sequence[HeadCell], free: Sequence[N], t: Callable[[int, int], N],
+             me: int = 0, gate: float = 1.0) -> Iterator[tuple[int, int]]:
     """Deal `cells` (in deal order) out, each to the runner that would end it earliest, `free[r]`
     when runner r is free and `t(cell, r)` its time there (ties: the cell's owner, then the lower
-    runner; an owner < 0 has none: then `me`): the position of the first cell dealt to `me`.
+    runner; an owner < 0 has none: then `me`): (position, runner) of each cell in turn.
     `gate` (bench_gate's variants; run_queue deals with 1): another runner's time counts gate x."""
     at = list(free)
     for pos, c in enumerate(cells):
@@ -153,10 +153,14 @@ def deal_first(cells: Sequence[HeadCell], free: Sequence[N], t: Callable[[int, i
         for r in range(len(at)):
             if ends[r] < ends[best]:
                 best = r
-        if best == me:
-            return pos
+        yield pos, best
         at[best] += times[best]
-    return None
+
+
+def deal_first(cells: Sequence[HeadCell], free: Sequence[N], t: Callable[[int, int], N],
+               me: int = 0, gate: float = 1.0) -> int | None:
+    """`deal_out`'s position of the first cell dealt to `me` (None: none is)."""
+    return next((pos for pos, r in deal_out(cells, free, t, me, gate) if r == me), None)
 
 
 # --------------------------------------------------------------------------- re-entries

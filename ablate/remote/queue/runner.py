@@ -68,6 +68,7 @@ from ablate.remote.queue.rules import (
     HeadCell,
     Victim,
     deal_first,
+    deal_out,
     ms_of,
     pick_steal,
     read_estimates,
@@ -302,6 +303,7 @@ class Deal(NamedTuple):
     head: tuple[str, ...]  # the head's cells of the highest priority left (a steal takes none)
     on: bool  # False once no head cell is left unclaimed
     take: str  # the `take deal ...` line, or ""
+    wait: bool = False  # a line `me` deferred is dealt to a runner free now: its claim is a decision away
 
 
 def deal(sweep: Sweep, runners: Sequence[Runner], est: Estimates, me: tuple[str, str, str],
@@ -341,7 +343,10 @@ def deal(sweep: Sweep, runners: Sequence[Runner], est: Estimates, me: tuple[str,
     pos = deal_first(order, free, lambda i, r: order[i].est * 1000 // spd[r])
     head = tuple(c.name for c in cells if c.priority == top)
     if pos is None:
-        return Deal(head, True, "")
+        mine = set(rests[0])
+        wait = any(free[r] == 0 for i, r in deal_out(order, free, lambda i, r: order[i].est * 1000 // spd[r])
+                   if order[i].owner == 0 and order[i].idx in mine)
+        return Deal(head, True, "", wait)
     c = order[pos]
     p = sweep.cell_at(queues[c.owner], c.idx)
     assert p is not None
@@ -460,6 +465,8 @@ def run(argv: Sequence[str], out: Callable[[str], None]) -> int:
         if d is not None:
             out(f"head_on {int(d.on)}")
             out(" ".join(("head", *d.head)))
+            if d.wait:
+                out("head_wait")
             if d.take:
                 out(d.take)
                 return 0

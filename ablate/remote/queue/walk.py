@@ -37,8 +37,9 @@ from ablate.remote.queue import grammar
 from ablate.remote.queue.rules import secs_of
 
 # Seconds a line this runner deferred to the head deal is left to the runner it was dealt to before
-# this one, drained, takes it back while the head is on: that runner may be a decision away from its
-# claim (both just measured), and taking it back at once would undo the deal.
+# this one, drained, takes it back, while the deal still gives it to a runner that is free now
+# (`head_wait`): that runner's claim is a decision away (both just measured, say), and taking it back
+# at once would undo the deal. A line dealt to a runner busy with a cell is taken back at once.
 TAKE_BACK_AFTER = 2.0
 # (rc, rows) of one of runner.py's decisions: `line --from K`, `reentries`, `deal ...`, `drained ...`
 Decide = Callable[[Sequence[str]], tuple[int, list[str]]]
@@ -105,6 +106,7 @@ class Walk:
                  take_back_after: float = TAKE_BACK_AFTER) -> None:
         self.root, self.queue, self.decide = root, queue, decide
         self.take_back_after = take_back_after
+        self.head_wait = False  # the last deal: a line we deferred goes to a runner free now
         self.deferred_at: dict[int, float] = {}  # own line -> when this walk deferred it (monotonic)
         self.head_on = head  # False once no head cell is left unclaimed (or no calibration / stealing)
         self.steal = steal
@@ -193,6 +195,9 @@ class Walk:
                     out.append("say the shared head is dealt out")
             elif kind == "head":
                 self.head_cells = set(rest.split())
+                self.head_wait = False  # unless the deal says so next (`head_wait`)
+            elif kind == "head_wait":
+                self.head_wait = True
             elif kind == "take":
                 w = rest.split()
                 c = _cell(w[4:9]) if len(w) == 11 else None
@@ -358,7 +363,8 @@ class Walk:
                 out.append(_ev("skip", idx=i, cell=c.name, reason="done"))
                 continue
             wait = self.deferred_at.get(i, -self.take_back_after) + self.take_back_after - time.monotonic()
-            if self.head_on and wait > 0:  # dealt a moment ago: its taker may be about to claim it
+            if self.head_on and self.head_wait and wait > 0:  # dealt a moment ago to a free runner:
+                # its claim may be a decision away (both just measured, say)
                 time.sleep(min(wait, 0.25))
                 return [*out, *self._position()]  # decide again (the deal first), as bash's `continue`
             self.deferred.pop(0)
