@@ -43,7 +43,7 @@ from ablate.remote.layout import SweepLayout, session_name
 from ablate.run.autostop_launch import autostop_note, settings_ops
 from ablate.run.context import LaunchContext, LocalQueues, launch_context
 from ablate.run.host_measure import Section, measure
-from ablate.run.placement import DeployResult, Placed, place_and_read
+from ablate.run.placement import DeployResult, place_and_read
 from ablate.run.refusals import controller_commit, count_cells, launch_refusal, launch_sections
 from ablate.run.store_launch import BootPlan, boot, boot_plan, configs_to_store, creds_note
 from ablate.sweep.cells import QueueFile
@@ -352,13 +352,8 @@ def _start_all(ctx: LaunchContext, snap: Snapshot, ready: Mapping[int, _Ready]) 
     """Everything is checked: from here on, things change. The FS first (every queue's copy and
     ledger entry before any queue starts), then the tmux sessions."""
     project, log = ctx.project, ctx.log
-    order = sorted(ready)
-    layout = SweepLayout(ctx.fs.root)  # the placement and whether each queue has a stop request: one trip
-    placed = place_and_read(project, ctx.fs, log, [layout.stop_request(ready[i].host, ready[i].qf.name)
-                                                   for i in order])
-    dep = placed.result
-    stops = {i: got is not None for i, got in zip(order, placed.read, strict=True)}
-    out: dict[int, Outcome] = dict(_record(ctx, snap, placed, stops, ready))
+    dep, failed = _record(ctx, snap, ready)
+    out: dict[int, Outcome] = dict(failed)
     written = {i: r for i, r in ready.items() if i not in out}
     if not written:
         return out
@@ -381,26 +376,30 @@ def _start_all(ctx: LaunchContext, snap: Snapshot, ready: Mapping[int, _Ready]) 
     return out
 
 
-def _record(ctx: LaunchContext, snap: Snapshot, placed: Placed, stops: Mapping[int, bool],
-            ready: Mapping[int, _Ready]) -> dict[int, Exception]:
-    """In one round trip: DEPLOYED.json when it changes (its failure fails the launch: nothing
-    runs wrappers it does not name), then per queue its FS copy, its stop request removed and its
-    ledger entry (saying whether it cleared one: `stops`, read under the lock with the placement),
-    the estimates and each host's autostop settings. Queues write disjoint files: one queue's failed
-    write is its outcome (returned) and never stops the others' (`apply_groups`)."""
-    project, fs, log, dep = ctx.project, ctx.fs, ctx.log, placed.result
+def _record(ctx: LaunchContext, snap: Snapshot,
+            ready: Mapping[int, _Ready]) -> tuple[DeployResult, dict[int, Exception]]:
+    """Two round trips: the placement with the read of each queue's stop request (under the lock);
+    then DEPLOYED.json when it changes (its failure fails the launch: nothing runs wrappers it does
+    not name), per queue its FS copy, its stop request removed and its ledger entry (saying whether
+    it cleared one), the estimates and each host's autostop settings. The placement, and per
+    request what failed: queues write disjoint files, one queue's failed write is its outcome and
+    never stops the others' (`apply_groups`)."""
+    project, fs, log = ctx.project, ctx.fs, ctx.log
     layout = SweepLayout(fs.root)
     order = sorted(ready)
+    placed = place_and_read(project, fs, log, [layout.stop_request(ready[i].host, ready[i].qf.name)
+                                               for i in order])
+    dep = placed.result
     try:  # in a store: for instances whose clone of the repo lacks one
         configs_to_store(project, fs, (ln.cell.cfg for i in order for ln in ready[i].qf.cells
                                        if ln.cell is not None))
     except AblateError as e:
-        return {i: e for i in order}
+        return dep, {i: e for i in order}
     entries: list[list[FSOp]] = []
-    for i in order:
+    for i, stop in zip(order, placed.read, strict=True):
         r = ready[i]
         line = entry_line(new_entry(r.qf, r.host, r.slot, r.start_index, dep.specs[r.host], dep.run_queue,
-                                    "launch", cleared_stop=stops[i]))
+                                    "launch", cleared_stop=stop is not None))
         entries.append([WriteAtomic(layout.queue_file(r.qf.name), r.qf.normalized_text().encode()),
                         Remove(layout.stop_request(r.host, r.qf.name)),
                         AppendLine(layout.ledger(r.qf.name), line)])
@@ -416,7 +415,7 @@ def _record(ctx: LaunchContext, snap: Snapshot, placed: Placed, stops: Mapping[i
     for err, note in ((est if estimates else None, estimates_note), (put, autostop_note)):
         if isinstance(err, Exception) and log is not None:
             log(note(err))
-    return {i: g for i, g in zip(order, got, strict=True) if isinstance(g, Exception)}
+    return dep, {i: g for i, g in zip(order, got, strict=True) if isinstance(g, Exception)}
 
 
 class _AlreadyRunning(Exception):

@@ -67,7 +67,6 @@ from ablate.remote.queue.rules import (
     Estimates,
     HeadCell,
     Victim,
-    deal_first,
     deal_out,
     ms_of,
     pick_steal,
@@ -340,12 +339,12 @@ def deal(sweep: Sweep, runners: Sequence[Runner], est: Estimates, me: tuple[str,
         return Deal((), False, "")
     top = max(c.priority for c in cells)
     order = sorted((c for c in cells if c.priority == top), key=lambda c: (-c.est, c.name))
-    pos = deal_first(order, free, lambda i, r: order[i].est * 1000 // spd[r])
+    dealt = list(deal_out(order, free, lambda i, r: order[i].est * 1000 // spd[r]))  # runner 0: me
+    pos = next((i for i, r in dealt if r == 0), None)
     head = tuple(c.name for c in cells if c.priority == top)
-    if pos is None:
+    if pos is None:  # none for me: wait when a line I deferred goes to a runner free now
         mine = set(rests[0])
-        wait = any(free[r] == 0 for i, r in deal_out(order, free, lambda i, r: order[i].est * 1000 // spd[r])
-                   if order[i].owner == 0 and order[i].idx in mine)
+        wait = any(free[r] == 0 for i, r in dealt if order[i].owner == 0 and order[i].idx in mine)
         return Deal(head, True, "", wait)
     c = order[pos]
     p = sweep.cell_at(queues[c.owner], c.idx)

@@ -28,6 +28,7 @@ again. The order of the checks is the one docs/ARCHITECTURE.md ("run_queue") des
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -362,12 +363,13 @@ class Walk:
                 self.deferred.pop(0)
                 out.append(_ev("skip", idx=i, cell=c.name, reason="done"))
                 continue
-            wait = self.deferred_at.get(i, -self.take_back_after) + self.take_back_after - time.monotonic()
-            if self.head_on and self.head_wait and wait > 0:  # dealt a moment ago to a free runner:
-                # its claim may be a decision away (both just measured, say)
-                time.sleep(min(wait, 0.25))
+            # dealt a moment ago to a free runner: its claim may be a decision away (both just measured)
+            left = self.deferred_at.get(i, -math.inf) + self.take_back_after - time.monotonic()
+            if self.head_on and self.head_wait and left > 0:
+                time.sleep(min(left, 0.25))
                 return [*out, *self._position()]  # decide again (the deal first), as bash's `continue`
             self.deferred.pop(0)
+            self.deferred_at.pop(i, None)
             self.pending = Pending("deferred", i, c)
             return [*out, *self._position(), f"claim {c.name} {i}",
                     f"say line {i}: taking back {c.name} (deferred to the head deal, still unclaimed)",
