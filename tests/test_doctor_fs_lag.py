@@ -153,6 +153,33 @@ def test_a_reader_that_never_starts_is_named_so(tmp_path: Path, monkeypatch: pyt
     assert got["b", "a"].seen, got["b", "a"]
 
 
+class LosesAppends(LocalHost):
+    """A reader whose `app` lines never reach us, its command ending normally (what a transport that
+    stopped at the exit code did with the command's last lines)."""
+
+    def stream(self, argv: Any, on_stdout: Any, *, stop: Any = None, poll: float = 0.5) -> int | None:
+        buf = bytearray()
+
+        def keep(data: bytes) -> None:  # whole lines only: a line may come in two pieces
+            buf.extend(data)
+            *lines, rest = bytes(buf).split(b"\n")
+            buf[:] = rest
+            on_stdout(b"".join(line + b"\n" for line in lines if not line.startswith(b"app")))
+        return super().stream(argv, keep, stop=stop, poll=poll)
+
+
+def test_a_reader_that_ends_without_reporting_is_named_so_at_once(tmp_path: Path) -> None:
+    shared = str(tmp_path / "fs" / ".lag-t")
+    ts = {"a": LocalHost("a"), "b": LosesAppends("b")}
+    start = time.monotonic()
+    pairs, _ = measure_pairs(ts, {"a": shared, "b": shared}, [("a", "b"), ("b", "a")], cap=30)
+    assert time.monotonic() - start < 10  # its end is the answer: no wait for the cap
+    got = {(p.writer, p.reader): p for p in pairs}
+    assert got["a", "b"].new_file is not None and got["a", "b"].append is None
+    assert got["a", "b"].note == "b's polling command ended without reporting it"
+    assert got["b", "a"].seen, got["b", "a"]
+
+
 def test_a_write_that_cannot_happen_names_the_host_and_path(tmp_path: Path) -> None:
     (tmp_path / "gate").write_text("a file where the scratch dir's parent should be")
     where = str(tmp_path / "gate" / ".lag-t")

@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ablate.remote.host.agent import HELLO
-from ablate.transport.agentlink import request
+from ablate.remote.host.agent import HELLO, frame
+from ablate.transport.agentlink import AgentLive, request
 from tests.helpers.proc import with_args
 from tests.helpers.ssh_agent import AGENT, agent_fixture
 from tests.helpers.ssh_agent import is_zombie as _zombie
@@ -153,3 +153,41 @@ def test_a_long_commands_output_is_not_held_until_it_ends(agent: str, tmp_path: 
                   sink=Sink())
     assert got is not None and got[0] == 0
     assert early[0] is True and done.exists()
+
+
+def test_a_live_commands_last_lines_come_out_before_its_exit_code() -> None:
+    """A held command (`open_live`: doctor's lag readers, `logs -f`) prints its last lines and exits:
+    when they and the exit code arrive while `exit_status` is asked, it says "not over" until `read`
+    has handed them out, so a caller that stops at the exit code (`stream`) loses none. (Doctor once
+    reported a reader's two last lines "not seen within 150 s".)"""
+    ours, agents = socket.socketpair()
+    live = AgentLive(ours)
+    try:
+        agents.sendall(frame(b"o", b"new 0\n"))
+        assert live.read(5.0) == (b"new 0\n", b"")
+        agents.sendall(frame(b"o", b"app 0\n") + frame(b"e", b"bye\n") + frame(b"x", b"0"))
+        assert live.exit_status() is None  # read it first: the lines came with the exit code
+        assert live.read(0.0) == (b"app 0\n", b"bye\n")
+        assert live.exit_status() == 0
+    finally:
+        live.close()
+        agents.close()
+
+
+def test_an_ssh_process_is_not_over_while_stdout_read_at_its_start_waits() -> None:
+    """The same for a command through the ssh client (`ProcLive`): what came with its start (kept
+    in `pending` by the start wait) is handed out by `read` before its exit code is."""
+    import subprocess
+
+    from ablate.transport.sshproc import ProcLive
+
+    proc = subprocess.Popen(["true"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    live = ProcLive(proc)
+    try:
+        wait_for(lambda: not live.read(0.05)[0] and not live._sel.get_map(), 10)  # both pipes at EOF
+        live.pending = b"said at its start\n"
+        assert live.exit_status() is None
+        assert live.read(0.0)[0] == b"said at its start\n"
+        assert live.exit_status() == 0
+    finally:
+        live.close()

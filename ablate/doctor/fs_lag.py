@@ -423,7 +423,8 @@ def _measure(ts: Mapping[str, HostTransport], dirs: Mapping[str, str], idx: Mapp
             got = [watch.get((k, b, idx[a])) for k in ("new", "app")]
             new, app = (None if g is None else round(max(0.0, g - back[a]), 3) for g in got)
             note = None if new is not None and app is not None else (
-                watch.ended.get(b) or f"not seen within {cap:.0f} s")
+                watch.ended.get(b) or (f"{b}'s polling command ended without reporting it"
+                                       if b in watch.ended else f"not seen within {cap:.0f} s"))
         else:
             new = app = None
             note = errors.get(a) or errors.get(b) or watch.ended.get(b) or (

@@ -329,11 +329,13 @@ class AgentLive:
         return b"".join(out), b"".join(err)
 
     def exit_status(self) -> int | None:
-        """Its rc once the agent sent it (what arrived meanwhile waits for the next `read`)."""
+        """Its rc once the agent sent it and every output before it was handed out by `read`:
+        what arrived meanwhile waits for the next `read`, and until then the command is not over
+        (a caller that stops at the rc would lose the command's last lines)."""
         if self.rc is None:
             out, err = self.read(0.0)
             self.held = (self.held[0] + out, self.held[1] + err)
-        return self.rc if not self.buf else None
+        return self.rc if not self.buf and not any(self.held) else None
 
     def shutdown_write(self) -> None:
         _send(self.s, frame(b"I", b""))

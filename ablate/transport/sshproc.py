@@ -122,7 +122,7 @@ class ProcLive:
         return out, err
 
     def exit_status(self) -> int | None:
-        if self._sel.get_map():
+        if self._sel.get_map() or self.pending:  # not over until `read` handed out all it said
             return None
         rc = self.proc.wait()
         return 255 if rc < 0 else rc
