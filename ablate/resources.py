@@ -52,13 +52,23 @@ def module_files(modules: Sequence[str]) -> dict[str, bytes]:
     return dict(sorted(files.items()))
 
 
+# Before `main`: the archive's modules come from code compiled once per host and interpreter
+# (ablate/remote/codecache.py), not from their source at every start.
+CACHED_MAIN = b"import sys\n\nfrom ablate.remote.codecache import install\n\ninstall(sys.path[0])\n"
+
+
+def zipapp_modules(modules: Sequence[str]) -> list[str]:
+    """The modules a zipapp of `modules` holds: those, and the code cache its main installs."""
+    return sorted({*modules, "ablate.remote.codecache"})
+
+
 def zipapp(main: bytes, modules: Sequence[str], *, deflate: bool) -> bytes:
-    """A zipapp of `__main__.py` (`main`) and the named modules (dotted) under their package paths,
-    so `python3 X.pyz` runs the very code the controller imports; byte-for-byte the same for the
-    same sources (fixed dates and modes; `deflate=False` stores them, independent of zlib's
-    version too): its content names it."""
+    """A zipapp of `__main__.py` (`main`, after `CACHED_MAIN`) and the named modules (dotted) under
+    their package paths (`zipapp_modules`), so `python3 X.pyz` runs the very code the
+    controller imports; byte-for-byte the same for the same sources (fixed dates and modes;
+    `deflate=False` stores them, independent of zlib's version too): its content names it."""
     how = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
-    files = {"__main__.py": main, **module_files(modules)}
+    files = {"__main__.py": CACHED_MAIN + main, **module_files(zipapp_modules(modules))}
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", how) as z:
         for name, data in files.items():

@@ -42,8 +42,9 @@ def test_the_runner_zipapp_holds_the_package_modules_and_is_deterministic() -> N
     data = packaged_runner()
     assert data == packaged_runner()
     z = zipfile.ZipFile(io.BytesIO(data))
-    files = resources.module_files(RUNNER_MODULES)
+    files = resources.module_files(resources.zipapp_modules(RUNNER_MODULES))
     assert z.namelist() == ["__main__.py", *files]
+    assert z.read("__main__.py").startswith(resources.CACHED_MAIN)
     for m in RUNNER_MODULES:
         assert z.read(m.replace(".", "/") + ".py") == resources.module(m)
 

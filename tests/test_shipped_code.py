@@ -101,7 +101,8 @@ def test_the_runner_zipapp_runs_a_decision_alone(tmp_path: Path) -> None:
     pyz.write_bytes(placement.packaged_runner())
     with zipfile.ZipFile(io.BytesIO(pyz.read_bytes())) as z:
         assert {n for n in z.namelist() if not n.endswith("__init__.py")} == {
-            "__main__.py", *(m.replace(".", "/") + ".py" for m in placement.RUNNER_MODULES)}
+            "__main__.py",
+            *(m.replace(".", "/") + ".py" for m in resources.zipapp_modules(placement.RUNNER_MODULES))}
     p = subprocess.run([sys.executable, "-I", "-S", str(pyz), "attempt"], capture_output=True, text=True,
                        check=False, timeout=60)
     assert "Traceback" not in p.stderr and "ModuleNotFoundError" not in p.stderr, p.stderr
