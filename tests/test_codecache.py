@@ -89,3 +89,19 @@ def test_the_runner_zipapp_keeps_its_modules_compiled(tmp_path: Path) -> None:
     names = {p.name.rsplit(".", 2)[0] for p in (tmp_path / "home").glob(".cache/ablate/code/*/*.bin")}
     assert {"ablate.remote.queue.serve", "ablate.remote.queue.runner", "ablate.remote.codecache"} - names == {
         "ablate.remote.codecache"}, names  # the cache's own module is loaded before it is installed
+
+
+def test_a_traceback_from_a_kept_module_shows_its_source_line(tmp_path: Path) -> None:
+    """As zipimport's modules do, to the `traceback` module (the runner's serve logs with it)."""
+    pyz = tmp_path / "bad.pyz"
+    with zipfile.ZipFile(pyz, "w") as z:
+        z.writestr("pkg/__init__.py", "")
+        z.writestr("pkg/bad.py", "def f():\n    raise ValueError('the line shown')\n")
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    env.pop("XDG_CACHE_HOME", None)
+    code = ("import sys, traceback\nfrom ablate.remote.codecache import install\ninstall(sys.argv[1])\n"
+            "import pkg.bad\ntry:\n    pkg.bad.f()\n"
+            "except ValueError:\n    traceback.print_exc()\n    sys.exit(1)\n")
+    for _ in range(2):  # compiled, then kept
+        r = subprocess.run([sys.executable, "-c", code, str(pyz)], env=env, capture_output=True, text=True)
+        assert r.returncode == 1 and "raise ValueError('the line shown')" in r.stderr, r.stderr

@@ -71,6 +71,14 @@ class CachedZip:
                 return spec
         return None
 
+    def get_source(self, name: str) -> str | None:
+        """For tracebacks (linecache asks the module's loader)."""
+        rel = name.replace(".", "/")
+        for inner in (rel + "/__init__.py", rel + ".py"):
+            with contextlib.suppress(OSError):
+                return self.zip.get_data(inner).decode("utf-8", errors="replace")
+        return None
+
     def create_module(self, spec: ModuleSpec) -> None:
         return None  # the default module
 
