@@ -27,11 +27,12 @@ def archive(path: Path, value: str) -> Path:
     return path
 
 
-def run(zip_path: Path, home: Path | None) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "XDG_CACHE_HOME")}
+def run(zip_path: Path, home: Path | None, *opts: str) -> list[str]:
+    drop = ("HOME", "XDG_CACHE_HOME", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     if home is not None:
         env["HOME"] = str(home)
-    return subprocess.run([sys.executable, "-c", PROGRAM, str(zip_path)], env=env, capture_output=True,
+    return subprocess.run([sys.executable, *opts, "-c", PROGRAM, str(zip_path)], env=env, capture_output=True,
                           text=True, check=True).stdout.split()
 
 
@@ -68,6 +69,7 @@ def test_modules_load_from_code_kept_once_per_source(tmp_path: Path) -> None:
 def test_without_a_home_or_a_writable_cache_modules_load_as_before(tmp_path: Path) -> None:
     one = archive(tmp_path / "one.pyz", "first")
     assert run(one, None)[0] == "first"
+    assert run(one, tmp_path / "b", "-B")[0] == "first" and not (tmp_path / "b").exists()  # as Python's .pyc
     home = tmp_path / "ro"
     (home / ".cache").mkdir(parents=True)
     (home / ".cache" / "ablate").write_text("a file where the cache dir would be")
@@ -82,6 +84,7 @@ def test_the_runner_zipapp_keeps_its_modules_compiled(tmp_path: Path) -> None:
     pyz.write_bytes(packaged_runner())
     env = {**os.environ, "HOME": str(tmp_path / "home")}
     env.pop("XDG_CACHE_HOME", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     for _ in range(2):  # the second start loads what the first kept
         r = subprocess.run([sys.executable, "-S", str(pyz), "line", "--help"], env=env, capture_output=True,
                            text=True)
@@ -99,6 +102,7 @@ def test_a_traceback_from_a_kept_module_shows_its_source_line(tmp_path: Path) ->
         z.writestr("pkg/bad.py", "def f():\n    raise ValueError('the line shown')\n")
     env = {**os.environ, "HOME": str(tmp_path / "home")}
     env.pop("XDG_CACHE_HOME", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     code = ("import sys, traceback\nfrom ablate.remote.codecache import install\ninstall(sys.argv[1])\n"
             "import pkg.bad\ntry:\n    pkg.bad.f()\n"
             "except ValueError:\n    traceback.print_exc()\n    sys.exit(1)\n")

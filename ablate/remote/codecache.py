@@ -12,6 +12,7 @@ marshalled code, the code. The source hash is the one CPython checks hash-based 
 its check and the module is compiled again and written atomically (a temp name of its own: a home
 shared by several hosts is written by all of them). Without HOME, or where the cache cannot be
 written, modules are compiled as before; nothing here can stop an import that zipimport could do.
+As with Python's own bytecode, nothing is written under PYTHONDONTWRITEBYTECODE or `-B`.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ class CachedZip:
         except (OSError, ValueError, EOFError, TypeError):
             pass
         code = compile(source, origin, "exec", dont_inherit=True)
-        keep(path, head, code)
+        if not sys.dont_write_bytecode:  # as Python's own imports: PYTHONDONTWRITEBYTECODE, -B
+            keep(path, head, code)
         return code
 
 
