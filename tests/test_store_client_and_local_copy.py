@@ -142,6 +142,28 @@ def test_mirror_follows_the_store(s3: S3, tmp_path: Path) -> None:
     assert os.path.isdir(f"{root}/final_ckpts/.aside.c.123")
 
 
+def test_what_another_process_on_the_copy_claimed_is_never_synced_over(s3: S3, tmp_path: Path) -> None:
+    """One queue per GPU: each queue's runner keeps the host's copy with a Mirror of its own. What
+    one claimed (`claim_own`: its events, its heartbeat) the other's syncs leave alone, though that
+    one never claimed it and the store holds an older version: a line appended here and not uploaded
+    yet is never replaced by the store's copy. (The two-queue run in test_store_queue.py meets this
+    race about one time in eight; here it is every time.)"""
+    st = store(s3)
+    root = str(tmp_path / "copy")
+    key = "events/h.q2.jsonl"
+    st.put(key, b'{"ev": "start"}\n')  # q2's last upload
+    q1, q2 = Mirror(st, root), Mirror(st, root)
+    q2.claim_own([key])
+    os.makedirs(f"{root}/events")
+    mine = '{"ev": "start"}\n{"ev": "end"}\n'  # q2 appended here, its upload still to come
+    Path(f"{root}/{key}").write_text(mine)
+    q1.sync(WALK)
+    assert Path(f"{root}/{key}").read_text() == mine
+    st.put(key, b'{"ev": "start"}\n{"ev": "other"}\n')  # the store changes again
+    Mirror(st, root).sync(WALK)  # a later process, too
+    assert Path(f"{root}/{key}").read_text() == mine
+
+
 def test_a_throttling_store_is_retried_with_backoff(s3: S3, monkeypatch: pytest.MonkeyPatch) -> None:
     """503 SlowDown on the next requests: each operation still does what it says, once."""
     quick_backoff(monkeypatch)
