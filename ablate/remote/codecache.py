@@ -24,13 +24,14 @@ import marshal
 import os
 import sys
 import zipimport
+from collections.abc import Mapping
 from importlib.machinery import ModuleSpec
 from types import CodeType, ModuleType
 
 KEY = 0x61626c61  # the source hash's key ("abla"): any fixed key; CPython's pycs use the magic number
 
 
-def cache_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+def cache_dir(env: Mapping[str, str] = os.environ) -> str | None:
     """Where this interpreter's code objects are kept, or None without a home to keep them in."""
     base = env.get("XDG_CACHE_HOME") or (env["HOME"] + "/.cache" if env.get("HOME") else "")
     tag = sys.implementation.cache_tag
@@ -38,6 +39,7 @@ def cache_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> str | None
 
 
 def header() -> bytes:
+    """What a kept code object must have been compiled under: this interpreter and optimisation level."""
     return sys.version.encode() + b"\0" + str(sys.flags.optimize).encode() + b"\0"
 
 
