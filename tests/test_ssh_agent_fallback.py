@@ -7,6 +7,7 @@ never answers (gone around: tests/test_agent_sessions.py has how long)."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,8 @@ def test_an_agent_gone_between_commands_costs_nothing_twice(
     second = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
     second.run(["true"]).check()
     assert second._agent_up
-    _on(testbed, "tb-h1", "pkill -f 'ablate[_]agent'")
-    wait_for(lambda: not _on(testbed, "tb-h1", "pgrep -f 'ablate[_]agent' || true").strip(), 10)
+    testbed.signal_agents("tb-h1")
+    wait_for(lambda: not testbed.agent_pids("tb-h1"), 10)
     third = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config))
     _count_once(testbed, [second, third])  # second: its agent vanished (it starts one again)
     wait_for(lambda: _agent_serves(testbed, "tb-h1"), 20)
@@ -107,14 +108,14 @@ def test_a_kept_masters_silence_for_one_command_does_not_cut_another_under_way(
     t = threading.Thread(target=long)
     t.start()
     wait_for(lambda: _on(testbed, "tb-h1", f"test -e {tag} && echo y || true").strip() == "y", 20)
-    _on(testbed, "tb-h1", "pkill -STOP -f 'ablate[_]agent'")
-    resume = threading.Timer(5.0, lambda: _on(testbed, "tb-h1", "pkill -CONT -f 'ablate[_]agent'"))
+    testbed.signal_agents("tb-h1", signal.SIGSTOP)
+    resume = threading.Timer(5.0, lambda: testbed.signal_agents("tb-h1", signal.SIGCONT))
     resume.start()
     try:
         b = host.run(["sh", "-c", f"echo b >>{tag}.runs; echo B"], timeout=60)
     finally:
         resume.join()
-        _on(testbed, "tb-h1", "pkill -CONT -f 'ablate[_]agent' || true")
+        testbed.signal_agents("tb-h1", signal.SIGCONT)
         t.join(60)
     runs = _on(testbed, "tb-h1", f"sort {tag}.runs; rm -f {tag} {tag}.runs")
     assert (b.rc, b.stdout) == (0, "B\n")
@@ -162,7 +163,7 @@ def test_an_agent_that_takes_connections_but_never_answers_is_gone_around(
     first.run(["true"]).check()
     first.close()
     tag = f"/tmp/abl-hung-{os.getpid()}"
-    _on(testbed, "tb-h1", "pkill -STOP -f 'ablate[_]agent'")
+    testbed.signal_agents("tb-h1", signal.SIGSTOP)
     try:
         host = SSHHost("tb-h1", ssh_config=str(testbed.ssh_config), connect_timeout=2)
         chain = host.run(["sh", "-c", f"echo 1 >>{tag}; " + CHAIN]).check().stdout
@@ -176,7 +177,7 @@ def test_an_agent_that_takes_connections_but_never_answers_is_gone_around(
         assert "sshd" in later.run(["sh", "-c", f"echo 3 >>{tag}; " + CHAIN]).check().stdout
         later.close()
     finally:
-        _on(testbed, "tb-h1", "pkill -CONT -f 'ablate[_]agent' || true")
+        testbed.signal_agents("tb-h1", signal.SIGCONT)
     marks = [fresh / n for n in os.listdir(fresh) if n.endswith(".refused")]
     assert len(marks) == 1 and marks[0].read_text() == "silent"
     aged = marks[0].stat().st_mtime - SILENT_RETRY - 1

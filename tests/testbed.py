@@ -332,14 +332,27 @@ class Testbed:
         """The OpenSSH client command line for `host` (for tests that want the real `ssh`)."""
         return ["ssh", "-F", str(self.ssh_config), host, *command]
 
+    def agent_pids(self, host: str) -> list[int]:
+        """The host agents (ablate/remote/host/agent.py) running on `host`: this instance's alone,
+        by its network namespace (a `pkill -f` there would reach every bed's on this machine)."""
+        pids = []
+        for pid in _sh("ip", "netns", "pids", self.netns(host), check=False).stdout.split():
+            with contextlib.suppress(OSError):
+                if b"ablate_agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    pids.append(int(pid))
+        return pids
+
+    def signal_agents(self, host: str, sig: int = signal.SIGKILL) -> None:
+        """`sig` to the host agents on `host` (SIGSTOP: a hung agent; SIGCONT: it comes back)."""
+        for pid in self.agent_pids(host):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
     def end_agents(self) -> None:
         """End the host agents ablate started on the instances (ablate/remote/host/agent.py), as a
         reboot would: the next command is a first contact again."""
         for host in self.hosts:
-            for pid in _sh("ip", "netns", "pids", self.netns(host), check=False).stdout.split():
-                with contextlib.suppress(OSError):
-                    if b"ablate_agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                        os.kill(int(pid), signal.SIGKILL)
+            self.signal_agents(host)
 
     # ------------------------------------------------------------------ faults
 

@@ -89,11 +89,12 @@ def no_agents_fixture() -> Any:
 
     @pytest.fixture(name="no_agents")
     def no_agents(testbed: Testbed) -> Iterator[None]:
-        """Start and end with no agent on the bed (one may be left by another test's command)."""
-        for h in testbed.hosts:
-            run_on(testbed, h, "pkill -f 'ablate[_]agent' || true")
+        """Start and end with no agent on the bed (one may be left by another test's command); this
+        bed's agents alone, not those of another bed or test run on the machine."""
+        testbed.end_agents()
         yield
+        testbed.end_agents()
         for h in testbed.hosts:
-            run_on(testbed, h, "pkill -f 'ablate[_]agent' || true; rm -rf /tmp/ablate-agent-root /tmp/count")
+            run_on(testbed, h, "rm -rf /tmp/ablate-agent-root /tmp/count")  # each instance's own /tmp
 
     return no_agents
