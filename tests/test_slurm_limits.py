@@ -49,8 +49,8 @@ def counted(squeue_lines: str) -> list[str]:
     it completes (slurmctld's job_completion_logger calls acct_policy_remove_job_submit) but squeue
     still lists it as CG (completing) until its nodes are cleaned up; a sample counting CG jobs
     could see LIMIT + 1 while Slurm held LIMIT."""
-    return [line.split()[0] for line in squeue_lines.splitlines()
-            if line.split() and line.split()[1:] != ["CG"]]
+    rows = (line.split() for line in squeue_lines.splitlines())
+    return [w[0] for w in rows if w and w[1:] != ["CG"]]
 
 
 def test_a_completing_job_is_not_counted() -> None:
@@ -68,8 +68,9 @@ class Peak(threading.Thread):
     def run(self) -> None:
         while not self.stop.wait(0.2):
             out = self.sb.run("squeue", "-h", "-r", "-o", "%i %t", check=False).stdout
-            if len(counted(out)) > self.peak:
-                self.peak, self.at_peak = len(counted(out)), out
+            n = len(counted(out))
+            if n > self.peak:
+                self.peak, self.at_peak = n, out
             self.samples += 1
 
 

@@ -59,9 +59,14 @@ class CachedZip:
         except OSError:
             return None
 
-    def find_spec(self, name: str, path: object = None, target: object = None) -> ModuleSpec | None:
+    @staticmethod
+    def _files(name: str) -> tuple[tuple[str, bool], tuple[str, bool]]:
+        """Where module `name` may be in the archive: (path, is a package), the package first."""
         rel = name.replace(".", "/")
-        for inner, pkg in ((rel + "/__init__.py", True), (rel + ".py", False)):
+        return (rel + "/__init__.py", True), (rel + ".py", False)
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        for inner, pkg in self._files(name):
             source = self._source(inner)
             if source is not None:
                 self.sources[inner] = source
@@ -69,15 +74,14 @@ class CachedZip:
                 spec = ModuleSpec(name, self, origin=os.path.join(self.archive, inner),  # type: ignore[arg-type]
                                   is_package=pkg)
                 if pkg:
-                    spec.submodule_search_locations = [os.path.join(self.archive, rel)]
+                    spec.submodule_search_locations = [os.path.join(self.archive, os.path.dirname(inner))]
                 spec.has_location = True
                 return spec
         return None
 
     def get_source(self, name: str) -> str | None:
         """For tracebacks (linecache asks the module's loader)."""
-        rel = name.replace(".", "/")
-        for inner in (rel + "/__init__.py", rel + ".py"):
+        for inner, _ in self._files(name):
             with contextlib.suppress(OSError):
                 return self.zip.get_data(inner).decode("utf-8", errors="replace")
         return None
